@@ -1,0 +1,41 @@
+# One command runner for the usual tasks. `make test` is what CI runs.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: install test lint typecheck unit fast bench demo clean
+
+$(BIN)/tideflow: pyproject.toml constraints.txt
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install -q -c constraints.txt -e examples/plugins/tideflow-example-plugin
+	touch $(BIN)/tideflow
+
+install: $(BIN)/tideflow
+
+lint: install
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff format --check src tests bench examples
+
+typecheck: install
+	$(BIN)/mypy
+
+unit: install
+	$(BIN)/pytest -q
+
+# Everything CI runs: lint, types, the whole test suite.
+test: lint typecheck unit
+
+# The local loop: skips the slow soak/kill tests.
+fast: install
+	$(BIN)/pytest -q -m 'not slow'
+
+bench: install
+	$(BIN)/python bench/run.py
+
+demo: install
+	$(BIN)/tideflow run examples/etl.yaml
+
+clean:
+	rm -rf $(VENV) .tideflow .mypy_cache .pytest_cache .ruff_cache

@@ -1,0 +1,152 @@
+"""The one exception tree of tideflow.
+
+::
+
+    TideflowError
+    ├── DefinitionError            a definition cannot be loaded or compiled
+    │   └── ExpressionError        an expression or template does not parse
+    ├── InputValidationError       run input does not fit the definition's `input` schema
+    ├── IllegalTransition          a state change that the transition table forbids
+    ├── NotFound                   an unknown run, definition or step
+    ├── DefinitionConflict         (name, version) already registered with other content
+    └── StepError                  raised *inside* a step; recorded in the run, not thrown out
+        ├── ExpressionEvaluationError   an expression failed at run time
+        ├── StepTimeout                 an attempt exceeded its `timeout` (type name `TimeoutError`)
+        ├── ExecutorNotFound            a step type with no registered executor
+        └── ExecutorError               an executor failed (its `type` names the error class)
+
+Every class has a docstring that serves as its default message. Errors that
+happen inside a run are recorded in the run's history as ``{type, message}``
+rather than raised to the caller of the runtime.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+class TideflowError(Exception):
+    """A tideflow error."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Diagnostic:
+    """One problem found in a definition, with where it is and what to change."""
+
+    message: str
+    file: str | None = None
+    line: int | None = None
+    column: int | None = None
+    step_id: str | None = None
+    path: str | None = None
+    hint: str | None = None
+    severity: str = "error"
+
+    def format(self) -> str:
+        where = self.file or "<definition>"
+        if self.line is not None:
+            where += f":{self.line}"
+            if self.column is not None:
+                where += f":{self.column}"
+        text = f"{where}: {self.severity}: {self.message}"
+        if self.step_id:
+            text += f" (step '{self.step_id}')"
+        if self.hint:
+            text += f"\n  hint: {self.hint}"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "severity": self.severity,
+            "message": self.message,
+            "file": self.file,
+            "line": self.line,
+            "column": self.column,
+            "step_id": self.step_id,
+            "path": self.path,
+            "hint": self.hint,
+        }
+
+
+class DefinitionError(TideflowError):
+    """The workflow definition is invalid."""
+
+    def __init__(self, diagnostics: list[Diagnostic] | str) -> None:
+        if isinstance(diagnostics, str):
+            diagnostics = [Diagnostic(message=diagnostics)]
+        self.diagnostics = diagnostics
+        super().__init__("\n".join(d.format() for d in diagnostics))
+
+
+class ExpressionError(DefinitionError):
+    """An expression or template does not parse."""
+
+
+class InputValidationError(TideflowError):
+    """The run input does not match the definition's input schema."""
+
+
+class IllegalTransition(TideflowError):
+    """A state transition that the transition table does not allow."""
+
+
+class NotFound(TideflowError):
+    """The requested object does not exist."""
+
+
+class DefinitionConflict(TideflowError):
+    """A definition with this name and version is already registered with other content."""
+
+
+class StepError(TideflowError):
+    """A step failed.
+
+    ``type`` is the name the retry policy's ``retry_on`` matches against;
+    ``retryable`` False means the retry policy is not consulted at all.
+    """
+
+    type_name: str = "StepError"
+    retryable: bool = True
+
+    def __init__(
+        self, message: str | None = None, *, type_name: str | None = None, retryable: bool | None = None
+    ) -> None:
+        super().__init__(message)
+        if type_name is not None:
+            self.type_name = type_name
+        if retryable is not None:
+            self.retryable = retryable
+
+
+class ExpressionEvaluationError(StepError):
+    """An expression could not be evaluated."""
+
+    type_name = "ExpressionError"
+    retryable = False
+
+
+class StepTimeout(StepError):
+    """The step attempt exceeded its timeout."""
+
+    type_name = "TimeoutError"
+
+
+class ExecutorNotFound(StepError):
+    """No executor is registered for this step type."""
+
+    type_name = "ExecutorNotFound"
+    retryable = False
+
+
+class ExecutorError(StepError):
+    """The executor reported an error."""
+
+    type_name = "ExecutorError"

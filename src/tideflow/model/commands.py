@@ -1,0 +1,87 @@
+"""Commands: what the core asks the runtime to do after an event.
+
+The runtime writes commands to the outbox in the same transaction as the new run
+state, then relays them to the bus, the timer wheel or the child-run machinery.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tideflow.model.events import ErrorInfo
+from tideflow.model.plan import Priority
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Command:
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DispatchTask(Command):
+    """Run one attempt of an action on a worker."""
+
+    step_key: str
+    step_id: str
+    type: str
+    config: Any
+    input: Any
+    attempt: int
+    idempotency_key: str
+    timeout: float | None
+    queue: str = "default"
+    priority: Priority = Priority.NORMAL
+    compensation: bool = False
+    sensitive: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelTask(Command):
+    step_key: str
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartTimer(Command):
+    timer_id: str
+    fire_at: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelTimer(Command):
+    timer_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartChildRun(Command):
+    step_key: str
+    child_run_id: str
+    workflow: str
+    version: str | None
+    input: Any
+    wait: bool
+    """True for `mode: sync`: the parent expects a ChildRunFinished event."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelChildRun(Command):
+    child_run_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EmitEvent(Command):
+    """Publish a CloudEvent (already complete: id, source, type, time, data)."""
+
+    event: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunFinished(Command):
+    """The run reached a terminal state; notify waiters and a waiting parent."""
+
+    status: str
+    output: Any
+    error: ErrorInfo | None
+    parent_run_id: str | None = None
+    parent_step_key: str | None = None

@@ -1,0 +1,129 @@
+"""Events: everything that can happen to a run, as the core receives it.
+
+Time and ids come in with the event (the core has no clock and no randomness).
+``time`` is seconds since the epoch (UTC). Every event carries an ``event_id``
+that the store records to make redelivery a no-op; the core is in addition
+idempotent by construction (a completion for an attempt that is no longer
+running, a timer that is no longer armed, a signal already consumed — all
+change nothing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ErrorInfo:
+    """A step or run error as recorded in history: ``{type, message}``."""
+
+    type: str
+    message: str
+    retryable: bool = True
+    classes: tuple[str, ...] = ()
+    """Further type names the error is an instance of (e.g. Python base classes)."""
+    details: str | None = None
+    """Extra diagnostic text, such as a trimmed traceback."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.type, "message": self.message}
+        if self.details:
+            out["details"] = self.details
+        return out
+
+    def matches(self, names: tuple[str, ...]) -> bool:
+        return self.type in names or any(c in names for c in self.classes)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    event_id: str
+    run_id: str
+    time: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunStarted(Event):
+    input: Any = None
+    parent_run_id: str | None = None
+    parent_step_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskCompleted(Event):
+    step_key: str
+    attempt: int
+    output: Any = None
+    compensation: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskFailed(Event):
+    step_key: str
+    attempt: int
+    error: ErrorInfo
+    seed: int = 0
+    """Random seed for retry jitter, chosen by the runtime so that decide stays pure."""
+    compensation: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimerFired(Event):
+    timer_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SignalReceived(Event):
+    name: str
+    payload: Any = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChildRunFinished(Event):
+    step_key: str
+    child_run_id: str
+    status: str
+    output: Any = None
+    error: ErrorInfo | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelRequested(Event):
+    reason: str = "cancelled on request"
+
+
+EventKind = Literal[
+    "run_started",
+    "task_completed",
+    "task_failed",
+    "timer_fired",
+    "signal_received",
+    "child_run_finished",
+    "cancel_requested",
+]
+
+EVENT_KINDS: dict[type[Event], str] = {
+    RunStarted: "run_started",
+    TaskCompleted: "task_completed",
+    TaskFailed: "task_failed",
+    TimerFired: "timer_fired",
+    SignalReceived: "signal_received",
+    ChildRunFinished: "child_run_finished",
+    CancelRequested: "cancel_requested",
+}
+EVENT_TYPES: dict[str, type[Event]] = {v: k for k, v in EVENT_KINDS.items()}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Transition:
+    """One recorded state change, for the run's history."""
+
+    subject: str
+    """``run`` or a step key."""
+    old: str | None
+    new: str
+    time: float
+    cause: str
+    attempt: int | None = None
+    data: dict[str, Any] = field(default_factory=dict)

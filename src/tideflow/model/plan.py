@@ -1,0 +1,205 @@
+"""The Plan: the immutable, compiled form of a workflow definition.
+
+A Plan is what the engine core runs. The DSL compiler builds it from a validated
+definition; everything in it is already checked, durations are seconds, and
+every expression and template is compiled. Step ids are unique across the whole
+plan (nested loop bodies and map templates included), so ``Plan.specs`` is a
+flat index and a step instance only needs its id to find its spec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Literal
+
+from tideflow.model.expressions import Expression, Template
+
+ACTION_TYPES_BUILTIN = frozenset({"python", "http", "shell", "noop"})
+ENGINE_TYPES = frozenset({"set", "switch", "wait", "sleep", "map", "loop", "subflow", "emit"})
+
+
+class Backoff(StrEnum):
+    FIXED = "fixed"
+    LINEAR = "linear"
+    EXPONENTIAL = "exponential"
+
+
+class OnError(StrEnum):
+    FAIL = "fail"
+    CONTINUE = "continue"
+    COMPENSATE = "compensate"
+
+
+class Priority(StrEnum):
+    HIGH = "high"
+    NORMAL = "normal"
+    LOW = "low"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryPolicy:
+    max_attempts: int = 1
+    backoff: Backoff = Backoff.EXPONENTIAL
+    initial_delay: float = 1.0
+    multiplier: float = 2.0
+    max_delay: float | None = None
+    jitter: bool = False
+    retry_on: tuple[str, ...] = ()
+    """Error type names that may be retried; empty means every retryable error."""
+
+
+NO_RETRY = RetryPolicy()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Join:
+    kind: Literal["all", "any", "at_least"] = "all"
+    at_least: int = 0
+    cancel_others: bool = False
+
+
+JOIN_ALL = Join()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Compensation:
+    """The action that undoes a completed step."""
+
+    type: str
+    config: Template
+    input: Template
+    retry: RetryPolicy = NO_RETRY
+    timeout: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SwitchCase:
+    when: Expression
+    next: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SwitchSpec:
+    cases: tuple[SwitchCase, ...]
+    default: tuple[str, ...] | None
+    """Steps activated when no case matches; None means `default: fail`."""
+
+    @property
+    def targets(self) -> frozenset[str]:
+        out: set[str] = set(self.default or ())
+        for case in self.cases:
+            out.update(case.next)
+        return frozenset(out)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WaitSpec:
+    signal: str
+    match: Expression | None = None
+    timeout: float | None = None
+    timeout_action: Literal["fail", "continue"] = "fail"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SleepSpec:
+    duration: float | None = None
+    until: Template | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MapSpec:
+    items: Template
+    template: str
+    """The id of the template step (its spec is in Plan.specs)."""
+    max_concurrency: int | None = None
+    tolerated_failures: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Graph:
+    """A DAG of steps: the top level of a plan, or the body of a loop."""
+
+    steps: tuple[str, ...]
+    """Step ids in definition order."""
+    dependents: Mapping[str, tuple[str, ...]]
+    roots: tuple[str, ...]
+    sinks: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoopSpec:
+    body: Graph
+    until: Expression | None = None
+    while_: Expression | None = None
+    max_iterations: int
+    delay: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubflowSpec:
+    workflow: str
+    version: str | None
+    input: Template
+    mode: Literal["sync", "async"] = "sync"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepSpec:
+    id: str
+    type: str
+    depends_on: tuple[str, ...] = ()
+    join: Join = JOIN_ALL
+    when: Expression | None = None
+    retry: RetryPolicy = NO_RETRY
+    timeout: float | None = None
+    deadline: float | None = None
+    queue: str = "default"
+    priority: Priority = Priority.NORMAL
+    compensate: Compensation | None = None
+    on_error: OnError = OnError.FAIL
+    input: Template | None = None
+    config: Template | None = None
+    """Executor configuration of an action step (templated), e.g. ``function`` or ``url``."""
+    description: str | None = None
+    sensitive: tuple[str, ...] = ()
+    set_values: Template | None = None
+    switch: SwitchSpec | None = None
+    wait: WaitSpec | None = None
+    sleep: SleepSpec | None = None
+    map: MapSpec | None = None
+    loop: LoopSpec | None = None
+    subflow: SubflowSpec | None = None
+    emit: Template | None = None
+    line: int | None = None
+    """Where the step is defined, for messages."""
+
+    @property
+    def is_action(self) -> bool:
+        return self.type not in ENGINE_TYPES
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    name: str
+    version: str
+    hash: str
+    """sha256 of the canonical JSON of the normalised definition."""
+    graph: Graph
+    specs: Mapping[str, StepSpec]
+    description: str | None = None
+    input_schema: Mapping[str, Any] | None = None
+    timeout: float | None = None
+    on_failure: OnError = OnError.FAIL
+    output: Template | None = None
+    source: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    """The normalised definition the plan was compiled from (JSON-compatible)."""
+    owners: Mapping[str, str] = field(default_factory=dict)
+    """Nested step id -> the id of the loop or map step that contains it."""
+
+    def __hash__(self) -> int:
+        return hash(self.hash)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Plan) and other.hash == self.hash

@@ -1,0 +1,109 @@
+"""Run and step states, and the one explicit table of legal transitions."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from tideflow.errors import IllegalTransition
+
+
+class RunStatus(StrEnum):
+    """The lifecycle of one run."""
+
+    PENDING = "pending"
+    """Created, not yet started."""
+    RUNNING = "running"
+    """Steps are being scheduled."""
+    SUCCEEDED = "succeeded"
+    """Every step ended and none failed the run."""
+    FAILED = "failed"
+    """A step failed with `on_error: fail` (or the run input was refused)."""
+    CANCELLED = "cancelled"
+    """Cancelled on request."""
+    TIMED_OUT = "timed_out"
+    """The run-level `timeout` passed."""
+    COMPENSATING = "compensating"
+    """The run failed and compensations are running in reverse completion order."""
+    COMPENSATED = "compensated"
+    """Every compensation succeeded."""
+    COMPENSATION_FAILED = "compensation_failed"
+    """A compensation exhausted its retries; an operator must look."""
+
+
+class StepStatus(StrEnum):
+    """The lifecycle of one step instance (a loop iteration or map item is an instance)."""
+
+    PENDING = "pending"
+    """Waiting for its dependencies."""
+    READY = "ready"
+    """Its join is satisfied; about to start."""
+    RUNNING = "running"
+    """An attempt is executing (or a map, loop or subflow is in progress)."""
+    RETRYING = "retrying"
+    """An attempt failed; the next one starts after the backoff delay."""
+    WAITING = "waiting"
+    """A `wait` for a signal or a `sleep` timer."""
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    """Its `when` was false, or its join can never be satisfied."""
+    CANCELLED = "cancelled"
+
+
+RUN_TERMINAL = frozenset(
+    {
+        RunStatus.SUCCEEDED,
+        RunStatus.FAILED,
+        RunStatus.CANCELLED,
+        RunStatus.TIMED_OUT,
+        RunStatus.COMPENSATED,
+        RunStatus.COMPENSATION_FAILED,
+    }
+)
+"""Run states that never change again (FAILED can still move to COMPENSATING in the same step)."""
+
+STEP_TERMINAL = frozenset(
+    {StepStatus.SUCCEEDED, StepStatus.FAILED, StepStatus.SKIPPED, StepStatus.CANCELLED}
+)
+STEP_ACTIVE = frozenset({StepStatus.RUNNING, StepStatus.RETRYING, StepStatus.WAITING})
+
+_R = RunStatus
+_S = StepStatus
+
+RUN_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
+    _R.PENDING: frozenset({_R.RUNNING, _R.FAILED, _R.CANCELLED}),
+    _R.RUNNING: frozenset({_R.SUCCEEDED, _R.FAILED, _R.CANCELLED, _R.TIMED_OUT}),
+    _R.FAILED: frozenset({_R.COMPENSATING}),
+    _R.COMPENSATING: frozenset({_R.COMPENSATED, _R.COMPENSATION_FAILED}),
+    _R.SUCCEEDED: frozenset(),
+    _R.CANCELLED: frozenset(),
+    _R.TIMED_OUT: frozenset(),
+    _R.COMPENSATED: frozenset(),
+    _R.COMPENSATION_FAILED: frozenset(),
+}
+
+STEP_TRANSITIONS: dict[StepStatus, frozenset[StepStatus]] = {
+    _S.PENDING: frozenset({_S.READY, _S.SKIPPED, _S.CANCELLED}),
+    _S.READY: frozenset(
+        {_S.RUNNING, _S.WAITING, _S.SUCCEEDED, _S.FAILED, _S.SKIPPED, _S.CANCELLED}
+    ),
+    _S.RUNNING: frozenset({_S.SUCCEEDED, _S.FAILED, _S.RETRYING, _S.CANCELLED}),
+    _S.RETRYING: frozenset({_S.RUNNING, _S.FAILED, _S.CANCELLED}),
+    _S.WAITING: frozenset({_S.SUCCEEDED, _S.FAILED, _S.CANCELLED}),
+    _S.SUCCEEDED: frozenset(),
+    _S.FAILED: frozenset(),
+    _S.SKIPPED: frozenset(),
+    _S.CANCELLED: frozenset(),
+}
+
+
+def check_run_transition(old: RunStatus, new: RunStatus) -> None:
+    """Raise IllegalTransition unless the table allows ``old -> new``."""
+    if new not in RUN_TRANSITIONS[old]:
+        raise IllegalTransition(f"run cannot go from {old} to {new}")
+
+
+def check_step_transition(step: str, old: StepStatus, new: StepStatus) -> None:
+    """Raise IllegalTransition unless the table allows ``old -> new``."""
+    if new not in STEP_TRANSITIONS[old]:
+        raise IllegalTransition(f"step '{step}' cannot go from {old} to {new}")

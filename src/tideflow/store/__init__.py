@@ -1,0 +1,1 @@
+"""tideflow.store."""
