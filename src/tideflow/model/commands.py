@@ -34,6 +34,8 @@ class DispatchTask(Command):
     priority: Priority = Priority.NORMAL
     compensation: bool = False
     sensitive: tuple[str, ...] = ()
+    secrets: tuple[str, ...] = ()
+    """Secret names the step's templates reference; the worker resolves only these markers."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

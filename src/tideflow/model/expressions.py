@@ -25,6 +25,10 @@ class Expression(Protocol):
         """The top-level keys of ``inputs`` this expression reads."""
         ...
 
+    def secret_references(self) -> frozenset[str]:
+        """The names this expression reads through ``secrets.<NAME>``."""
+        ...
+
 
 class Template(Protocol):
     """A compiled value: any JSON value whose strings may contain ``{{ expr }}``."""
@@ -34,6 +38,8 @@ class Template(Protocol):
     def step_references(self) -> frozenset[str]: ...
 
     def input_references(self) -> frozenset[str]: ...
+
+    def secret_references(self) -> frozenset[str]: ...
 
     @property
     def is_constant(self) -> bool: ...
