@@ -25,6 +25,8 @@ class ErrorInfo:
     """Further type names the error is an instance of (e.g. Python base classes)."""
     details: str | None = None
     """Extra diagnostic text, such as a trimmed traceback."""
+    retry_after: float | None = None
+    """A lower bound for the next retry's delay that the failure asked for (HTTP 429)."""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": self.type, "message": self.message}
@@ -77,6 +79,9 @@ class TimerFired(Event):
 class SignalReceived(Event):
     name: str
     payload: Any = None
+    buffer: bool = True
+    """Keep the signal for a later wait when no current wait takes it. Events fanned
+    out from `emit` to other runs are not buffered: they are only for current waiters."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

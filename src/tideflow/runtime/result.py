@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tideflow.core.state import RunState
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepResult:
@@ -47,3 +49,24 @@ class RunResult:
             "error": self.error,
             "steps": {key: step.to_dict() for key, step in self.steps.items()},
         }
+
+
+def result_of(state: RunState) -> RunResult:
+    """The caller's view of a run state."""
+    return RunResult(
+        run_id=state.run_id,
+        workflow=state.workflow,
+        version=state.version,
+        status=state.status.value,
+        output=state.output,
+        error=state.error.to_dict() if state.error else None,
+        steps={
+            key: StepResult(
+                status=st.status.value,
+                attempts=st.attempts,
+                output=st.output,
+                error=st.error.to_dict() if st.error else None,
+            )
+            for key, st in state.steps.items()
+        },
+    )

@@ -1,0 +1,159 @@
+"""tideflow benchmark suite: no-op workloads through the embedded runtime.
+
+W1   1,000 runs x 10-step chain (started together)
+W2   one run: 1,000 parallel steps and a join
+W3   one run: deterministic 300-node random DAG (node i depends on 1-3 random
+     earlier nodes, seed 42)
+W3-10k  the same with 10,000 nodes (per-step cost must stay within 1.5x of W3)
+
+Usage:
+    python bench/run.py                  # all workloads, in-memory store
+    python bench/run.py --only W1 --repeat 5
+    python bench/run.py --json           # machine-readable rows
+
+Each row reports steps/s (steps executed / wall time from first start to last
+finish), per-step cost in microseconds, and p50/p99 run latency for W1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tideflow.dsl import compile_definition
+from tideflow.model.plan import Plan
+from tideflow.runtime.runtime import Runtime
+
+
+@dataclass
+class Row:
+    workload: str
+    store: str
+    steps: int
+    seconds: float
+    steps_per_s: float
+    us_per_step: float
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+
+
+def chain(n: int) -> Plan:
+    steps: list[dict[str, Any]] = [{"id": "s0", "type": "noop"}]
+    steps += [{"id": f"s{i}", "type": "noop", "depends_on": [f"s{i - 1}"]} for i in range(1, n)]
+    return compile_definition({"name": f"chain-{n}", "version": "1", "steps": steps})
+
+
+def fan(n: int) -> Plan:
+    steps: list[dict[str, Any]] = [{"id": f"p{i}", "type": "noop"} for i in range(n)]
+    steps.append({"id": "join", "type": "noop", "depends_on": [f"p{i}" for i in range(n)]})
+    return compile_definition({"name": f"fan-{n}", "version": "1", "steps": steps})
+
+
+def random_dag(n: int, seed: int = 42) -> Plan:
+    rng = random.Random(seed)
+    steps: list[dict[str, Any]] = [{"id": "n0", "type": "noop"}]
+    for i in range(1, n):
+        k = rng.randint(1, min(3, i))
+        deps = sorted(rng.sample(range(i), k))
+        steps.append({"id": f"n{i}", "type": "noop", "depends_on": [f"n{d}" for d in deps]})
+    return compile_definition({"name": f"dag-{n}", "version": "1", "steps": steps})
+
+
+async def _runs(
+    make_runtime: Callable[[], Runtime], plan: Plan, count: int
+) -> tuple[float, list[float]]:
+    async with make_runtime() as rt:
+        await rt.register(plan)
+        latencies: list[float] = []
+
+        async def one() -> None:
+            t0 = time.perf_counter()
+            result = await rt.wait(await rt.start_run(plan))
+            latencies.append(time.perf_counter() - t0)
+            if result.status != "succeeded":
+                raise RuntimeError(f"benchmark run ended {result.status}: {result.error}")
+
+        gc.collect()
+        start = time.perf_counter()
+        await asyncio.gather(*(one() for _ in range(count)))
+        return time.perf_counter() - start, latencies
+
+
+def measure(
+    name: str, plan: Plan, count: int, store: str, make_runtime: Callable[[], Runtime]
+) -> Row:
+    seconds, latencies = asyncio.run(_runs(make_runtime, plan, count))
+    steps = len(plan.specs) * count
+    row = Row(
+        workload=name,
+        store=store,
+        steps=steps,
+        seconds=round(seconds, 3),
+        steps_per_s=round(steps / seconds),
+        us_per_step=round(seconds / steps * 1e6, 1),
+    )
+    if count > 1:
+        qs = statistics.quantiles(latencies, n=100)
+        row.p50_ms, row.p99_ms = round(qs[49] * 1e3, 1), round(qs[98] * 1e3, 1)
+    return row
+
+
+WORKLOADS: dict[str, Callable[[], tuple[Plan, int]]] = {
+    "W1": lambda: (chain(10), 1000),
+    "W2": lambda: (fan(1000), 1),
+    "W3": lambda: (random_dag(300), 1),
+    "W3-10k": lambda: (random_dag(10_000), 1),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--only", action="append", choices=sorted(WORKLOADS), help="run just these workloads"
+    )
+    parser.add_argument("--repeat", type=int, default=3, help="best of N (default 3)")
+    parser.add_argument("--json", action="store_true", help="print rows as JSON lines")
+    args = parser.parse_args(argv)
+    names = args.only or list(WORKLOADS)
+    rows: list[Row] = []
+    for name in names:
+        plan, count = WORKLOADS[name]()
+        best = max(
+            (
+                measure(name, plan, count, "memory", lambda: Runtime(workers=32))
+                for _ in range(args.repeat)
+            ),
+            key=lambda r: r.steps_per_s,
+        )
+        rows.append(best)
+        if args.json:
+            print(json.dumps(asdict(best)))
+        else:
+            latency = (
+                f"  p50 {best.p50_ms} ms  p99 {best.p99_ms} ms" if best.p50_ms is not None else ""
+            )
+            print(
+                f"{best.workload:<8} {best.store:<8} {best.steps:>7} steps  "
+                f"{best.seconds:>7.3f} s  {best.steps_per_s:>8} steps/s  "
+                f"{best.us_per_step:>6} us/step{latency}"
+            )
+    by = {r.workload: r for r in rows}
+    if "W3" in by and "W3-10k" in by and not args.json:
+        ratio = by["W3-10k"].us_per_step / by["W3"].us_per_step
+        print(f"W3-10k / W3 per-step cost ratio: {ratio:.2f} (target <= 1.5)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""RunState to and from JSON-compatible data, for stores and for crash tests.
+
+The format carries a ``format`` number; a state written by a newer format is
+refused with a clear error instead of being misread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, fields
+from typing import Any
+
+import orjson
+
+from tideflow.core.state import (
+    BufferedSignal,
+    CompensationState,
+    MapProgress,
+    RunState,
+    ScopeState,
+    StepState,
+    TimerRef,
+)
+from tideflow.errors import TideflowError
+from tideflow.model.events import ErrorInfo
+from tideflow.model.states import RunStatus, StepStatus
+
+FORMAT = 1
+
+
+class StateFormatError(TideflowError):
+    """A stored run state cannot be read."""
+
+
+def error_to_data(error: ErrorInfo | None) -> dict[str, Any] | None:
+    if error is None:
+        return None
+    data = asdict(error)
+    data["classes"] = list(error.classes)
+    return data
+
+
+def error_from_data(data: dict[str, Any] | None) -> ErrorInfo | None:
+    if data is None:
+        return None
+    return ErrorInfo(**{**data, "classes": tuple(data.get("classes") or ())})
+
+
+def _step_to_data(st: StepState) -> dict[str, Any]:
+    data = {f.name: getattr(st, f.name) for f in fields(StepState)}
+    data["status"] = st.status.value
+    data["error"] = error_to_data(st.error)
+    data["map"] = asdict(st.map) if st.map is not None else None
+    data["timers"] = list(st.timers)
+    return data
+
+
+def _step_from_data(data: dict[str, Any]) -> StepState:
+    data = dict(data)
+    data["status"] = StepStatus(data["status"])
+    data["error"] = error_from_data(data["error"])
+    data["map"] = MapProgress(**data["map"]) if data["map"] is not None else None
+    return StepState(**data)
+
+
+def state_to_data(state: RunState) -> dict[str, Any]:
+    comp = state.compensation
+    return {
+        "format": FORMAT,
+        "run_id": state.run_id,
+        "workflow": state.workflow,
+        "version": state.version,
+        "plan_hash": state.plan_hash,
+        "status": state.status.value,
+        "input": state.input,
+        "output": state.output,
+        "error": error_to_data(state.error),
+        "created_at": state.created_at,
+        "started_at": state.started_at,
+        "finished_at": state.finished_at,
+        "parent_run_id": state.parent_run_id,
+        "parent_step_key": state.parent_step_key,
+        "steps": [_step_to_data(st) for st in state.steps.values()],
+        "scopes": [asdict(scope) for scope in state.scopes.values()],
+        "timers": {tid: asdict(ref) for tid, ref in state.timers.items()},
+        "waiting": state.waiting,
+        "signals": [asdict(sig) for sig in state.signals],
+        "seen_signals": sorted(state.seen_signals),
+        "completed_seq": state.completed_seq,
+        "compensable": state.compensable,
+        "compensate_requested": state.compensate_requested,
+        "compensation": asdict(comp) if comp is not None else None,
+    }
+
+
+def state_from_data(data: dict[str, Any]) -> RunState:
+    version = data.get("format")
+    if version != FORMAT:
+        raise StateFormatError(
+            f"run {data.get('run_id')!r}: state format {version!r} is not readable by this version "
+            f"(reads format {FORMAT}); upgrade tideflow to read it"
+        )
+    try:
+        return _build(data)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StateFormatError(
+            f"run {data.get('run_id')!r}: stored state is damaged ({exc})"
+        ) from None
+
+
+def _build(data: dict[str, Any]) -> RunState:
+    steps = [_step_from_data(s) for s in data["steps"]]
+    comp = data["compensation"]
+    return RunState(
+        run_id=data["run_id"],
+        workflow=data["workflow"],
+        version=data["version"],
+        plan_hash=data["plan_hash"],
+        status=RunStatus(data["status"]),
+        input=data["input"],
+        output=data["output"],
+        error=error_from_data(data["error"]),
+        created_at=data["created_at"],
+        started_at=data["started_at"],
+        finished_at=data["finished_at"],
+        parent_run_id=data["parent_run_id"],
+        parent_step_key=data["parent_step_key"],
+        steps={st.key: st for st in steps},
+        scopes={s["prefix"]: ScopeState(**s) for s in data["scopes"]},
+        timers={tid: TimerRef(**ref) for tid, ref in data["timers"].items()},
+        waiting={k: list(v) for k, v in data["waiting"].items()},
+        signals=[BufferedSignal(**s) for s in data["signals"]],
+        seen_signals=set(data["seen_signals"]),
+        completed_seq=data["completed_seq"],
+        compensable=list(data["compensable"]),
+        compensate_requested=data["compensate_requested"],
+        compensation=CompensationState(**comp) if comp is not None else None,
+    )
+
+
+def dumps(state: RunState) -> bytes:
+    return orjson.dumps(state_to_data(state))
+
+
+def loads(raw: bytes | str) -> RunState:
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise StateFormatError(f"stored run state is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise StateFormatError("stored run state is not a JSON object")
+    return state_from_data(data)

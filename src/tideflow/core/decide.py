@@ -1,0 +1,601 @@
+"""``decide(plan, state, event)``: the pure engine core.
+
+Given a compiled plan, the run state and one event, ``decide`` advances the
+state and returns the commands the runtime must carry out and the transitions
+to record in the run's history. No I/O, no clock, no randomness: time comes in
+with the event, jitter from a seed in the event, ids are derived from the run id.
+
+How readiness stays incremental: when a step instance ends, only the steps that
+depend on it are told (``_notify``), each keeps counters of its finished, ok and
+skipped dependencies, and a scope keeps a count of its unfinished steps. No
+event ever scans the whole run. Work that unlocks more work goes through two
+queues (finished steps to propagate, ready steps to start) instead of recursion,
+so a chain of 10,000 engine steps is handled in one flat loop.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, NamedTuple
+
+from tideflow.core import saga
+from tideflow.core import steps as kinds
+from tideflow.core.retry import backoff_delay, may_retry, stable_seed
+from tideflow.core.scope import build_scope
+from tideflow.core.state import RunState, ScopeState, StepState, TimerKind, TimerRef
+from tideflow.errors import ExpressionEvaluationError
+from tideflow.model.commands import (
+    CancelChildRun,
+    CancelTask,
+    CancelTimer,
+    Command,
+    RunFinished,
+    StartTimer,
+)
+from tideflow.model.events import (
+    CancelRequested,
+    ChildRunFinished,
+    ErrorInfo,
+    Event,
+    RunStarted,
+    SignalReceived,
+    TaskCompleted,
+    TaskFailed,
+    TimerFired,
+    Transition,
+)
+from tideflow.model.plan import Graph, OnError, Plan, StepSpec
+from tideflow.model.states import (
+    STEP_TERMINAL,
+    RunStatus,
+    StepStatus,
+    check_run_transition,
+    check_step_transition,
+)
+
+_CANCELLED = StepStatus.CANCELLED
+_FAILED = StepStatus.FAILED
+_PENDING = StepStatus.PENDING
+_READY = StepStatus.READY
+_RETRYING = StepStatus.RETRYING
+_RUNNING = StepStatus.RUNNING
+_SKIPPED = StepStatus.SKIPPED
+_SUCCEEDED = StepStatus.SUCCEEDED
+_WAITING = StepStatus.WAITING
+
+
+class Decision(NamedTuple):
+    state: RunState
+    commands: list[Command]
+    transitions: list[Transition]
+
+
+def decide(plan: Plan, state: RunState, event: Event) -> Decision:
+    """Apply one event to a run. Applying the same event twice changes nothing."""
+    decider = Decider(plan, state, event.time)
+    decider.apply(event)
+    return Decision(state, decider.commands, decider.transitions)
+
+
+def error_info(type_: str, message: str, *, retryable: bool = False) -> ErrorInfo:
+    return ErrorInfo(type=type_, message=message, retryable=retryable)
+
+
+class Decider:
+    """The working set of one ``decide`` call."""
+
+    def __init__(self, plan: Plan, state: RunState, now: float) -> None:
+        self.plan = plan
+        self.state = state
+        self.now = now
+        self.commands: list[Command] = []
+        self.transitions: list[Transition] = []
+        self._finished: deque[str] = deque()
+        self._ready: deque[str] = deque()
+
+    # -- dispatch on the event ------------------------------------------------
+
+    def apply(self, event: Event) -> None:
+        if isinstance(event, TaskCompleted):
+            self._on_task_completed(event)
+        elif isinstance(event, TaskFailed):
+            self._on_task_failed(event)
+        elif isinstance(event, TimerFired):
+            self._on_timer(event)
+        elif isinstance(event, SignalReceived):
+            self._on_signal(event)
+        elif isinstance(event, ChildRunFinished):
+            self._on_child_finished(event)
+        elif isinstance(event, RunStarted):
+            self._on_run_started(event)
+        elif isinstance(event, CancelRequested):
+            self._end_run_early(RunStatus.CANCELLED, event.reason)
+        self._drain()
+
+    def _drain(self) -> None:
+        finished, ready = self._finished, self._ready
+        while finished or ready:
+            while finished:
+                self._propagate(finished.popleft())
+            if ready:
+                self._start(ready.popleft())
+
+    # -- run lifecycle ----------------------------------------------------------
+
+    def _on_run_started(self, event: RunStarted) -> None:
+        state = self.state
+        if state.status is not RunStatus.PENDING:
+            return
+        state.input = event.input
+        state.started_at = self.now
+        state.parent_run_id = event.parent_run_id or state.parent_run_id
+        state.parent_step_key = event.parent_step_key or state.parent_step_key
+        self.set_run(RunStatus.RUNNING, "run started")
+        if self.plan.timeout is not None:
+            self._arm(TimerRef(kind="run_timeout", fire_at=self.now + self.plan.timeout), None)
+        self.open_scope("", None, None, "top", {}, self.plan.graph)
+
+    def set_run(self, new: RunStatus, cause: str) -> None:
+        state = self.state
+        check_run_transition(state.status, new)
+        self.transitions.append(
+            Transition(
+                subject="run", old=state.status.value, new=new.value, time=self.now, cause=cause
+            )
+        )
+        state.status = new
+
+    def finish_run(self, status: RunStatus, cause: str) -> None:
+        state = self.state
+        self.set_run(status, cause)
+        state.finished_at = self.now
+        for timer_id in list(state.timers):
+            del state.timers[timer_id]
+            self.commands.append(CancelTimer(run_id=state.run_id, timer_id=timer_id))
+        self.commands.append(
+            RunFinished(
+                run_id=state.run_id,
+                status=status.value,
+                output=state.output,
+                error=state.error,
+                parent_run_id=state.parent_run_id,
+                parent_step_key=state.parent_step_key,
+            )
+        )
+
+    def _complete_run(self) -> None:
+        plan, state = self.plan, self.state
+        try:
+            if plan.output is not None:
+                state.output = plan.output.render(build_scope(state, "", self.now))
+            else:
+                state.output = self._default_output()
+        except ExpressionEvaluationError as exc:
+            self._fail_run(error_info("ExpressionError", f"run output: {exc.message}"))
+            return
+        self.finish_run(RunStatus.SUCCEEDED, "every step finished")
+
+    def _default_output(self) -> dict[str, Any]:
+        steps = self.state.steps
+        return {
+            sink: steps[sink].output
+            for sink in self.plan.graph.sinks
+            if steps[sink].status is _SUCCEEDED
+        }
+
+    def _fail_run(self, error: ErrorInfo) -> None:
+        state = self.state
+        state.error = error
+        compensate = state.compensate_requested or self.plan.on_failure is OnError.COMPENSATE
+        if not compensate:
+            self.finish_run(RunStatus.FAILED, f"{error.type}: {error.message}")
+            return
+        self.set_run(RunStatus.FAILED, f"{error.type}: {error.message}")
+        saga.start(self)
+
+    def _end_run_early(self, status: RunStatus, cause: str) -> None:
+        """Cancel or time out a run: stop everything that runs, then end it."""
+        state = self.state
+        if state.status not in (RunStatus.PENDING, RunStatus.RUNNING):
+            return
+        if "" in state.scopes:
+            self._close_scope(state.scopes[""], cause)
+        state.error = error_info(
+            "Cancelled" if status is RunStatus.CANCELLED else "TimeoutError", cause
+        )
+        self.finish_run(status, cause)
+
+    # -- step transitions -------------------------------------------------------
+
+    def set_step(
+        self, st: StepState, new: StepStatus, cause: str, attempt: int | None = None
+    ) -> None:
+        old = st.status
+        check_step_transition(st.key, old, new)
+        st.status = new
+        self.transitions.append(
+            Transition(
+                subject=st.key,
+                old=old.value,
+                new=new.value,
+                time=self.now,
+                cause=cause,
+                attempt=attempt,
+            )
+        )
+        if new in STEP_TERMINAL:
+            st.finished_at = self.now
+            if st.timers:
+                self._disarm_all(st)
+            self.state.scopes[st.scope].remaining -= 1
+            self._finished.append(st.key)
+
+    def succeed(self, st: StepState, output: Any, cause: str) -> None:
+        state = self.state
+        st.output = output
+        state.completed_seq += 1
+        st.seq = state.completed_seq
+        if self.plan.specs[st.step_id].compensate is not None:
+            state.compensable.append(st.key)
+        self.set_step(st, _SUCCEEDED, cause, st.attempts or None)
+
+    def fail_step(self, st: StepState, error: ErrorInfo) -> None:
+        """The step failed for good: apply its ``on_error``."""
+        if st.status in STEP_TERMINAL:
+            return
+        st.error = error
+        self.set_step(st, _FAILED, f"{error.type}: {error.message}", st.attempts or None)
+        on_error = self.plan.specs[st.step_id].on_error
+        if on_error is OnError.CONTINUE:
+            return
+        if on_error is OnError.COMPENSATE:
+            self.state.compensate_requested = True
+            self.fail_scope("", error)
+        else:
+            self.fail_scope(st.scope, error)
+
+    def skip(self, st: StepState, cause: str) -> None:
+        self.set_step(st, _SKIPPED, cause)
+
+    def mark_ready(self, st: StepState, cause: str) -> None:
+        self.set_step(st, _READY, cause)
+        self._ready.append(st.key)
+
+    # -- scopes -----------------------------------------------------------------
+
+    def open_scope(
+        self,
+        prefix: str,
+        parent: str | None,
+        owner: str | None,
+        kind: Any,
+        variables: dict[str, Any],
+        graph: Graph | None,
+        single: StepState | None = None,
+    ) -> ScopeState:
+        """Create a scope and its pending step instances, and make its roots ready."""
+        state = self.state
+        scope = ScopeState(prefix=prefix, parent=parent, owner=owner, kind=kind, vars=variables)
+        state.scopes[prefix] = scope
+        if single is not None:
+            state.steps[single.key] = single
+            scope.keys.append(single.key)
+            scope.remaining = 1
+            self.mark_ready(single, "map item started")
+            return scope
+        assert graph is not None
+        for step_id in graph.steps:
+            key = prefix + step_id
+            state.steps[key] = StepState(key=key, step_id=step_id, scope=prefix)
+            scope.keys.append(key)
+        scope.remaining = len(graph.steps)
+        for root in graph.roots:
+            self.mark_ready(state.steps[prefix + root], "no dependencies")
+        return scope
+
+    def fail_scope(self, prefix: str, error: ErrorInfo) -> None:
+        state = self.state
+        scope = state.scopes[prefix]
+        if scope.closing:
+            return
+        self._close_scope(scope, f"stopped: {error.type} in this scope")
+        if scope.kind == "top":
+            if state.status is RunStatus.RUNNING:
+                self._fail_run(error)
+        elif scope.kind == "loop":
+            assert scope.owner is not None
+            self.fail_step(state.steps[scope.owner], error)
+        else:
+            assert scope.owner is not None
+            kinds.map_item_done(self, state.steps[scope.owner], scope)
+
+    def _close_scope(self, scope: ScopeState, cause: str) -> None:
+        scope.closing = True
+        steps = self.state.steps
+        for key in scope.keys:
+            st = steps[key]
+            if st.status not in STEP_TERMINAL:
+                self.cancel_step(st, cause)
+
+    def cancel_step(self, st: StepState, cause: str) -> None:
+        state = self.state
+        spec = self.plan.specs[st.step_id]
+        status = st.status
+        if status in (_RUNNING, _RETRYING) and spec.is_action:
+            self.commands.append(
+                CancelTask(run_id=state.run_id, step_key=st.key, attempt=st.attempts)
+            )
+        elif status is _WAITING and spec.wait is not None:
+            kinds.unwait(self, st, spec.wait.signal)
+        elif status is _RUNNING and spec.loop is not None:
+            inner = state.scopes.get(f"{st.key}@{st.iteration}/")
+            if inner is not None and not inner.closing:
+                self._close_scope(inner, cause)
+        elif status is _RUNNING and spec.map is not None and st.map is not None:
+            self.cancel_map_items(st, cause)
+        elif status is _RUNNING and st.child_run_id and spec.subflow is not None:
+            self.commands.append(CancelChildRun(run_id=state.run_id, child_run_id=st.child_run_id))
+        self.set_step(st, _CANCELLED, cause)
+
+    def cancel_map_items(self, st: StepState, cause: str) -> None:
+        scopes = self.state.scopes
+        assert st.map is not None
+        for index in range(st.map.next_index):
+            item = scopes[f"{st.key}[{index}]/"]
+            if not item.closing and item.remaining:
+                self._close_scope(item, cause)
+
+    def _propagate(self, key: str) -> None:
+        state = self.state
+        st = state.steps[key]
+        scope = state.scopes[st.scope]
+        if scope.closing:
+            return
+        spec = self.plan.specs[st.step_id]
+        dependents = self._graph_of(st.step_id).dependents.get(st.step_id, ())
+        if dependents:
+            status = st.status
+            outcome = "ok" if status is _SUCCEEDED else "failed" if status is _FAILED else "skip"
+            chosen: Any = (
+                st.output.get("next") if spec.switch is not None and outcome == "ok" else None
+            )
+            targets = spec.switch.targets if spec.switch is not None else frozenset()
+            for dep_id in dependents:
+                dep_outcome = outcome
+                if chosen is not None and dep_id in targets and dep_id not in chosen:
+                    dep_outcome = "skip"
+                self._notify(state.steps[scope.prefix + dep_id], dep_outcome)
+        if scope.remaining == 0 and not scope.closing:
+            self._scope_done(scope)
+
+    def _graph_of(self, step_id: str) -> Graph:
+        owner = self.plan.owners.get(step_id)
+        if owner is None:
+            return self.plan.graph
+        loop = self.plan.specs[owner].loop
+        return loop.body if loop is not None else _EMPTY_GRAPH
+
+    def _notify(self, st: StepState, outcome: str) -> None:
+        if st.status is not _PENDING:
+            return
+        spec = self.plan.specs[st.step_id]
+        total = len(spec.depends_on)
+        st.deps_done += 1
+        if outcome == "ok":
+            st.deps_ok += 1
+        elif outcome == "skip":
+            st.deps_skipped += 1
+        join = spec.join
+        if join.kind == "all":
+            if st.deps_done == total:
+                if st.deps_skipped == total:
+                    self.skip(st, "every dependency was skipped")
+                else:
+                    self.mark_ready(st, "all dependencies finished")
+        elif join.kind == "any":
+            if st.deps_ok:
+                self.mark_ready(st, "a dependency succeeded (join: any)")
+            elif st.deps_done == total:
+                self.skip(st, "no dependency succeeded (join: any)")
+        elif st.deps_ok >= join.at_least:
+            self.mark_ready(st, f"{join.at_least} dependencies succeeded")
+        elif st.deps_ok + (total - st.deps_done) < join.at_least:
+            self.skip(st, f"fewer than {join.at_least} dependencies can succeed")
+
+    def _scope_done(self, scope: ScopeState) -> None:
+        if scope.kind == "top":
+            if self.state.status is RunStatus.RUNNING:
+                self._complete_run()
+            return
+        assert scope.owner is not None
+        owner = self.state.steps[scope.owner]
+        if scope.kind == "loop":
+            kinds.loop_iteration_done(self, owner, scope)
+        else:
+            kinds.map_item_done(self, owner, scope)
+
+    # -- tasks ------------------------------------------------------------------
+
+    def _on_task_completed(self, event: TaskCompleted) -> None:
+        if event.compensation:
+            saga.on_completed(self, event)
+            return
+        st = self.state.steps.get(event.step_key)
+        if st is None or st.status is not _RUNNING or st.attempts != event.attempt:
+            return
+        self.disarm(st, f"attempt_timeout:{st.key}:{st.attempts}")
+        self.succeed(st, event.output, "task completed")
+
+    def _on_task_failed(self, event: TaskFailed) -> None:
+        if event.compensation:
+            saga.on_failed(self, event)
+            return
+        st = self.state.steps.get(event.step_key)
+        if st is None or st.status is not _RUNNING or st.attempts != event.attempt:
+            return
+        self.disarm(st, f"attempt_timeout:{st.key}:{st.attempts}")
+        self.attempt_failed(st, event.error, event.seed)
+
+    def attempt_failed(self, st: StepState, error: ErrorInfo, seed: int) -> None:
+        spec = self.plan.specs[st.step_id]
+        policy = spec.retry
+        if may_retry(policy, error, st.attempts):
+            delay = backoff_delay(policy, st.attempts, seed)
+            if error.retry_after is not None:
+                delay = max(delay, error.retry_after)
+            if st.deadline_at is None or self.now + delay < st.deadline_at:
+                st.error = error
+                self.set_step(
+                    st,
+                    _RETRYING,
+                    f"attempt {st.attempts} failed: {error.type}: {error.message}",
+                    st.attempts,
+                )
+                self._arm(
+                    TimerRef(
+                        kind="retry", step_key=st.key, attempt=st.attempts, fire_at=self.now + delay
+                    ),
+                    st,
+                )
+                return
+        self.fail_step(st, error)
+
+    # -- timers -----------------------------------------------------------------
+
+    def arm(self, kind: TimerKind, st: StepState | None, fire_at: float, attempt: int = 0) -> None:
+        self._arm(
+            TimerRef(kind=kind, step_key=st.key if st else "", attempt=attempt, fire_at=fire_at), st
+        )
+
+    def _arm(self, ref: TimerRef, st: StepState | None) -> None:
+        timer_id = f"{ref.kind}:{ref.step_key}:{ref.attempt}" if ref.step_key else ref.kind
+        self.state.timers[timer_id] = ref
+        if st is not None:
+            st.timers.append(timer_id)
+        self.commands.append(
+            StartTimer(run_id=self.state.run_id, timer_id=timer_id, fire_at=ref.fire_at)
+        )
+
+    def disarm(self, st: StepState, timer_id: str) -> None:
+        if self.state.timers.pop(timer_id, None) is not None:
+            st.timers.remove(timer_id)
+            self.commands.append(CancelTimer(run_id=self.state.run_id, timer_id=timer_id))
+
+    def _disarm_all(self, st: StepState) -> None:
+        timers = self.state.timers
+        for timer_id in st.timers:
+            if timers.pop(timer_id, None) is not None:
+                self.commands.append(CancelTimer(run_id=self.state.run_id, timer_id=timer_id))
+        st.timers.clear()
+
+    def _on_timer(self, event: TimerFired) -> None:
+        state = self.state
+        ref = state.timers.pop(event.timer_id, None)
+        if ref is None:
+            return
+        if ref.kind == "run_timeout":
+            self._end_run_early(RunStatus.TIMED_OUT, "the run's timeout passed")
+            return
+        if ref.kind.startswith("compensation"):
+            saga.on_timer(self, ref)
+            return
+        st = state.steps[ref.step_key]
+        if event.timer_id in st.timers:
+            st.timers.remove(event.timer_id)
+        self._fire_step_timer(st, ref)
+
+    def _fire_step_timer(self, st: StepState, ref: TimerRef) -> None:
+        kind = ref.kind
+        if kind == "retry" and st.status is _RETRYING:
+            kinds.dispatch(self, st, self.plan.specs[st.step_id], None)
+        elif kind == "attempt_timeout" and st.status is _RUNNING and st.attempts == ref.attempt:
+            self.commands.append(
+                CancelTask(run_id=self.state.run_id, step_key=st.key, attempt=st.attempts)
+            )
+            timeout = self.plan.specs[st.step_id].timeout
+            error = ErrorInfo(
+                type="TimeoutError",
+                message=f"attempt {st.attempts} exceeded its timeout of {timeout}s",
+            )
+            self.attempt_failed(st, error, stable_seed(self.state.run_id, st.key, str(st.attempts)))
+        elif kind == "deadline" and st.status in (_RUNNING, _RETRYING):
+            if st.status is _RUNNING:
+                self.commands.append(
+                    CancelTask(run_id=self.state.run_id, step_key=st.key, attempt=st.attempts)
+                )
+            deadline = self.plan.specs[st.step_id].deadline
+            self.fail_step(
+                st, error_info("DeadlineExceeded", f"the step's deadline of {deadline}s passed")
+            )
+        elif kind == "wait_timeout" and st.status is _WAITING:
+            kinds.wait_timed_out(self, st)
+        elif kind == "sleep" and st.status is _WAITING:
+            self.succeed(st, {"until": _iso(ref.fire_at)}, "sleep finished")
+        elif kind == "loop_delay" and st.status is _RUNNING:
+            kinds.start_iteration(self, st, ref.attempt)
+
+    # -- signals and child runs -------------------------------------------------
+
+    def _on_signal(self, event: SignalReceived) -> None:
+        state = self.state
+        if state.is_terminal or event.event_id in state.seen_signals:
+            return
+        state.seen_signals.add(event.event_id)
+        if not kinds.deliver_signal(self, event.name, event.payload) and event.buffer:
+            from tideflow.core.state import BufferedSignal
+
+            state.signals.append(
+                BufferedSignal(
+                    event_id=event.event_id, name=event.name, payload=event.payload, time=self.now
+                )
+            )
+
+    def _on_child_finished(self, event: ChildRunFinished) -> None:
+        st = self.state.steps.get(event.step_key)
+        if st is None or st.status is not _RUNNING or st.child_run_id != event.child_run_id:
+            return
+        if event.status == RunStatus.SUCCEEDED.value:
+            self.succeed(st, event.output, f"child run {event.child_run_id} succeeded")
+            return
+        detail = (
+            f"{event.error.type}: {event.error.message}" if event.error else "no error recorded"
+        )
+        self.fail_step(
+            st,
+            error_info(
+                "ChildRunFailed", f"child run {event.child_run_id} ended {event.status} ({detail})"
+            ),
+        )
+
+    # -- starting steps ---------------------------------------------------------
+
+    def _start(self, key: str) -> None:
+        state = self.state
+        st = state.steps[key]
+        if st.status is not _READY or state.scopes[st.scope].closing:
+            return
+        spec: StepSpec = self.plan.specs[st.step_id]
+        st.started_at = self.now
+        if spec.join.cancel_others:
+            self._cancel_other_dependencies(st, spec)
+        try:
+            kinds.start_step(self, st, spec)
+        except ExpressionEvaluationError as exc:
+            if st.status not in STEP_TERMINAL:
+                self.fail_step(st, error_info("ExpressionError", exc.message))
+
+    def _cancel_other_dependencies(self, st: StepState, spec: StepSpec) -> None:
+        steps = self.state.steps
+        for dep_id in spec.depends_on:
+            dep = steps[st.scope + dep_id]
+            if dep.status not in STEP_TERMINAL:
+                self.cancel_step(dep, f"'{spec.id}' joined on another dependency (cancel_others)")
+
+
+def _iso(ts: float) -> str | None:
+    from tideflow.core.scope import iso
+
+    return iso(ts)
+
+
+_EMPTY_GRAPH = Graph(steps=(), dependents={}, roots=(), sinks=())

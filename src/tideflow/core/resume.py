@@ -1,0 +1,68 @@
+"""What to redo for a run that a process was driving when it stopped.
+
+Pure like ``decide``: from the durable state alone it lists the commands that
+put the run back in motion — every armed timer, every attempt whose result was
+never recorded (re-dispatched with the same attempt number and idempotency
+key), a running compensation, a sync child run (started again idempotently),
+and the start of a run that was created but never started.
+"""
+
+from __future__ import annotations
+
+from tideflow.core import steps as kinds
+from tideflow.core.scope import build_scope
+from tideflow.core.state import RunState
+from tideflow.errors import ExpressionEvaluationError
+from tideflow.model.commands import Command, DispatchTask, StartChildRun, StartTimer
+from tideflow.model.plan import Plan
+from tideflow.model.states import StepStatus
+
+
+def resume_commands(plan: Plan, state: RunState, now: float) -> list[Command]:
+    if state.is_terminal:
+        return []
+    out: list[Command] = [
+        StartTimer(run_id=state.run_id, timer_id=timer_id, fire_at=ref.fire_at)
+        for timer_id, ref in state.timers.items()
+    ]
+    for st in state.steps.values():
+        if st.status is not StepStatus.RUNNING:
+            continue
+        spec = plan.specs[st.step_id]
+        if spec.is_action:
+            try:
+                config = (
+                    spec.config.render(build_scope(state, st.scope, now)) if spec.config else {}
+                )
+            except ExpressionEvaluationError:
+                config = {}
+            out.append(
+                DispatchTask(
+                    run_id=state.run_id,
+                    step_key=st.key,
+                    step_id=st.step_id,
+                    type=spec.type,
+                    config=config,
+                    input=st.input,
+                    attempt=st.attempts,
+                    idempotency_key=f"{state.run_id}:{st.key}",
+                    timeout=spec.timeout,
+                    queue=spec.queue,
+                    priority=spec.priority,
+                    sensitive=spec.sensitive,
+                    secrets=kinds.secret_names(plan, spec.id),
+                )
+            )
+        elif spec.subflow is not None and st.child_run_id and spec.subflow.mode == "sync":
+            out.append(
+                StartChildRun(
+                    run_id=state.run_id,
+                    step_key=st.key,
+                    child_run_id=st.child_run_id,
+                    workflow=spec.subflow.workflow,
+                    version=spec.subflow.version,
+                    input=st.input,
+                    wait=True,
+                )
+            )
+    return out

@@ -1,0 +1,177 @@
+"""Run state: the mutable, materialised state of one run that ``decide`` advances.
+
+The runtime owns a RunState and hands it to ``decide`` with each event; ``decide``
+updates it in place (copying a whole run per event would make a 10,000-step run
+quadratic). Everything here is plain data — strings, numbers, lists, dicts — so a
+store can serialise it and restore it between any two events.
+
+Step keys name step *instances*: a top-level step's key is its id; a step inside
+iteration 2 of loop ``poll`` is ``poll@2/check``; item 3 of map ``fan`` is
+``fan[3]``. A *scope* is one instance of a graph (the top level, one loop
+iteration, one map item) and is keyed by the prefix its step keys share
+(``""``, ``"poll@2/"``, ``"fan[3]/"``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from tideflow.model.events import ErrorInfo
+from tideflow.model.states import RunStatus, StepStatus
+
+TimerKind = Literal[
+    "run_timeout",
+    "attempt_timeout",
+    "deadline",
+    "retry",
+    "wait_timeout",
+    "sleep",
+    "loop_delay",
+    "compensation_timeout",
+    "compensation_retry",
+]
+
+
+@dataclass(slots=True, kw_only=True)
+class TimerRef:
+    kind: TimerKind
+    step_key: str = ""
+    attempt: int = 0
+    fire_at: float = 0.0
+
+
+@dataclass(slots=True, kw_only=True)
+class MapProgress:
+    total: int
+    items: list[Any] = field(default_factory=list)
+    next_index: int = 0
+    running: int = 0
+    done: int = 0
+    failures: int = 0
+    outputs: list[Any] = field(default_factory=list)
+
+
+@dataclass(slots=True, kw_only=True)
+class StepState:
+    key: str
+    step_id: str
+    scope: str
+    """The prefix of the scope this instance belongs to."""
+    status: StepStatus = StepStatus.PENDING
+    attempts: int = 0
+    """Executions of the step's action so far (the current attempt's number)."""
+    input: Any = None
+    output: Any = None
+    error: ErrorInfo | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    seq: int = 0
+    """Completion order among succeeded steps (1-based), for compensation."""
+    deps_done: int = 0
+    deps_ok: int = 0
+    deps_skipped: int = 0
+    deadline_at: float | None = None
+    timers: list[str] = field(default_factory=list)
+    map: MapProgress | None = None
+    iteration: int = 0
+    """For a loop: the current iteration."""
+    child_run_id: str | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class ScopeState:
+    prefix: str
+    parent: str | None
+    """The prefix of the enclosing scope (None for the top level)."""
+    owner: str | None
+    """The key of the loop or map step that owns this scope (None for the top level)."""
+    kind: Literal["top", "loop", "map_item"]
+    vars: dict[str, Any] = field(default_factory=dict)
+    keys: list[str] = field(default_factory=list)
+    """The step keys of this scope."""
+    remaining: int = 0
+    """How many of ``keys`` are not terminal yet."""
+    closing: bool = False
+    """Set while the scope is being failed or cancelled: no further scheduling."""
+
+
+@dataclass(slots=True, kw_only=True)
+class BufferedSignal:
+    event_id: str
+    name: str
+    payload: Any
+    time: float
+
+
+@dataclass(slots=True, kw_only=True)
+class CompensationState:
+    queue: list[str]
+    """Step keys to compensate, in the order they will run (reverse completion)."""
+    index: int = 0
+    attempt: int = 0
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Step key -> {status, attempts, error} of its compensation."""
+    failed: list[str] = field(default_factory=list)
+
+    @property
+    def current(self) -> str | None:
+        return self.queue[self.index] if self.index < len(self.queue) else None
+
+
+@dataclass(slots=True, kw_only=True)
+class RunState:
+    run_id: str
+    workflow: str
+    version: str
+    plan_hash: str
+    status: RunStatus = RunStatus.PENDING
+    input: Any = None
+    output: Any = None
+    error: ErrorInfo | None = None
+    created_at: float = 0.0
+    started_at: float | None = None
+    finished_at: float | None = None
+    parent_run_id: str | None = None
+    parent_step_key: str | None = None
+    steps: dict[str, StepState] = field(default_factory=dict)
+    scopes: dict[str, ScopeState] = field(default_factory=dict)
+    timers: dict[str, TimerRef] = field(default_factory=dict)
+    waiting: dict[str, list[str]] = field(default_factory=dict)
+    """Signal name -> keys of ``wait`` steps waiting for it, in the order they started."""
+    signals: list[BufferedSignal] = field(default_factory=list)
+    """Signals that arrived while no wait matched them, oldest first."""
+    seen_signals: set[str] = field(default_factory=set)
+    completed_seq: int = 0
+    compensable: list[str] = field(default_factory=list)
+    """Keys of succeeded steps that declare `compensate`, in completion order."""
+    compensate_requested: bool = False
+    compensation: CompensationState | None = None
+
+    @property
+    def is_terminal(self) -> bool:
+        from tideflow.model.states import RUN_TERMINAL
+
+        return self.status in RUN_TERMINAL
+
+
+def new_run_state(
+    *,
+    run_id: str,
+    workflow: str,
+    version: str,
+    plan_hash: str,
+    created_at: float,
+    parent_run_id: str | None = None,
+    parent_step_key: str | None = None,
+) -> RunState:
+    """A pending run; ``RunStarted`` makes it run."""
+    return RunState(
+        run_id=run_id,
+        workflow=workflow,
+        version=version,
+        plan_hash=plan_hash,
+        created_at=created_at,
+        parent_run_id=parent_run_id,
+        parent_step_key=parent_step_key,
+    )

@@ -1,0 +1,483 @@
+"""The embedded runtime: joins the core, a store, a bus, timers and workers.
+
+::
+
+    async with Runtime() as rt:                      # in-memory store, in-process bus
+        plan = await rt.register("flow.yaml")
+        result = await rt.run("order-fulfillment", {"order_id": "A1"})
+
+The scheduler loop takes every event that is available (up to ``batch_size``),
+applies each through ``decide``, commits the whole batch to the store in one
+call, then relays the commands: tasks to the bus, timers to the wheel, child
+runs, emitted events, finished runs to whoever waits for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tideflow.bus.backends.local import LocalBus
+from tideflow.bus.base import Bus
+from tideflow.core.decide import decide
+from tideflow.core.resume import resume_commands
+from tideflow.core.state import RunState, new_run_state
+from tideflow.errors import NotFound, TideflowError
+from tideflow.model.commands import (
+    CancelChildRun,
+    CancelTask,
+    CancelTimer,
+    Command,
+    DispatchTask,
+    EmitEvent,
+    RunFinished,
+    StartChildRun,
+    StartTimer,
+)
+from tideflow.model.events import (
+    CancelRequested,
+    ChildRunFinished,
+    ErrorInfo,
+    Event,
+    RunStarted,
+    SignalReceived,
+    TimerFired,
+    Transition,
+)
+from tideflow.model.plan import Plan
+from tideflow.runtime.clock import Clock, SystemClock
+from tideflow.runtime.definitions import DefinitionSource, coerce_plan
+from tideflow.runtime.result import RunResult, result_of
+from tideflow.runtime.timers import TimerWheel
+from tideflow.store.backends.memory import MemoryStore
+from tideflow.store.base import AppliedEvent, Store
+from tideflow.worker.executors.registry import ExecutorRegistry
+from tideflow.worker.pool import WorkerPool
+from tideflow.worker.secrets import SecretProvider
+
+log = logging.getLogger("tideflow.runtime")
+
+Listener = Callable[[RunState, Sequence[Transition]], None]
+EventSink = Callable[[dict[str, Any]], Any]
+
+
+class Runtime:
+    """An embedded tideflow engine. Use as ``async with Runtime(...) as rt``."""
+
+    def __init__(
+        self,
+        *,
+        store: Store | None = None,
+        bus: Bus | None = None,
+        executors: ExecutorRegistry | None = None,
+        workers: int = 32,
+        clock: Clock | None = None,
+        secrets: SecretProvider | None = None,
+        definitions_dir: str | Path | None = None,
+        batch_size: int = 512,
+    ) -> None:
+        self.store = store or MemoryStore()
+        self.bus = bus or LocalBus()
+        self.executors = executors or ExecutorRegistry()
+        self.clock = clock or SystemClock()
+        self._definitions = DefinitionSource(definitions_dir, self.executors)
+        self._batch_size = batch_size
+        self._prefix = uuid.uuid4().hex[:10]
+        self._ids = itertools.count(1)
+        self._states: dict[str, RunState] = {}
+        self._plans: dict[str, Plan] = {}
+        self._waiters: dict[str, list[asyncio.Future[RunResult]]] = defaultdict(list)
+        self._listeners: list[Listener] = []
+        self._sinks: list[EventSink] = []
+        self._timers = TimerWheel(self.clock, self._timer_fired)
+        self._workers = WorkerPool(
+            self.bus,
+            self.executors,
+            concurrency=workers,
+            clock=self.clock.now,
+            new_event_id=self.new_event_id,
+            secrets=secrets,
+        )
+        self._scheduler: asyncio.Task[None] | None = None
+        self._crashed: BaseException | None = None
+
+    # -- lifecycle --------------------------------------------------------------
+
+    async def __aenter__(self) -> Runtime:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        await self.store.open()
+        await self.bus.open()
+        self._scheduler = asyncio.create_task(self._schedule(), name="tideflow-scheduler")
+        self._workers.start()
+        await self._recover()
+
+    async def close(self) -> None:
+        await self._workers.close()
+        if self._scheduler is not None:
+            self._scheduler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._scheduler
+            self._scheduler = None
+        self._timers.close()
+        for futures in self._waiters.values():
+            for fut in futures:
+                if not fut.done():
+                    fut.cancel()
+        await self.executors.aclose()
+        await self.bus.close()
+        await self.store.close()
+
+    def new_event_id(self) -> str:
+        return f"{self._prefix}-{next(self._ids)}"
+
+    def add_listener(self, listener: Listener) -> None:
+        """Call ``listener(state, transitions)`` after every committed change of a run."""
+        self._listeners.append(listener)
+
+    def add_event_sink(self, sink: EventSink) -> None:
+        """Call ``sink(cloudevent)`` for every event an ``emit`` step publishes."""
+        self._sinks.append(sink)
+
+    # -- definitions and runs ---------------------------------------------------
+
+    async def register(self, definition: Any) -> Plan:
+        """Register a definition (Plan, Workflow builder, mapping, YAML text or file path)."""
+        plan = coerce_plan(definition, self.executors)
+        await self.store.save_definition(plan)
+        self._plans[plan.hash] = plan
+        return plan
+
+    async def start_run(
+        self,
+        workflow: str | Plan | Any,
+        input: Any = None,
+        *,
+        version: str | None = None,
+        run_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> str:
+        """Start a run and return its id (the existing run's id for a reused idempotency key)."""
+        plan = await self._resolve(workflow, version)
+        from tideflow.dsl.inputs import validate_input
+
+        validate_input(plan, input)
+        state = await self._create_run(
+            plan, run_id or uuid.uuid4().hex, idempotency_key, None, None, input
+        )
+        if state.status.value == "pending" and state.started_at is None:
+            await self.bus.publish_events([self._started(state, input)])
+        return state.run_id
+
+    async def run(self, workflow: str | Plan | Any, input: Any = None, **kwargs: Any) -> RunResult:
+        """Start a run and wait for it to end."""
+        return await self.wait(await self.start_run(workflow, input, **kwargs))
+
+    async def wait(self, run_id: str, timeout: float | None = None) -> RunResult:
+        """Wait until the run is in a terminal state and return its result."""
+        state = await self._state(run_id)
+        if state.is_terminal:
+            return result_of(state)
+        fut: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
+        self._waiters[run_id].append(fut)
+        return await asyncio.wait_for(fut, timeout)
+
+    async def result(self, run_id: str) -> RunResult:
+        """The run's current state, finished or not."""
+        return result_of(await self._state(run_id))
+
+    async def signal(
+        self, run_id: str, name: str, payload: Any = None, *, signal_id: str | None = None
+    ) -> None:
+        """Send a signal to a run; a `wait` for ``name`` whose `match` holds receives it."""
+        await self._state(run_id)
+        await self.bus.publish_events(
+            [
+                SignalReceived(
+                    event_id=signal_id or self.new_event_id(),
+                    run_id=run_id,
+                    time=self.clock.now(),
+                    name=name,
+                    payload=payload,
+                )
+            ]
+        )
+
+    async def cancel(self, run_id: str, reason: str = "cancelled on request") -> None:
+        await self._state(run_id)
+        await self.bus.publish_events(
+            [
+                CancelRequested(
+                    event_id=self.new_event_id(),
+                    run_id=run_id,
+                    time=self.clock.now(),
+                    reason=reason,
+                )
+            ]
+        )
+
+    # -- internals: runs --------------------------------------------------------
+
+    async def _resolve(self, workflow: Any, version: str | None) -> Plan:
+        if isinstance(workflow, str) and not self._definitions.looks_like_path(workflow):
+            try:
+                return await self.store.get_definition(workflow, version)
+            except NotFound:
+                plan = self._definitions.find(workflow, version)
+                if plan is None:
+                    raise
+                return await self.register(plan)
+        return await self.register(workflow)
+
+    async def _create_run(
+        self,
+        plan: Plan,
+        run_id: str,
+        idempotency_key: str | None,
+        parent: str | None,
+        parent_step: str | None,
+        input: Any,
+    ) -> RunState:
+        self._plans[plan.hash] = plan
+        state = new_run_state(
+            run_id=run_id,
+            workflow=plan.name,
+            version=plan.version,
+            plan_hash=plan.hash,
+            created_at=self.clock.now(),
+            parent_run_id=parent,
+            parent_step_key=parent_step,
+        )
+        state.input = input
+        stored = await self.store.create_run(state, idempotency_key)
+        self._states[stored.run_id] = stored
+        return stored
+
+    def _started(self, state: RunState, input: Any) -> RunStarted:
+        return RunStarted(
+            event_id=f"{state.run_id}:started",
+            run_id=state.run_id,
+            time=self.clock.now(),
+            input=input,
+            parent_run_id=state.parent_run_id,
+            parent_step_key=state.parent_step_key,
+        )
+
+    async def _state(self, run_id: str) -> RunState:
+        state = self._states.get(run_id)
+        if state is None:
+            state = await self.store.load_run(run_id)
+            if not state.is_terminal:
+                self._states[run_id] = state
+        return state
+
+    async def _plan(self, plan_hash: str) -> Plan:
+        plan = self._plans.get(plan_hash)
+        if plan is None:
+            plan = self._plans[plan_hash] = await self.store.get_plan(plan_hash)
+        return plan
+
+    async def _recover(self) -> None:
+        """Resume every unfinished run in the store: re-arm timers, re-dispatch lost tasks."""
+        for run_id in await self.store.unfinished_runs():
+            state = await self._state(run_id)
+            if state.status.value == "pending":
+                await self.bus.publish_events([self._started(state, state.input)])
+                continue
+            plan = await self._plan(state.plan_hash)
+            await self._relay(resume_commands(plan, state, self.clock.now()))
+
+    # -- internals: the scheduler -----------------------------------------------
+
+    async def _schedule(self) -> None:
+        while True:
+            events = await self.bus.next_events(self._batch_size)
+            try:
+                await self._apply_batch(events)
+            except Exception:
+                log.exception(
+                    "scheduler batch failed; the runs involved are resumed from the store"
+                )
+
+    async def _apply_batch(self, events: list[Event]) -> None:
+        batch: list[AppliedEvent] = []
+        for event in events:
+            applied = await self._apply(event)
+            if applied is not None:
+                batch.append(applied)
+        if not batch:
+            return
+        await self.store.commit(batch)
+        commands: list[Command] = []
+        for applied in batch:
+            commands.extend(applied.commands)
+            for listener in self._listeners:
+                listener(applied.state, applied.transitions)
+        await self._relay(commands)
+
+    async def _apply(self, event: Event) -> AppliedEvent | None:
+        try:
+            state = await self._state(event.run_id)
+        except NotFound:
+            log.warning("event %s for unknown run %s dropped", type(event).__name__, event.run_id)
+            return None
+        plan = await self._plan(state.plan_hash)
+        try:
+            decision = decide(plan, state, event)
+        except TideflowError as exc:
+            log.error(
+                "run %s: event %s could not be applied: %s", event.run_id, type(event).__name__, exc
+            )
+            return None
+        return AppliedEvent(
+            event=event, state=state, transitions=decision.transitions, commands=decision.commands
+        )
+
+    async def _relay(self, commands: Sequence[Command]) -> None:
+        tasks: list[DispatchTask] = []
+        for command in commands:
+            if isinstance(command, DispatchTask):
+                tasks.append(command)
+            elif isinstance(command, StartTimer):
+                self._timers.arm(command.run_id, command.timer_id, command.fire_at)
+            elif isinstance(command, CancelTimer):
+                self._timers.cancel(command.run_id, command.timer_id)
+            elif isinstance(command, CancelTask):
+                self._workers.cancel(command.run_id, command.step_key, command.attempt)
+            else:
+                await self._relay_other(command)
+        if tasks:
+            await self.bus.publish_tasks(tasks)
+
+    async def _relay_other(self, command: Command) -> None:
+        if isinstance(command, RunFinished):
+            await self._run_finished(command)
+        elif isinstance(command, StartChildRun):
+            await self._start_child(command)
+        elif isinstance(command, CancelChildRun):
+            await self.bus.publish_events(
+                [
+                    CancelRequested(
+                        event_id=self.new_event_id(),
+                        run_id=command.child_run_id,
+                        time=self.clock.now(),
+                        reason=f"parent run {command.run_id} stopped",
+                    )
+                ]
+            )
+        elif isinstance(command, EmitEvent):
+            await self._emit(command)
+
+    async def _run_finished(self, command: RunFinished) -> None:
+        state = self._states.pop(command.run_id, None)
+        if state is None:
+            state = await self.store.load_run(command.run_id)
+        result = result_of(state)
+        for fut in self._waiters.pop(command.run_id, ()):
+            if not fut.done():
+                fut.set_result(result)
+        if command.parent_run_id and command.parent_step_key:
+            await self.bus.publish_events(
+                [
+                    ChildRunFinished(
+                        event_id=f"{command.run_id}:finished",
+                        run_id=command.parent_run_id,
+                        time=self.clock.now(),
+                        step_key=command.parent_step_key,
+                        child_run_id=command.run_id,
+                        status=command.status,
+                        output=command.output,
+                        error=command.error,
+                    )
+                ]
+            )
+
+    async def _start_child(self, command: StartChildRun) -> None:
+        try:
+            plan = await self._resolve(command.workflow, command.version)
+            from tideflow.dsl.inputs import validate_input
+
+            validate_input(plan, command.input)
+        except TideflowError as exc:
+            if command.wait:
+                await self._fail_child_start(command, exc)
+            else:
+                log.error(
+                    "run %s: async child %s could not start: %s",
+                    command.run_id,
+                    command.workflow,
+                    exc,
+                )
+            return
+        parent = command.run_id if command.wait else None
+        step = command.step_key if command.wait else None
+        state = await self._create_run(
+            plan, command.child_run_id, f"child:{command.child_run_id}", parent, step, command.input
+        )
+        if state.started_at is None:
+            await self.bus.publish_events([self._started(state, command.input)])
+
+    async def _fail_child_start(self, command: StartChildRun, exc: TideflowError) -> None:
+        await self.bus.publish_events(
+            [
+                ChildRunFinished(
+                    event_id=f"{command.child_run_id}:finished",
+                    run_id=command.run_id,
+                    time=self.clock.now(),
+                    step_key=command.step_key,
+                    child_run_id=command.child_run_id,
+                    status="failed",
+                    error=ErrorInfo(type=type(exc).__name__, message=exc.message, retryable=False),
+                )
+            ]
+        )
+
+    async def _emit(self, command: EmitEvent) -> None:
+        event = command.event
+        name = str(event.get("type"))
+        now = self.clock.now()
+        deliveries: list[Event] = [
+            SignalReceived(
+                event_id=f"{event['id']}>{run_id}",
+                run_id=run_id,
+                time=now,
+                name=name,
+                payload=event,
+                buffer=False,
+            )
+            for run_id, state in list(self._states.items())
+            if run_id != command.run_id and name in state.waiting
+        ]
+        if deliveries:
+            await self.bus.publish_events(deliveries)
+        for sink in self._sinks:
+            try:
+                outcome = sink(event)
+                if asyncio.iscoroutine(outcome):
+                    await outcome
+            except Exception:
+                log.exception("event sink failed for event %s", event.get("id"))
+
+    def _timer_fired(self, run_id: str, timer_id: str) -> None:
+        event = TimerFired(
+            event_id=f"{run_id}:{timer_id}:{self.new_event_id()}",
+            run_id=run_id,
+            time=self.clock.now(),
+            timer_id=timer_id,
+        )
+        asyncio.get_running_loop().create_task(self.bus.publish_events([event]))
+
+
+__all__ = ["Mapping", "Runtime"]

@@ -1,0 +1,161 @@
+"""The worker pool: takes tasks from the bus, runs their executor, reports the result.
+
+Each task runs as its own asyncio task so that the scheduler can cancel it (an
+attempt timeout, a cancelled run, ``cancel_others``). Executors that block run
+their blocking part in a bounded thread pool themselves; the pool never creates
+a thread or process per step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from tideflow.bus.base import Bus
+from tideflow.model.commands import DispatchTask
+from tideflow.model.events import ErrorInfo, Event, TaskCompleted, TaskFailed
+from tideflow.worker.executors.base import StepContext
+from tideflow.worker.executors.errorinfo import error_info_from_exception
+from tideflow.worker.executors.registry import ExecutorRegistry
+from tideflow.worker.secrets import EnvSecretProvider, Redactor, SecretProvider, resolve_markers
+
+log = logging.getLogger("tideflow.worker")
+
+
+class WorkerPool:
+    def __init__(
+        self,
+        bus: Bus,
+        executors: ExecutorRegistry,
+        *,
+        concurrency: int,
+        clock: Callable[[], float],
+        new_event_id: Callable[[], str],
+        secrets: SecretProvider | None = None,
+    ) -> None:
+        self._bus = bus
+        self._executors = executors
+        self._concurrency = concurrency
+        self._clock = clock
+        self._new_id = new_event_id
+        self._secrets = secrets or EnvSecretProvider()
+        self._loops: list[asyncio.Task[None]] = []
+        self._running: dict[tuple[str, str, int], asyncio.Task[Event | None]] = {}
+        self._random = random.Random()
+
+    def start(self) -> None:
+        self._loops = [
+            asyncio.create_task(self._loop(), name=f"tideflow-worker-{i}")
+            for i in range(self._concurrency)
+        ]
+
+    async def close(self) -> None:
+        for task in self._loops:
+            task.cancel()
+        for task in self._loops:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._loops.clear()
+
+    def cancel(self, run_id: str, step_key: str, attempt: int) -> None:
+        """Stop an attempt the scheduler no longer waits for."""
+        task = self._running.get((run_id, step_key, attempt))
+        if task is not None:
+            task.cancel()
+
+    async def _loop(self) -> None:
+        bus = self._bus
+        while True:
+            task = await bus.next_task()
+            key = (task.run_id, task.step_key, task.attempt)
+            inner = asyncio.create_task(self._execute(task))
+            self._running[key] = inner
+            try:
+                event = await inner
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise
+                event = None  # only this attempt was cancelled (CancelTask)
+            finally:
+                self._running.pop(key, None)
+            if event is not None:
+                await bus.publish_events([event])
+
+    async def _execute(self, task: DispatchTask) -> Event | None:
+        ctx = StepContext(
+            run_id=task.run_id,
+            step_id=task.step_id,
+            step_key=task.step_key,
+            attempt=task.attempt,
+            idempotency_key=task.idempotency_key,
+            timeout=task.timeout,
+        )
+        redactor: Redactor | None = None
+        try:
+            executor = self._executors.get(task.type)
+            config, inp = task.config, task.input
+            if task.secrets:
+                config, used_config = resolve_markers(config, task.secrets, self._secrets)
+                inp, used_input = resolve_markers(inp, task.secrets, self._secrets)
+                redactor = Redactor([*used_config, *used_input])
+            output = await executor.execute(ctx, config, inp)
+            if redactor is not None:
+                output = redactor.redact(output)
+            _check_serialisable(output)
+        except asyncio.CancelledError:
+            return None
+        except Exception as exc:
+            error = error_info_from_exception(exc)
+            if redactor is not None:
+                error = _redact_error(error, redactor)
+            return TaskFailed(
+                event_id=self._new_id(),
+                run_id=task.run_id,
+                time=self._clock(),
+                step_key=task.step_key,
+                attempt=task.attempt,
+                error=error,
+                seed=self._random.getrandbits(32),
+                compensation=task.compensation,
+            )
+        return TaskCompleted(
+            event_id=self._new_id(),
+            run_id=task.run_id,
+            time=self._clock(),
+            step_key=task.step_key,
+            attempt=task.attempt,
+            output=output,
+            compensation=task.compensation,
+        )
+
+
+def _check_serialisable(output: Any) -> None:
+    if output is None or isinstance(output, str | int | float | bool):
+        return
+    try:
+        orjson.dumps(output)
+    except TypeError as exc:
+        from tideflow.errors import StepError
+
+        raise StepError(
+            f"the step's output is not JSON-serialisable: {exc}",
+            type_name="OutputNotSerializable",
+            retryable=False,
+        ) from None
+
+
+def _redact_error(error: ErrorInfo, redactor: Redactor) -> ErrorInfo:
+    from dataclasses import replace
+
+    return replace(
+        error,
+        message=str(redactor.redact(error.message)),
+        details=None if error.details is None else str(redactor.redact(error.details)),
+    )

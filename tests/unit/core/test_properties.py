@@ -1,0 +1,117 @@
+"""Property-based tests of the core on random DAGs with random step outcomes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tideflow.dsl.compiler import compile_definition
+from tideflow.model.states import RUN_TERMINAL, STEP_TERMINAL, RunStatus, StepStatus
+from tideflow.testing.harness import CoreHarness
+
+
+@st.composite
+def definitions(draw: st.DrawFn) -> dict[str, Any]:
+    n = draw(st.integers(min_value=1, max_value=10))
+    steps: list[dict[str, Any]] = []
+    for i in range(n):
+        step: dict[str, Any] = {"id": f"s{i}", "type": "noop"}
+        if i:
+            deps = draw(st.lists(st.integers(0, i - 1), unique=True, max_size=3))
+            if deps:
+                step["depends_on"] = [f"s{d}" for d in deps]
+                kind = draw(st.sampled_from(["all", "all", "any", "at_least"]))
+                if kind == "any":
+                    step["join"] = "any"
+                    step["cancel_others"] = draw(st.booleans())
+                elif kind == "at_least":
+                    step["join"] = {"at_least": draw(st.integers(1, len(deps)))}
+        if draw(st.integers(0, 9)) == 0:
+            step["when"] = "{{ false }}"
+        step["on_error"] = draw(st.sampled_from(["fail", "continue", "continue", "compensate"]))
+        if draw(st.booleans()):
+            step["compensate"] = {"type": "noop"}
+        attempts = draw(st.integers(1, 3))
+        if attempts > 1:
+            step["retry"] = {"max_attempts": attempts, "backoff": "1s"}
+        steps.append(step)
+    return {
+        "name": "prop",
+        "version": "1",
+        "on_failure": draw(st.sampled_from(["fail", "compensate"])),
+        "steps": steps,
+    }
+
+
+def _join_satisfied(h: CoreHarness, key: str) -> bool:
+    spec = h.plan.specs[key]
+    deps = [h.state.steps[d] for d in spec.depends_on]
+    ok = sum(1 for d in deps if d.status is StepStatus.SUCCEEDED)
+    if spec.join.kind == "all":
+        return all(d.status in STEP_TERMINAL for d in deps)
+    if spec.join.kind == "any":
+        return ok >= 1
+    return ok >= spec.join.at_least
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(definition=definitions(), data=st.data())
+def test_core_invariants_on_random_dags(definition: dict[str, Any], data: st.DataObject) -> None:
+    plan = compile_definition(definition)
+    h = CoreHarness(plan)
+    violations: list[str] = []
+
+    def check(event: Any, decision: Any) -> None:
+        for tr in decision.transitions:
+            started = tr.subject in plan.specs and tr.old == "ready" and tr.new == "running"
+            if started and not _join_satisfied(h, tr.subject):
+                violations.append(f"{tr.subject} started before its join held")
+
+    h.on_decision = check
+    h.start({})
+    for _ in range(500):
+        if h.state.status in RUN_TERMINAL:
+            break
+        outstanding = sorted(h.outstanding())
+        if not outstanding:
+            assert h.timers, "a run with nothing outstanding and no timer is stuck"
+            h.advance(min(h.timers.values()) - h.now)
+            continue
+        key = data.draw(st.sampled_from(outstanding))
+        compensation = key.endswith(":compensate")
+        step_key = key.removesuffix(":compensate")
+        if data.draw(st.booleans()):
+            h.complete(step_key, {"k": step_key}, compensation=compensation)
+        else:
+            h.fail(step_key, retryable=data.draw(st.booleans()), compensation=compensation)
+        if data.draw(st.integers(0, 4)) == 0:
+            replay = h.apply(h.events[-1])
+            assert replay.transitions == [] and replay.commands == []
+    assert not violations, violations
+    # a run always terminates
+    assert h.state.status in RUN_TERMINAL
+    # every step ends in exactly one terminal state
+    terminal_moves: dict[str, int] = {}
+    for tr in h.transitions:
+        if tr.subject in plan.specs and StepStatus(tr.new) in STEP_TERMINAL:
+            terminal_moves[tr.subject] = terminal_moves.get(tr.subject, 0) + 1
+    for step_id in plan.specs:
+        assert h.state.steps[step_id].status in STEP_TERMINAL
+        assert terminal_moves.get(step_id) == 1, step_id
+    # compensations run exactly for the completed steps that declare one, newest first
+    compensated = [t.step_key for t in h.dispatched if t.compensation and t.attempt == 1]
+    if h.state.status in (RunStatus.COMPENSATED, RunStatus.COMPENSATION_FAILED):
+        completed = sorted(
+            (
+                s
+                for s in h.state.steps.values()
+                if s.status is StepStatus.SUCCEEDED and plan.specs[s.key].compensate
+            ),
+            key=lambda s: s.seq,
+        )
+        assert compensated == [s.key for s in reversed(completed)]
+    else:
+        assert compensated == []
+    assert not h.state.timers
