@@ -9,9 +9,9 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from tideflow.core.state import RunState
 from tideflow.model.events import Transition
 from tideflow.model.plan import Plan
+from tideflow.model.run import RunState
 
 _STYLE = {
     "pending": "dim",

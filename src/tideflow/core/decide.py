@@ -22,7 +22,6 @@ from tideflow.core import saga
 from tideflow.core import steps as kinds
 from tideflow.core.retry import backoff_delay, may_retry, stable_seed
 from tideflow.core.scope import build_scope
-from tideflow.core.state import RunState, ScopeState, StepState, TimerKind, TimerRef
 from tideflow.errors import ExpressionEvaluationError
 from tideflow.model.commands import (
     CancelChildRun,
@@ -45,6 +44,7 @@ from tideflow.model.events import (
     Transition,
 )
 from tideflow.model.plan import Graph, OnError, Plan, StepSpec
+from tideflow.model.run import RunState, ScopeState, StepState, TimerKind, TimerRef
 from tideflow.model.states import (
     STEP_TERMINAL,
     RunStatus,
@@ -542,7 +542,7 @@ class Decider:
             return
         state.seen_signals.add(event.event_id)
         if not kinds.deliver_signal(self, event.name, event.payload) and event.buffer:
-            from tideflow.core.state import BufferedSignal
+            from tideflow.model.run import BufferedSignal
 
             state.signals.append(
                 BufferedSignal(

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from tideflow.core import steps as kinds
 from tideflow.core.scope import build_scope
-from tideflow.core.state import RunState
 from tideflow.errors import ExpressionEvaluationError
 from tideflow.model.commands import Command, DispatchTask, StartChildRun, StartTimer
 from tideflow.model.plan import Plan
+from tideflow.model.run import RunState
 from tideflow.model.states import StepStatus
 
 

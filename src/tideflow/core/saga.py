@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 
 from tideflow.core.retry import backoff_delay, may_retry, stable_seed
 from tideflow.core.scope import build_scope
-from tideflow.core.state import CompensationState, TimerRef
 from tideflow.errors import ExpressionEvaluationError
 from tideflow.model.commands import CancelTask, DispatchTask
 from tideflow.model.events import ErrorInfo, TaskCompleted, TaskFailed, Transition
+from tideflow.model.run import CompensationState, TimerRef
 from tideflow.model.states import RunStatus
 
 if TYPE_CHECKING:

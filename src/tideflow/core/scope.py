@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from tideflow.core.state import RunState, StepState
+from tideflow.model.run import RunState, StepState
 from tideflow.model.secrets import SecretMarkers
 
 _SECRETS = SecretMarkers()

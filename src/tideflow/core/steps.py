@@ -12,12 +12,12 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from tideflow.core.scope import build_scope, iso
-from tideflow.core.state import MapProgress, ScopeState, StepState
 from tideflow.errors import ExpressionEvaluationError
 from tideflow.model.commands import DispatchTask, EmitEvent, StartChildRun
 from tideflow.model.events import ErrorInfo
 from tideflow.model.expressions import Expression
 from tideflow.model.plan import Plan, StepSpec
+from tideflow.model.run import MapProgress, ScopeState, StepState
 from tideflow.model.states import STEP_TERMINAL, StepStatus
 
 if TYPE_CHECKING:

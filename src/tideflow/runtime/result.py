@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tideflow.core.state import RunState
+from tideflow.model.run import RunState
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -28,7 +28,6 @@ from tideflow.bus.backends.local import LocalBus
 from tideflow.bus.base import Bus
 from tideflow.core.decide import decide
 from tideflow.core.resume import resume_commands
-from tideflow.core.state import RunState, new_run_state
 from tideflow.errors import NotFound, TideflowError
 from tideflow.model.commands import (
     CancelChildRun,
@@ -52,6 +51,7 @@ from tideflow.model.events import (
     Transition,
 )
 from tideflow.model.plan import Plan
+from tideflow.model.run import RunState, new_run_state
 from tideflow.runtime.clock import Clock, SystemClock
 from tideflow.runtime.definitions import DefinitionSource, coerce_plan
 from tideflow.runtime.result import RunResult, result_of
@@ -147,6 +147,9 @@ class Runtime:
         """Call ``listener(state, transitions)`` after every committed change of a run."""
         self._listeners.append(listener)
 
+    def remove_listener(self, listener: Listener) -> None:
+        self._listeners.remove(listener)
+
     def add_event_sink(self, sink: EventSink) -> None:
         """Call ``sink(cloudevent)`` for every event an ``emit`` step publishes."""
         self._sinks.append(sink)
@@ -197,6 +200,10 @@ class Runtime:
     async def result(self, run_id: str) -> RunResult:
         """The run's current state, finished or not."""
         return result_of(await self._state(run_id))
+
+    async def state(self, run_id: str) -> RunState:
+        """The run's live state (read-only by convention: the scheduler owns it)."""
+        return await self._state(run_id)
 
     async def signal(
         self, run_id: str, name: str, payload: Any = None, *, signal_id: str | None = None

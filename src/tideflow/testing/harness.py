@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tideflow.core.decide import Decision, decide
-from tideflow.core.state import RunState, new_run_state
 from tideflow.model.commands import (
     CancelChildRun,
     CancelTask,
@@ -44,6 +43,7 @@ from tideflow.model.events import (
     Transition,
 )
 from tideflow.model.plan import Plan
+from tideflow.model.run import RunState, new_run_state
 
 
 @dataclass

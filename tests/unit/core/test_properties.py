@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tideflow.dsl.compiler import compile_definition
+from tideflow.model import codec
 from tideflow.model.states import RUN_TERMINAL, STEP_TERMINAL, RunStatus, StepStatus
 from tideflow.testing.harness import CoreHarness
 
@@ -115,3 +116,37 @@ def test_core_invariants_on_random_dags(definition: dict[str, Any], data: st.Dat
     else:
         assert compensated == []
     assert not h.state.timers
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(definition=definitions(), data=st.data())
+def test_state_survives_serialisation_between_every_event(
+    definition: dict[str, Any], data: st.DataObject
+) -> None:
+    """Crash depth 1: restoring the state from its stored form after every event changes
+    nothing about how the run proceeds."""
+    plan = compile_definition(definition)
+    live, restored = CoreHarness(plan), CoreHarness(plan)
+    live.start({})
+    restored.start({})
+    for _ in range(300):
+        restored.state = codec.loads(codec.dumps(restored.state))
+        assert codec.state_to_data(restored.state) == codec.state_to_data(live.state)
+        if live.state.status in RUN_TERMINAL:
+            break
+        outstanding = sorted(live.outstanding())
+        assert outstanding == sorted(restored.outstanding())
+        if not outstanding:
+            step = min(live.timers.values()) - live.now
+            live.advance(step)
+            restored.advance(step)
+            continue
+        key = data.draw(st.sampled_from(outstanding))
+        ok = data.draw(st.booleans())
+        for h in (live, restored):
+            comp = key.endswith(":compensate")
+            if ok:
+                h.complete(key.removesuffix(":compensate"), {"v": 1}, compensation=comp)
+            else:
+                h.fail(key.removesuffix(":compensate"), compensation=comp)
+    assert live.state.status in RUN_TERMINAL

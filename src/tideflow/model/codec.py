@@ -11,7 +11,9 @@ from typing import Any
 
 import orjson
 
-from tideflow.core.state import (
+from tideflow.errors import TideflowError
+from tideflow.model.events import ErrorInfo
+from tideflow.model.run import (
     BufferedSignal,
     CompensationState,
     MapProgress,
@@ -20,8 +22,6 @@ from tideflow.core.state import (
     StepState,
     TimerRef,
 )
-from tideflow.errors import TideflowError
-from tideflow.model.events import ErrorInfo
 from tideflow.model.states import RunStatus, StepStatus
 
 FORMAT = 1

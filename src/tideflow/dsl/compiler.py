@@ -1,0 +1,563 @@
+"""Definition -> `Plan`: load, validate, normalise, check, compile.
+
+The phases, each reporting every problem it finds before the next one runs:
+
+1. load (YAML syntax errors stop here),
+2. structure (`schema.check_definition`: keys, types, enums, durations, ids,
+   action config),
+3. normalise (`normalize.normalize`), then the whole-definition checks: duplicate
+   ids, unknown / foreign ``depends_on`` and switch targets, cycles, every
+   expression and template compiled, and the static reference check (a step may
+   only read ``steps.X`` when it transitively depends on X).
+
+`validate` returns errors and warnings without raising; `compile_definition`
+raises `DefinitionError` with every error, and returns a `Plan` otherwise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from tideflow.dsl.expr import compile_expression, compile_template
+from tideflow.dsl.graph import (
+    TOP,
+    StepEntry,
+    StepIndex,
+    build_graph,
+    check_graph,
+    index_steps,
+    never_running,
+)
+from tideflow.dsl.inputs import BUILTIN_ACTION_TYPES, ActionTypes
+from tideflow.dsl.loader import DataPath, Loaded, Reporter, did_you_mean, load
+from tideflow.dsl.normalize import normalize
+from tideflow.dsl.schema import check_definition
+from tideflow.errors import DefinitionError, Diagnostic, ExpressionError
+from tideflow.model.expressions import Expression, Template
+from tideflow.model.plan import (
+    ENGINE_TYPES,
+    NO_RETRY,
+    Backoff,
+    Compensation,
+    Join,
+    LoopSpec,
+    MapSpec,
+    OnError,
+    Plan,
+    Priority,
+    RetryPolicy,
+    SleepSpec,
+    StepSpec,
+    SubflowSpec,
+    SwitchCase,
+    SwitchSpec,
+    WaitSpec,
+)
+
+__all__ = ["compile_definition", "load_plan", "plan_hash", "validate"]
+
+Source = str | Path | Mapping[str, Any]
+# Looked up in dicts: calling an Enum by value is slow, and a plan may have 10,000 steps.
+_PRIORITIES = {member.value: member for member in Priority}
+_ON_ERROR = {member.value: member for member in OnError}
+
+
+def compile_definition(
+    source: Source, *, file: str | None = None, action_types: ActionTypes | None = None
+) -> Plan:
+    """Compile a definition (YAML/JSON text, a file path, or a mapping) into a `Plan`."""
+    plan, diagnostics = _compile(source, file, action_types)
+    if plan is None:
+        raise DefinitionError([d for d in diagnostics if d.severity == "error"])
+    return plan
+
+
+def load_plan(path: str | Path, *, action_types: ActionTypes | None = None) -> Plan:
+    """Compile the definition in the file at ``path``."""
+    return compile_definition(Path(path), action_types=action_types)
+
+
+def validate(
+    source: Source, *, file: str | None = None, action_types: ActionTypes | None = None
+) -> list[Diagnostic]:
+    """Every error and warning of a definition; never raises for a bad definition."""
+    try:
+        return _compile(source, file, action_types)[1]
+    except DefinitionError as exc:
+        return list(exc.diagnostics)
+
+
+def plan_hash(normal: Mapping[str, Any]) -> str:
+    return hashlib.sha256(orjson.dumps(normal, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def _compile(
+    source: Source, file: str | None, action_types: ActionTypes | None
+) -> tuple[Plan | None, list[Diagnostic]]:
+    loaded = load(source, file=file)
+    types = BUILTIN_ACTION_TYPES if action_types is None else action_types
+    report = Reporter(loaded.positions, loaded.file)
+    check_definition(loaded.data, report, types)
+    if report.has_errors:
+        return None, report.diagnostics
+    normal, report.positions = normalize(loaded.data, types, loaded.positions)
+    index = index_steps(normal, report)
+    acyclic = check_graph(index, report)
+    compiler = _Expressions(report, loaded)
+    parts = {step_id: _compile_step(compiler, entry) for step_id, entry in index.entries.items()}
+    output = None
+    if "output" in normal:
+        output = compiler.template(normal["output"], ("output",), _Reader(None, "output", True))
+    _check_reads(index, compiler.reads, report, normal.get("input"))
+    if acyclic:
+        _warn_never_running(index, parts, report)
+    if report.has_errors:
+        return None, report.diagnostics
+    return _plan(normal, index, parts, output, report), report.diagnostics
+
+
+# --- expressions and templates ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Reader:
+    step_id: str | None
+    """None for the run-level output."""
+    scope: str
+    """step | compensate (may read itself) | condition (loop body in scope) | output"""
+    engine: bool
+    """Evaluated by the engine, which only ever sees secret placeholders."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    reader: _Reader
+    path: DataPath
+    steps: frozenset[str]
+    inputs: frozenset[str]
+    secrets: frozenset[str]
+    value: Any = None
+    """The template's value (None for an expression), to find the exact string on a problem."""
+
+    def where(self, reads: Callable[[Template], frozenset[str]], name: str) -> DataPath:
+        """The path of the first string of the template that reads ``name``."""
+        for path, text in _template_strings(self.value, self.path):
+            try:
+                if name in reads(compile_template(text)):
+                    return path
+            except ExpressionError:
+                continue
+        return self.path
+
+
+class _Expressions:
+    """Compiles expressions and templates, reporting errors and recording what they read."""
+
+    def __init__(self, report: Reporter, loaded: Loaded) -> None:
+        self.report = report
+        self.loaded = loaded
+        self.reads: list[_Read] = []
+
+    def expression(self, source: str, path: DataPath, reader: _Reader) -> Expression | None:
+        try:
+            compiled = compile_expression(source)
+        except ExpressionError as exc:
+            self._error(self._as_written(path, exc), path, reader)
+            return None
+        self._record(compiled, path, reader)
+        return compiled
+
+    def template(self, value: Any, path: DataPath, reader: _Reader) -> Template | None:
+        try:
+            compiled = compile_template(value)
+        except ExpressionError:
+            # Compile each string on its own to report every broken one at its position.
+            for leaf_path, text in _template_strings(value, path):
+                try:
+                    compile_template(text)
+                except ExpressionError as exc:
+                    self._error(exc, leaf_path, reader)
+            return None
+        if not compiled.is_constant:
+            self._record(compiled, path, reader, value)
+        return compiled
+
+    def _record(
+        self, compiled: Expression | Template, path: DataPath, reader: _Reader, value: Any = None
+    ) -> None:
+        refs = (compiled.step_references(), compiled.input_references())
+        self.reads.append(_Read(reader, path, *refs, compiled.secret_references(), value))
+
+    def _as_written(self, path: DataPath, exc: ExpressionError) -> ExpressionError:
+        """The error for the text the user wrote (normalisation rewrites expressions)."""
+        original = _lookup(self.loaded.data, self.report.positions.source_path(path))
+        try:
+            if isinstance(original, str):
+                compile_expression(original)
+        except ExpressionError as again:
+            return again
+        return exc
+
+    def _error(self, exc: ExpressionError, path: DataPath, reader: _Reader) -> None:
+        first = exc.diagnostics[0] if exc.diagnostics else Diagnostic(message=exc.message)
+        self.report.error(
+            path,
+            first.message,
+            hint=first.hint,
+            step_id=reader.step_id,
+            column_offset=getattr(exc, "column_offset", None),
+        )
+
+
+def _lookup(data: Any, path: DataPath) -> Any:
+    for part in path:
+        if isinstance(data, dict) and isinstance(part, str):
+            data = data.get(part)
+        elif isinstance(data, list) and isinstance(part, int) and part < len(data):
+            data = data[part]
+        else:
+            return None
+    return data
+
+
+def _template_strings(value: Any, path: DataPath) -> Iterator[tuple[DataPath, str]]:
+    if isinstance(value, str):
+        if "{{" in value or "}}" in value:
+            yield path, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _template_strings(item, (*path, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _template_strings(item, (*path, i))
+
+
+def _compile_step(compiler: _Expressions, entry: StepEntry) -> dict[str, Any]:
+    data, path, kind = entry.data, entry.path, entry.data["type"]
+    engine = kind in ENGINE_TYPES
+    plain, worker = _Reader(entry.id, "step", True), _Reader(entry.id, "step", engine)
+    parts: dict[str, Any] = {}
+    if "when" in data:
+        parts["when"] = compiler.expression(data["when"], (*path, "when"), plain)
+    if "input" in data:
+        parts["input"] = compiler.template(data["input"], (*path, "input"), worker)
+    if not engine:
+        parts["config"] = compiler.template(data.get("config", {}), (*path, "config"), worker)
+    if "compensate" in data:
+        undo = _Reader(entry.id, "compensate", False)
+        for key in ("config", "input"):
+            value = data["compensate"].get(key, {})
+            parts[f"compensate.{key}"] = compiler.template(value, (*path, "compensate", key), undo)
+    for key, is_expression, scope in _ENGINE_FIELDS.get(kind, ()):
+        if key in data:
+            reader, at = _Reader(entry.id, scope, True), (*path, key)
+            compile_one = compiler.expression if is_expression else compiler.template
+            parts[key] = compile_one(data[key], at, reader)
+    if kind == "switch":
+        parts["cases"] = [
+            compiler.expression(case["when"], (*path, "cases", i, "when"), plain)
+            for i, case in enumerate(data["cases"])
+        ]
+    return parts
+
+
+_ENGINE_FIELDS: Mapping[str, tuple[tuple[str, bool, str], ...]] = {
+    "set": (("values", False, "step"),),
+    "wait": (("match", True, "step"),),
+    "sleep": (("until", False, "step"),),
+    "map": (("items", False, "step"),),
+    "loop": (("until", True, "condition"), ("while", True, "condition")),
+    "emit": (("event", False, "step"),),
+}
+
+
+# --- what expressions may read --------------------------------------------------------
+
+
+def _check_reads(index: StepIndex, reads: list[_Read], report: Reporter, schema: Any) -> None:
+    properties = schema.get("properties") if isinstance(schema, dict) else None
+    declared = frozenset(properties) if isinstance(properties, dict) else None
+    for read in reads:
+        for step_id in sorted(read.steps):
+            if not _may_read(index, read.reader, step_id):
+                _bad_read(index, report, read, step_id)
+        if declared is not None:
+            _undeclared_inputs(report, read, declared)
+        if read.reader.engine and read.secrets:
+            name = sorted(read.secrets)[0]
+            report.warning(
+                read.where(_secrets_read, name),
+                f"secrets.{name} is read where the engine evaluates it",
+                hint="the engine only sees a placeholder; read secrets in an action step's "
+                "config or input",
+                step_id=read.reader.step_id,
+            )
+
+
+def _undeclared_inputs(report: Reporter, read: _Read, declared: frozenset[str]) -> None:
+    for name in sorted(read.inputs - declared):
+        suggestion = did_you_mean(name, declared)
+        hint = f"did you mean '{suggestion}'? " if suggestion else ""
+        report.warning(
+            read.where(_inputs_read, name),
+            f"inputs.{name} is not declared in the input schema",
+            hint=f"{hint}add '{name}' to input.properties, or fix the name",
+            step_id=read.reader.step_id,
+        )
+
+
+def _steps_read(template: Template) -> frozenset[str]:
+    return template.step_references()
+
+
+def _inputs_read(template: Template) -> frozenset[str]:
+    return template.input_references()
+
+
+def _secrets_read(template: Template) -> frozenset[str]:
+    return template.secret_references()
+
+
+def _may_read(index: StepIndex, reader: _Reader, target: str) -> bool:
+    entry = index.entries.get(target)
+    if entry is None:
+        return False
+    if reader.step_id is None:
+        return entry.graph == TOP
+    if reader.scope == "compensate" and target == reader.step_id:
+        return True
+    if reader.scope == "condition" and entry.graph == reader.step_id:
+        return True
+    return index.can_read(reader.step_id, target)
+
+
+def _bad_read(index: StepIndex, report: Reporter, read: _Read, target: str) -> None:
+    reader = read.reader.step_id
+    who = f"step '{reader}'" if reader else "the run output"
+    if target not in index.entries:
+        suggestion = did_you_mean(target, index.entries)
+        message = f"{who} reads steps.{target}, but there is no step '{target}'"
+        hint = f"did you mean '{suggestion}'?" if suggestion else "check the step id"
+    elif target == reader:
+        message = f"{who} reads its own result (steps.{target})"
+        hint = "only `compensate` may read the step it undoes"
+    elif reader is None:
+        message = f"{who} reads steps.{target}, which is not a top-level step"
+        hint = _read_hint(index, reader, target)
+    else:
+        message = f"{who} reads steps.{target} but does not depend on {target}"
+        hint = _read_hint(index, reader, target)
+    report.error(read.where(_steps_read, target), message, hint=hint, step_id=reader)
+
+
+def _read_hint(index: StepIndex, reader: str | None, target: str) -> str:
+    chain = _owner_chain(index, reader)
+    graphs = {index.entries[s].graph for s in chain} if chain else {TOP}
+    outer = target
+    while index.entries[outer].graph not in graphs and index.entries[outer].owner:
+        outer = index.entries[outer].owner or outer
+    if outer != target:
+        depend = f" and depend on {outer}" if reader else ""
+        return f"'{target}' runs inside '{outer}'; read steps.{outer}.output{depend}"
+    if reader is None:
+        return "the run output can only read top-level steps"
+    holder = next(s for s in chain if index.entries[s].graph == index.entries[target].graph)
+    where = "" if holder == reader else f" of '{holder}' (which contains '{reader}')"
+    return f"add {target} to depends_on{where}"
+
+
+def _owner_chain(index: StepIndex, step_id: str | None) -> list[str]:
+    chain: list[str] = []
+    while step_id is not None:
+        chain.append(step_id)
+        step_id = index.entries[step_id].owner
+    return chain
+
+
+def _warn_never_running(index: StepIndex, parts: Mapping[str, Any], report: Reporter) -> None:
+    false_when = {s for s, p in parts.items() if _always_false(p.get("when"))}
+    for step_id, reason in never_running(index, false_when).items():
+        entry = index.entries[step_id]
+        at = (*entry.path, "when") if step_id in false_when else entry.path
+        report.warning(
+            at,
+            f"step '{step_id}' can never run: {reason}",
+            hint="remove the step, or fix its `when` / dependencies",
+            step_id=step_id,
+        )
+
+
+def _always_false(when: Expression | None) -> bool:
+    if when is None or when.step_references() or when.input_references():
+        return False
+    try:
+        return not when.evaluate({})
+    except Exception:  # it reads something only known at run time
+        return False
+
+
+# --- the plan ---------------------------------------------------------------------------
+
+
+def _plan(
+    normal: dict[str, Any],
+    index: StepIndex,
+    parts: Mapping[str, Mapping[str, Any]],
+    output: Template | None,
+    report: Reporter,
+) -> Plan:
+    specs = {
+        step_id: _spec(entry, parts[step_id], index, report)
+        for step_id, entry in index.entries.items()
+    }
+    return Plan(
+        name=normal["name"],
+        version=normal["version"],
+        hash=plan_hash(normal),
+        graph=build_graph(index, TOP),
+        specs=specs,
+        description=normal.get("description"),
+        input_schema=normal.get("input"),
+        timeout=normal.get("timeout"),
+        on_failure=OnError(normal.get("on_failure", "fail")),
+        output=output,
+        source=normal,
+        owners={s: e.owner for s, e in index.entries.items() if e.owner is not None},
+    )
+
+
+def _spec(
+    entry: StepEntry, parts: Mapping[str, Any], index: StepIndex, report: Reporter
+) -> StepSpec:
+    data, kind = entry.data, entry.data["type"]
+    position = report.positions.find(entry.path)
+    return StepSpec(
+        id=entry.id,
+        type=kind,
+        depends_on=tuple(data.get("depends_on", ())),
+        join=_join(data),
+        when=parts.get("when"),
+        retry=_retry_policy(data.get("retry")),
+        timeout=None if kind == "wait" else data.get("timeout"),
+        deadline=data.get("deadline"),
+        queue=data.get("queue", "default"),
+        priority=_PRIORITIES[data.get("priority", "normal")],
+        compensate=_compensation(data.get("compensate"), parts),
+        on_error=_ON_ERROR[data.get("on_error", "fail")],
+        input=parts.get("input"),
+        config=parts.get("config"),
+        description=data.get("description"),
+        sensitive=tuple(data.get("sensitive", ())),
+        line=position[0] if position else None,
+        **_engine_spec(data, parts, index),
+    )
+
+
+def _join(data: Mapping[str, Any]) -> Join:
+    join, cancel = data.get("join", "all"), bool(data.get("cancel_others", False))
+    if isinstance(join, dict):
+        return Join(kind="at_least", at_least=join["at_least"], cancel_others=cancel)
+    return Join(kind="any", cancel_others=cancel) if join == "any" else Join()
+
+
+def _retry_policy(retry: Mapping[str, Any] | None) -> RetryPolicy:
+    if retry is None:
+        return NO_RETRY
+    return RetryPolicy(
+        max_attempts=retry["max_attempts"],
+        backoff=Backoff(retry.get("backoff", "exponential")),
+        initial_delay=retry.get("initial_delay", 1.0),
+        multiplier=retry.get("multiplier", 2.0),
+        max_delay=retry.get("max_delay"),
+        jitter=retry.get("jitter", False),
+        retry_on=tuple(retry.get("retry_on", ())),
+    )
+
+
+def _compensation(data: Mapping[str, Any] | None, parts: Mapping[str, Any]) -> Compensation | None:
+    if data is None:
+        return None
+    return Compensation(
+        type=data["type"],
+        config=parts["compensate.config"],
+        input=parts["compensate.input"],
+        retry=_retry_policy(data.get("retry")),
+        timeout=data.get("timeout"),
+    )
+
+
+def _engine_spec(
+    data: Mapping[str, Any], parts: Mapping[str, Any], index: StepIndex
+) -> dict[str, Any]:
+    kind = data["type"]
+    if kind == "set":
+        return {"set_values": parts["values"]}
+    if kind == "switch":
+        cases = zip(data["cases"], parts["cases"], strict=True)
+        default = data["default"]
+        return {
+            "switch": SwitchSpec(
+                cases=tuple(SwitchCase(when=w, next=tuple(c["next"])) for c, w in cases),
+                default=None if default == "fail" else tuple(default),
+            )
+        }
+    if kind == "emit":
+        return {"emit": parts["event"]}
+    builder = _ENGINE_SPECS.get(kind)
+    return {kind: builder(data, parts, index)} if builder else {}
+
+
+def _wait(data: Mapping[str, Any], parts: Mapping[str, Any], index: StepIndex) -> WaitSpec:
+    return WaitSpec(
+        signal=data["signal"],
+        match=parts.get("match"),
+        timeout=data.get("timeout"),
+        timeout_action=data.get("timeout_action", "fail"),
+    )
+
+
+def _sleep(data: Mapping[str, Any], parts: Mapping[str, Any], index: StepIndex) -> SleepSpec:
+    return SleepSpec(duration=data.get("duration"), until=parts.get("until"))
+
+
+def _map(data: Mapping[str, Any], parts: Mapping[str, Any], index: StepIndex) -> MapSpec:
+    return MapSpec(
+        items=parts["items"],
+        template=data["step"]["id"],
+        max_concurrency=data.get("max_concurrency"),
+        tolerated_failures=data.get("tolerated_failures", 0),
+    )
+
+
+def _loop(data: Mapping[str, Any], parts: Mapping[str, Any], index: StepIndex) -> LoopSpec:
+    return LoopSpec(
+        body=build_graph(index, data["id"]),
+        until=parts.get("until"),
+        while_=parts.get("while"),
+        max_iterations=data["max_iterations"],
+        delay=data.get("delay"),
+    )
+
+
+def _subflow(data: Mapping[str, Any], parts: Mapping[str, Any], index: StepIndex) -> SubflowSpec:
+    return SubflowSpec(
+        workflow=data["workflow"],
+        version=data.get("version"),
+        input=parts.get("input") or compile_template({}),
+        mode=data.get("mode", "sync"),
+    )
+
+
+_ENGINE_SPECS = {
+    "wait": _wait,
+    "sleep": _sleep,
+    "map": _map,
+    "loop": _loop,
+    "subflow": _subflow,
+}

@@ -1,0 +1,269 @@
+"""JSON Schema in the DSL: the run input, the `input:` schema itself, and action config.
+
+- `validate_input` checks a run's input against the definition's ``input`` schema
+  (draft 2020-12) and reports every error, best first.
+- `input_schema_errors` checks at compile time that ``input`` is a valid schema.
+- `check_action_config` checks an action step's ``config`` against its type's
+  schema (`BUILTIN_ACTION_TYPES` for the executors tideflow ships). A value that
+  is a template string is only known at run time, so schema errors about such a
+  value are not reported. A property marked ``"x-duration": true`` takes a
+  duration; the normaliser turns it into seconds.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from jsonschema import Draft202012Validator, ValidationError
+
+from tideflow.dsl.durations import DURATION_HINT, parse_duration
+from tideflow.dsl.loader import DataPath, did_you_mean, format_path
+from tideflow.errors import InputValidationError
+from tideflow.model.plan import Plan
+
+__all__ = [
+    "BUILTIN_ACTION_TYPES",
+    "ActionTypes",
+    "check_action_config",
+    "direct_config_keys",
+    "duration_config_keys",
+    "input_schema_errors",
+    "validate_input",
+]
+
+ActionTypes = Mapping[str, Mapping[str, Any] | None]
+ConfigProblem = tuple[DataPath, str, str | None, bool]
+"""(path inside config, message, hint, whether it is about the key rather than its value)"""
+
+_FUNCTION_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*(:[A-Za-z_][A-Za-z0-9_.]*)?$"
+_STATUS = {"type": "integer", "minimum": 100, "maximum": 599}
+_SCALAR = {"type": ["string", "number", "boolean"]}
+_DURATION = {
+    "type": ["number", "string"],
+    "x-duration": True,
+    "description": "a duration such as 500ms, 30s, 5m or PT5M",
+}
+_GRACE = {"type": "number", "minimum": 0, "description": "seconds, zero or more"}
+
+
+def _action(required: list[str], properties: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": required,
+        "properties": properties,
+        "additionalProperties": False,
+    }
+
+
+# Mirrors the config schemas of the executors in tideflow.worker.executors (the
+# DSL may not import the worker); the runtime passes the registry's own schemas.
+BUILTIN_ACTION_TYPES: Mapping[str, Mapping[str, Any] | None] = {
+    "python": _action(
+        ["function"],
+        {
+            "function": {
+                "type": "string",
+                "pattern": _FUNCTION_PATTERN,
+                "description": "an import path 'pkg.module:callable' or a registered name",
+            },
+            "isolation": {"enum": ["thread", "process"], "description": "thread or process"},
+            "timeout": _DURATION,
+            "kill_grace": _GRACE,
+        },
+    ),
+    "http": _action(
+        ["url"],
+        {
+            "url": {"type": "string", "pattern": "^https?://", "description": "an http(s) URL"},
+            "method": {
+                "type": "string",
+                "pattern": "^(?i:GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS)$",
+                "description": "an HTTP method such as GET or POST",
+            },
+            "headers": {
+                "type": "object",
+                "additionalProperties": _SCALAR,
+                "description": "a mapping of header names to values",
+            },
+            "query": {
+                "type": "object",
+                "additionalProperties": {
+                    "anyOf": [_SCALAR, {"type": "null"}, {"type": "array", "items": _SCALAR}]
+                },
+                "description": "a mapping of query parameters",
+            },
+            "body": {"description": "any JSON value"},
+            "expect_status": {
+                "anyOf": [_STATUS, {"type": "array", "items": _STATUS, "minItems": 1}],
+                "description": "an HTTP status code or a list of them, e.g. [200, 201]",
+            },
+            "timeout": _DURATION,
+            "max_response_bytes": {"type": "integer", "minimum": 1},
+            "follow_redirects": {"type": "boolean"},
+        },
+    ),
+    "shell": _action(
+        ["command"],
+        {
+            "command": {
+                "type": "array",
+                "items": {"type": ["string", "number"]},
+                "minItems": 1,
+                "description": "a list of argv strings, e.g. [echo, hello]",
+            },
+            "env": {
+                "type": "object",
+                "additionalProperties": _SCALAR,
+                "description": "a mapping of variable names to values",
+            },
+            "env_allow": {"type": "array", "items": {"type": "string"}},
+            "cwd": {"type": "string", "minLength": 1, "description": "a directory path"},
+            "timeout": _DURATION,
+            "max_output_bytes": {
+                "type": "integer",
+                "minimum": 1,
+                "description": "a positive number of bytes",
+            },
+            "stdin": {"enum": ["json", "none"]},
+            "kill_grace": _GRACE,
+        },
+    ),
+    "noop": _action([], {}),
+}
+
+
+# --- run input --------------------------------------------------------------------
+
+
+def validate_input(plan: Plan, value: Any) -> None:
+    """Raise InputValidationError listing every way ``value`` breaks the input schema."""
+    if plan.input_schema is None:
+        return
+    errors = sorted(_input_validator(plan).iter_errors(value), key=_relevance)
+    if errors:
+        lines = [f"  {_json_path(error.absolute_path)}: {error.message}" for error in errors]
+        raise InputValidationError(
+            f"run input of {plan.name} {plan.version} does not match its input schema:\n"
+            + "\n".join(lines)
+        )
+
+
+@functools.lru_cache(maxsize=64)
+def _input_validator(plan: Plan) -> Draft202012Validator:
+    return Draft202012Validator(
+        plan.input_schema or {}, format_checker=Draft202012Validator.FORMAT_CHECKER
+    )
+
+
+def _relevance(error: ValidationError) -> tuple[int, bool, str]:
+    """Errors higher up in the instance first; anyOf/oneOf summaries after the rest."""
+    return len(error.path), error.validator in ("anyOf", "oneOf"), str(list(error.path))
+
+
+def _json_path(path: Iterable[Any]) -> str:
+    return "$" + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in path)
+
+
+def input_schema_errors(schema: Mapping[str, Any]) -> list[tuple[DataPath, str]]:
+    """Where (inside the schema) and why ``schema`` is not a valid draft 2020-12 schema."""
+    meta = Draft202012Validator(Draft202012Validator.META_SCHEMA)
+    errors = sorted(meta.iter_errors(schema), key=_relevance)
+    return [(tuple(error.absolute_path), error.message) for error in errors]
+
+
+# --- action config ----------------------------------------------------------------
+
+
+def direct_config_keys(action_types: ActionTypes, kind: str) -> frozenset[str] | None:
+    """Config keys that may be written directly on a step; None means any key."""
+    schema = action_types.get(kind)
+    if schema is None:
+        return None
+    properties = schema.get("properties")
+    if isinstance(properties, Mapping):
+        return frozenset(properties)
+    return frozenset() if schema.get("additionalProperties") is False else None
+
+
+def duration_config_keys(action_types: ActionTypes, kind: str) -> frozenset[str]:
+    properties = (action_types.get(kind) or {}).get("properties") or {}
+    return frozenset(key for key, sub in properties.items() if sub.get("x-duration") is True)
+
+
+def check_action_config(
+    config: Mapping[str, Any], schema: Mapping[str, Any] | None, kind: str
+) -> list[ConfigProblem]:
+    """Problems of ``config`` as (path inside config, message, hint)."""
+    if schema is None:
+        return []
+    problems: list[ConfigProblem] = []
+    for error in sorted(Draft202012Validator(schema).iter_errors(config), key=_relevance):
+        if not _is_template(error.instance):
+            problems.extend(_describe_error(error, kind))
+    problems.extend(_duration_problems(config, schema))
+    return problems
+
+
+def _describe_error(error: ValidationError, kind: str) -> list[ConfigProblem]:
+    where = tuple(error.absolute_path)
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        known = list(error.schema.get("properties", {})) if isinstance(error.schema, dict) else []
+        return [_unknown_key(where, key, known, kind) for key in error.instance if key not in known]
+    if error.validator == "required" and isinstance(error.instance, dict):
+        required = error.validator_value if isinstance(error.validator_value, list) else []
+        missing = [key for key in required if key not in error.instance]
+        props = error.schema.get("properties", {}) if isinstance(error.schema, dict) else {}
+        return [
+            (
+                where,
+                f"missing required key '{key}' in {kind} config",
+                f"add `{key}:` ({_description(props.get(key), 'see the executor docs')})",
+                False,
+            )
+            for key in missing
+        ]
+    label = format_path(where) or "config"
+    hint = _description(error.schema, None)
+    message = f"invalid {kind} config {label}: {error.message}"
+    return [(where, message, hint and f"expected {hint}", False)]
+
+
+def _unknown_key(where: DataPath, key: str, known: list[str], kind: str) -> ConfigProblem:
+    suggestion = did_you_mean(key, known)
+    hint = f"did you mean '{suggestion}'?" if suggestion else f"known keys: {', '.join(known)}"
+    return (*where, key), f"unknown key '{key}' in {kind} config", hint, True
+
+
+def _description(schema: object, fallback: str | None) -> str | None:
+    if isinstance(schema, Mapping) and isinstance(schema.get("description"), str):
+        return str(schema["description"])
+    return fallback
+
+
+def _duration_problems(config: Mapping[str, Any], schema: Mapping[str, Any]) -> list[ConfigProblem]:
+    problems: list[ConfigProblem] = []
+    for key, sub in (schema.get("properties") or {}).items():
+        value = config.get(key)
+        if sub.get("x-duration") is not True or not _duration_like(value):
+            continue
+        try:
+            seconds = parse_duration(value)
+        except ValueError:
+            problems.append(((key,), f"invalid {key} duration {value!r}", DURATION_HINT, False))
+            continue
+        if seconds <= 0:
+            message = f"{key} must be greater than zero, got {value!r}"
+            problems.append(((key,), message, DURATION_HINT, False))
+    return problems
+
+
+def _duration_like(value: object) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return False
+    return not _is_template(value)
+
+
+def _is_template(value: object) -> bool:
+    return isinstance(value, str) and "{{" in value
