@@ -46,4 +46,4 @@ class Executor(ABC):
 
     async def aclose(self) -> None:
         """Release pooled resources (connections, processes). Called once at shutdown."""
-        return None
+        return  # nothing to release by default

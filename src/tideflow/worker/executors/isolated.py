@@ -1,0 +1,105 @@
+"""``isolation: process``: run a python step's function in a killable child process.
+
+One fresh interpreter per call (``sys.executable``, never a fork: the worker's
+event loop, threads and connections must not be copied, and unlike
+multiprocessing's spawn the caller's ``__main__`` is not re-imported). The child
+runs in its own session, so a timeout or a cancellation kills it together with
+anything it started.
+
+Protocol: the request is JSON on the child's stdin; the reply is JSON on its
+stdout, ``["ok", output]`` or ``["error", {type, message, retryable, classes,
+details}]``. The function's own prints go to stderr, which the child shares
+with the worker. A child that exits without a complete reply is reported as
+``IsolatedProcessDied``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import sys
+from typing import Any
+
+import orjson
+
+from tideflow.worker.executors.base import StepContext
+from tideflow.worker.executors.errors import (
+    FunctionRaised,
+    InvalidStepInput,
+    IsolatedProcessDied,
+)
+from tideflow.worker.executors.processes import close_transport, terminate_group
+
+DEFAULT_KILL_GRACE = 2.0
+
+# Runs in the child before anything of tideflow is importable: adopt the worker's
+# sys.path, then hand over to isolated_child.
+BOOTSTRAP = (
+    "import json, sys\n"
+    "request = json.loads(sys.stdin.buffer.read())\n"
+    "sys.path[:] = request['sys_path']\n"
+    "from tideflow.worker.executors.isolated_child import main\n"
+    "main(request)\n"
+)
+
+
+async def run_isolated(
+    spec: str,
+    kwargs: dict[str, Any],
+    ctx: StepContext,
+    kill_grace: float = DEFAULT_KILL_GRACE,
+) -> Any:
+    """Call ``spec(**kwargs)`` in a child process and return its JSON output.
+
+    Cancelling the call (e.g. by an ``asyncio.timeout`` around it) kills the child
+    and everything it started.
+    """
+    request = _request(spec, kwargs, ctx)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        BOOTSTRAP,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
+    finished = False
+    try:
+        reply, _ = await proc.communicate(request)
+        finished = True
+    finally:
+        if not finished:
+            await asyncio.shield(terminate_group(proc, kill_grace))
+        close_transport(proc)
+    return _result(reply, spec, proc.returncode)
+
+
+def _request(spec: str, kwargs: dict[str, Any], ctx: StepContext) -> bytes:
+    fields = dataclasses.asdict(ctx)
+    fields["extra"] = dict(ctx.extra)
+    message = {"spec": spec, "kwargs": kwargs, "ctx": fields, "sys_path": [os.getcwd(), *sys.path]}
+    try:
+        return orjson.dumps(message, default=repr)
+    except TypeError as exc:
+        raise InvalidStepInput(f"step input cannot be sent to an isolated process: {exc}") from exc
+
+
+def _result(reply: bytes, spec: str, returncode: int | None) -> Any:
+    try:
+        kind, payload = orjson.loads(reply)
+    except (orjson.JSONDecodeError, ValueError, TypeError):
+        # Nothing or half a reply: the child died before or while replying.
+        raise IsolatedProcessDied(
+            f"the process running python function {spec!r} exited with code {returncode} "
+            "without a result"
+        ) from None
+    if kind == "ok":
+        return payload
+    raise FunctionRaised(
+        payload["message"],
+        type_name=payload["type"],
+        retryable=payload["retryable"],
+        classes=tuple(payload["classes"]),
+        details=payload["details"],
+    )

@@ -1,0 +1,152 @@
+"""The ``python`` executor: call a function with the step's input as keyword arguments.
+
+Async functions run on the worker's event loop; sync functions run in a bounded
+thread pool owned by the executor. ``isolation: process`` runs the function in a
+spawned child process instead, which is killed at the timeout (a thread cannot
+be: a timed-out sync function keeps its thread until it returns).
+
+An exception raised by the function propagates unchanged; the worker records it
+with :func:`~tideflow.worker.executors.errorinfo.error_info_from_exception`
+(type = class name, ``classes`` = its bases, ``details`` = trimmed traceback).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, ClassVar
+
+from tideflow.errors import StepTimeout
+from tideflow.worker.executors.base import Executor, StepContext
+from tideflow.worker.executors.config import DURATION_SCHEMA, SCHEMA_DIALECT, check_config, seconds
+from tideflow.worker.executors.errors import FunctionNotFound
+from tideflow.worker.executors.functions import (
+    bind_arguments,
+    import_path,
+    json_output,
+    keyword_arguments,
+    register,
+    registered,
+    registered_function,
+    resolve_function,
+    unregister,
+)
+from tideflow.worker.executors.isolated import DEFAULT_KILL_GRACE, run_isolated
+
+__all__ = ["PythonExecutor", "register", "registered", "unregister"]
+
+DEFAULT_MAX_WORKERS = 16
+
+PYTHON_CONFIG_SCHEMA: dict[str, Any] = {
+    "$schema": SCHEMA_DIALECT,
+    "title": "python step config",
+    "type": "object",
+    "required": ["function"],
+    "additionalProperties": False,
+    "properties": {
+        "function": {
+            "type": "string",
+            "minLength": 1,
+            "description": "'pkg.module:callable' (dotted qualname allowed) or a registered name",
+        },
+        "isolation": {
+            "enum": ["thread", "process"],
+            "default": "thread",
+            "description": "'process' runs the function in a child process killed at timeout",
+        },
+        "timeout": DURATION_SCHEMA,
+        "kill_grace": {"type": "number", "minimum": 0},
+    },
+}
+
+
+class PythonExecutor(Executor):
+    """Runs ``python`` steps."""
+
+    name: ClassVar[str] = "python"
+    config_schema: ClassVar[Mapping[str, Any]] = PYTHON_CONFIG_SCHEMA
+
+    def __init__(self, *, max_workers: int = DEFAULT_MAX_WORKERS) -> None:
+        self._max_workers = max_workers
+        self._pool: ThreadPoolExecutor | None = None
+        self._imported: dict[str, Callable[..., Any]] = {}
+
+    async def execute(self, ctx: StepContext, config: Mapping[str, Any], input: Any) -> Any:
+        cfg = check_config(self.name, self.config_schema, config)
+        spec: str = cfg["function"]
+        kwargs = keyword_arguments(input)
+        timeout = seconds(cfg.get("timeout")) or ctx.timeout
+        deadline = asyncio.timeout(timeout)
+        try:
+            async with deadline:
+                if cfg.get("isolation") == "process":
+                    grace = float(cfg.get("kill_grace", DEFAULT_KILL_GRACE))
+                    return await run_isolated(_child_spec(spec), kwargs, ctx, grace)
+                result = await self._run_here(spec, kwargs, ctx)
+        except TimeoutError:
+            if not deadline.expired():
+                raise  # the function's own TimeoutError
+            raise StepTimeout(_timeout_message(spec, timeout, cfg.get("isolation"))) from None
+        return json_output(result, spec)
+
+    async def aclose(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            # Not waiting: a timed-out sync function may hold its thread for a long time.
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def pool(self) -> ThreadPoolExecutor:
+        """The thread pool of sync functions, created on first use."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(
+                max_workers=self._max_workers, thread_name_prefix="tideflow-python"
+            )
+        return self._pool
+
+    async def _resolve(self, spec: str) -> Callable[..., Any]:
+        fn = registered_function(spec) or self._imported.get(spec)
+        if fn is None:
+            # Importing runs module code of unknown cost: keep it off the event loop.
+            fn = await asyncio.get_running_loop().run_in_executor(self.pool, resolve_function, spec)
+            self._imported[spec] = fn
+        return fn
+
+    async def _run_here(self, spec: str, kwargs: dict[str, Any], ctx: StepContext) -> Any:
+        fn = await self._resolve(spec)
+        return await self._call(fn, bind_arguments(fn, kwargs, ctx, spec))
+
+    async def _call(self, fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+        if inspect.iscoroutinefunction(fn):
+            return await fn(**kwargs)
+        context = contextvars.copy_context()
+        call = functools.partial(context.run, fn, **kwargs)
+        result = await asyncio.get_running_loop().run_in_executor(self.pool, call)
+        if inspect.isawaitable(result):  # a sync callable that returned a coroutine
+            result = await result
+        return result
+
+
+def _timeout_message(spec: str, timeout: float | None, isolation: str | None) -> str:
+    text = f"python function {spec!r} did not return within {timeout:g}s"
+    if isolation == "process":
+        return text + "; its process was killed"
+    return text + " (its thread runs on until it returns; use isolation: process to kill it)"
+
+
+def _child_spec(spec: str) -> str:
+    """What the child process resolves: it imports the module itself (and has no registry)."""
+    fn = None if ":" in spec else registered_function(spec)
+    if fn is None:
+        return spec
+    path = import_path(fn)
+    if path.startswith("__main__:"):
+        raise FunctionNotFound(
+            f"function {spec!r} is defined in the __main__ script, which an isolated process "
+            "cannot import; move it into a module"
+        )
+    return path

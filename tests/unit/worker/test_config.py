@@ -1,0 +1,46 @@
+"""Config checking and duration parsing shared by the executors."""
+
+from __future__ import annotations
+
+import pytest
+
+from tideflow.worker.executors.config import check_config, seconds
+from tideflow.worker.executors.errors import InvalidStepConfig
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, None),
+        (5, 5.0),
+        (0.25, 0.25),
+        ("30s", 30.0),
+        ("500ms", 0.5),
+        ("2h", 7200.0),
+        ("1d", 86400.0),
+        ("PT5M", 300.0),
+        ("P1DT1S", 86401.0),
+        ("pt1.5s", 1.5),
+    ],
+)
+def test_seconds(value: object, expected: float | None) -> None:
+    assert seconds(value) == expected
+
+
+@pytest.mark.parametrize("value", ["P", "PT", "soon", "5 minutes", 0, -1, True, "P1DT"])
+def test_invalid_durations(value: object) -> None:
+    with pytest.raises(InvalidStepConfig, match="'timeout' must be a positive"):
+        seconds(value)
+
+
+def test_check_config() -> None:
+    assert check_config("x", SCHEMA, {"n": 1}) == {"n": 1}
+    with pytest.raises(InvalidStepConfig) as caught:
+        check_config("x", SCHEMA, {"n": "one"})
+    assert (
+        caught.value.message == "invalid config for executor 'x': n: 'one' is not of type 'integer'"
+    )
+    with pytest.raises(InvalidStepConfig, match="'n' is a required property"):
+        check_config("x", SCHEMA, None)
