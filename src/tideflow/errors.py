@@ -117,7 +117,11 @@ class StepError(TideflowError):
     retryable: bool = True
 
     def __init__(
-        self, message: str | None = None, *, type_name: str | None = None, retryable: bool | None = None
+        self,
+        message: str | None = None,
+        *,
+        type_name: str | None = None,
+        retryable: bool | None = None,
     ) -> None:
         super().__init__(message)
         if type_name is not None:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tideflow.core.state import RunState
+from tideflow.model.run import RunState
 from tideflow.model.commands import Command
 from tideflow.model.events import Event, Transition
 from tideflow.model.plan import Plan

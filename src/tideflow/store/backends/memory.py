@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from tideflow.core.state import RunState
+from tideflow.model.run import RunState
 from tideflow.errors import DefinitionConflict, NotFound
 from tideflow.model.events import EVENT_KINDS, Event, Transition
 from tideflow.model.plan import Plan
