@@ -318,6 +318,11 @@ class Decider:
                 self.cancel_step(st, cause)
 
     def cancel_step(self, st: StepState, cause: str) -> None:
+        self.stop_inner_work(st, cause)
+        self.set_step(st, _CANCELLED, cause)
+
+    def stop_inner_work(self, st: StepState, cause: str) -> None:
+        """Stop what a step has started: its task, wait, loop iteration, map items, child run."""
         state = self.state
         spec = self.plan.specs[st.step_id]
         status = st.status
@@ -335,7 +340,6 @@ class Decider:
             self.cancel_map_items(st, cause)
         elif status is _RUNNING and st.child_run_id and spec.subflow is not None:
             self.commands.append(CancelChildRun(run_id=state.run_id, child_run_id=st.child_run_id))
-        self.set_step(st, _CANCELLED, cause)
 
     def cancel_map_items(self, st: StepState, cause: str) -> None:
         scopes = self.state.scopes
@@ -443,7 +447,13 @@ class Decider:
             delay = backoff_delay(policy, st.attempts, seed)
             if error.retry_after is not None:
                 delay = max(delay, error.retry_after)
-            if st.deadline_at is None or self.now + delay < st.deadline_at:
+            if st.deadline_at is not None and self.now + delay >= st.deadline_at:
+                error = error_info(
+                    "DeadlineExceeded",
+                    f"no retry can start before the step's deadline; last error: "
+                    f"{error.type}: {error.message}",
+                )
+            else:
                 st.error = error
                 self.set_step(
                     st,
@@ -527,6 +537,10 @@ class Decider:
             self.fail_step(
                 st, error_info("DeadlineExceeded", f"the step's deadline of {deadline}s passed")
             )
+        elif kind == "step_timeout" and st.status in (_RUNNING, _WAITING):
+            self.stop_inner_work(st, "the step's timeout passed")
+            timeout = self.plan.specs[st.step_id].timeout
+            self.fail_step(st, error_info("TimeoutError", f"the step did not finish within {timeout}s"))
         elif kind == "wait_timeout" and st.status is _WAITING:
             kinds.wait_timed_out(self, st)
         elif kind == "sleep" and st.status is _WAITING:

@@ -42,8 +42,10 @@ def start_step(d: Decider, st: StepState, spec: StepSpec) -> None:
         st.input = spec.input.render(scope)
     if spec.is_action:
         dispatch(d, st, spec, scope)
-    else:
-        _ENGINE_STARTERS[spec.type](d, st, spec, scope)
+        return
+    _ENGINE_STARTERS[spec.type](d, st, spec, scope)
+    if spec.timeout is not None and spec.wait is None and st.status not in STEP_TERMINAL:
+        d.arm("step_timeout", st, d.now + spec.timeout)
 
 
 _EMPTY: dict[str, Any] = {}
@@ -273,6 +275,8 @@ def _start_emit(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, Any]
         "tideflowrunid": state.run_id,
         "data": rendered.get("data"),
     }
+    if rendered.get("subject") is not None:
+        event["subject"] = str(rendered["subject"])
     d.commands.append(EmitEvent(run_id=state.run_id, event=event))
     d.succeed(st, event, f"event {event['type']} emitted")
 
@@ -328,7 +332,7 @@ def map_item_done(d: Decider, st: StepState, scope: ScopeState) -> None:
     progress.done += 1
     if child.status is _SUCCEEDED:
         progress.outputs[index] = child.output
-    else:
+    elif child.status is not StepStatus.SKIPPED:
         progress.failures += 1
     if st.status is not _RUNNING:
         return

@@ -196,7 +196,7 @@ def _duration(*, allow_zero: bool) -> Validator:
         try:
             seconds = parse_duration(value)
         except ValueError:
-            check.error(path, f"invalid {_label(path)} duration {value!r}", DURATION_HINT)
+            check.error(path, f"{_label(path)} is not a valid duration: {value!r}", DURATION_HINT)
             return
         if seconds < 0 or (seconds == 0 and not allow_zero):
             limit = "zero or more" if allow_zero else "greater than zero"

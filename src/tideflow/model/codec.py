@@ -12,7 +12,27 @@ from typing import Any
 import orjson
 
 from tideflow.errors import TideflowError
-from tideflow.model.events import ErrorInfo
+from tideflow.model.commands import (
+    CancelChildRun,
+    CancelTask,
+    CancelTimer,
+    Command,
+    DispatchTask,
+    EmitEvent,
+    RunFinished,
+    StartChildRun,
+    StartTimer,
+)
+from tideflow.model.events import (
+    EVENT_KINDS,
+    EVENT_TYPES,
+    ChildRunFinished,
+    ErrorInfo,
+    Event,
+    TaskFailed,
+    Transition,
+)
+from tideflow.model.plan import Priority
 from tideflow.model.run import (
     BufferedSignal,
     CompensationState,
@@ -149,3 +169,89 @@ def loads(raw: bytes | str) -> RunState:
     if not isinstance(data, dict):
         raise StateFormatError("stored run state is not a JSON object")
     return state_from_data(data)
+
+
+# -- events and commands ----------------------------------------------------------
+
+_COMMAND_TYPES: dict[str, type[Command]] = {
+    cls.__name__: cls
+    for cls in (
+        DispatchTask,
+        CancelTask,
+        StartTimer,
+        CancelTimer,
+        StartChildRun,
+        CancelChildRun,
+        EmitEvent,
+        RunFinished,
+    )
+}
+
+
+def event_to_data(event: Event) -> dict[str, Any]:
+    data = {f.name: getattr(event, f.name) for f in fields(event)}
+    data["kind"] = EVENT_KINDS[type(event)]
+    if isinstance(event, TaskFailed | ChildRunFinished):
+        data["error"] = error_to_data(event.error)
+    return data
+
+
+def event_from_data(data: dict[str, Any], *, run_id: str | None = None) -> Event:
+    """Rebuild an event; an unknown kind or damaged row is a clear StateFormatError."""
+    data = dict(data)
+    kind = data.pop("kind", None)
+    cls = EVENT_TYPES.get(str(kind))
+    where = f"run {run_id or data.get('run_id')!r}"
+    if cls is None:
+        known = ", ".join(sorted(EVENT_TYPES))
+        raise StateFormatError(
+            f"{where}: history holds an event of unknown type {kind!r} (this version knows: {known}); "
+            "it was written by a newer tideflow or is damaged"
+        )
+    if "error" in data and data["error"] is not None:
+        data["error"] = error_from_data(data["error"])
+    try:
+        return cls(**data)
+    except TypeError as exc:
+        raise StateFormatError(f"{where}: history event {kind!r} is damaged ({exc})") from None
+
+
+def command_to_data(command: Command) -> dict[str, Any]:
+    data = {f.name: getattr(command, f.name) for f in fields(command)}
+    data["command"] = type(command).__name__
+    if isinstance(command, RunFinished):
+        data["error"] = error_to_data(command.error)
+    if isinstance(command, DispatchTask):
+        data["priority"] = command.priority.value
+        data["sensitive"] = list(command.sensitive)
+        data["secrets"] = list(command.secrets)
+    return data
+
+
+def command_from_data(data: dict[str, Any]) -> Command:
+    data = dict(data)
+    name = data.pop("command", None)
+    cls = _COMMAND_TYPES.get(str(name))
+    if cls is None:
+        raise StateFormatError(f"outbox holds a command of unknown type {name!r}")
+    if cls is RunFinished:
+        data["error"] = error_from_data(data.get("error"))
+    if cls is DispatchTask:
+        data["priority"] = Priority(data["priority"])
+        data["sensitive"] = tuple(data["sensitive"])
+        data["secrets"] = tuple(data["secrets"])
+    try:
+        return cls(**data)
+    except TypeError as exc:
+        raise StateFormatError(f"outbox command {name!r} is damaged ({exc})") from None
+
+
+def transition_to_data(tr: Transition) -> dict[str, Any]:
+    return {
+        "subject": tr.subject,
+        "old": tr.old,
+        "new": tr.new,
+        "time": tr.time,
+        "cause": tr.cause,
+        "attempt": tr.attempt,
+    }

@@ -23,6 +23,7 @@ from tideflow.model.states import RunStatus, StepStatus
 TimerKind = Literal[
     "run_timeout",
     "attempt_timeout",
+    "step_timeout",
     "deadline",
     "retry",
     "wait_timeout",

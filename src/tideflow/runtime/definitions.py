@@ -10,6 +10,7 @@ from typing import Any
 from tideflow.dsl.compiler import compile_definition
 from tideflow.errors import DefinitionError
 from tideflow.model.plan import Plan
+from tideflow.model.versions import version_key
 from tideflow.worker.executors.registry import ExecutorRegistry
 
 log = logging.getLogger("tideflow.runtime")
@@ -59,7 +60,7 @@ class DefinitionSource:
         ]
         if not matches:
             return None
-        return max(matches, key=lambda p: _version_key(p.version))
+        return max(matches, key=lambda p: version_key(p.version))
 
     def _load(self) -> dict[tuple[str, str], Plan]:
         if self._index is None:
@@ -78,11 +79,3 @@ class DefinitionSource:
             log.debug("not a usable definition: %s (%s)", path, exc)
             return
         self._index[(plan.name, plan.version)] = plan
-
-
-def _version_key(version: str) -> tuple[Any, ...]:
-    """Sort versions numerically where they are numbers (1.10 after 1.9)."""
-    parts: list[Any] = []
-    for piece in version.replace("-", ".").split("."):
-        parts.append((0, int(piece), "") if piece.isdigit() else (1, 0, piece))
-    return tuple(parts)

@@ -20,7 +20,7 @@ import itertools
 import logging
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -362,7 +362,8 @@ class Runtime:
             elif isinstance(command, CancelTimer):
                 self._timers.cancel(command.run_id, command.timer_id)
             elif isinstance(command, CancelTask):
-                self._workers.cancel(command.run_id, command.step_key, command.attempt)
+                if not _drop_task(tasks, command):
+                    self._workers.cancel(command.run_id, command.step_key, command.attempt)
             else:
                 await self._relay_other(command)
         if tasks:
@@ -487,4 +488,14 @@ class Runtime:
         asyncio.get_running_loop().create_task(self.bus.publish_events([event]))
 
 
-__all__ = ["Mapping", "Runtime"]
+def _drop_task(tasks: list[DispatchTask], cancel: CancelTask) -> bool:
+    """Remove a task dispatched and cancelled in the same batch; True if it was there."""
+    for index, task in enumerate(tasks):
+        key = (task.run_id, task.step_key, task.attempt)
+        if key == (cancel.run_id, cancel.step_key, cancel.attempt):
+            del tasks[index]
+            return True
+    return False
+
+
+__all__ = ["Runtime"]

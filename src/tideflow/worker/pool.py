@@ -27,6 +27,8 @@ from tideflow.worker.secrets import EnvSecretProvider, Redactor, SecretProvider,
 
 log = logging.getLogger("tideflow.worker")
 
+_MAX_REMEMBERED_CANCELS = 10_000
+
 
 class WorkerPool:
     def __init__(
@@ -47,6 +49,9 @@ class WorkerPool:
         self._secrets = secrets or EnvSecretProvider()
         self._loops: list[asyncio.Task[None]] = []
         self._running: dict[tuple[str, str, int], asyncio.Task[Event | None]] = {}
+        self._cancelled: dict[tuple[str, str, int], None] = {}
+        """Attempts cancelled before a worker picked them up (bounded, oldest dropped)."""
+        self._closing = False
         self._random = random.Random()
 
     def start(self) -> None:
@@ -56,6 +61,7 @@ class WorkerPool:
         ]
 
     async def close(self) -> None:
+        self._closing = True
         for task in self._loops:
             task.cancel()
         for task in self._loops:
@@ -65,26 +71,35 @@ class WorkerPool:
 
     def cancel(self, run_id: str, step_key: str, attempt: int) -> None:
         """Stop an attempt the scheduler no longer waits for."""
-        task = self._running.get((run_id, step_key, attempt))
+        key = (run_id, step_key, attempt)
+        task = self._running.get(key)
         if task is not None:
             task.cancel()
+            return
+        self._cancelled[key] = None
+        if len(self._cancelled) > _MAX_REMEMBERED_CANCELS:
+            del self._cancelled[next(iter(self._cancelled))]
 
     async def _loop(self) -> None:
         bus = self._bus
         while True:
             task = await bus.next_task()
             key = (task.run_id, task.step_key, task.attempt)
+            if key in self._cancelled:
+                del self._cancelled[key]
+                continue  # cancelled while it was queued
             inner = asyncio.create_task(self._execute(task))
             self._running[key] = inner
             try:
                 event = await inner
             except asyncio.CancelledError:
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise
                 event = None  # only this attempt was cancelled (CancelTask)
             finally:
                 self._running.pop(key, None)
+            current = asyncio.current_task()
+            if self._closing or (current is not None and current.cancelling()):
+                # The pool is shutting down: the attempt swallowed our cancellation.
+                raise asyncio.CancelledError
             if event is not None:
                 await bus.publish_events([event])
 

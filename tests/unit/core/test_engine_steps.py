@@ -284,3 +284,49 @@ steps:
     assert event["data"] == {"id": 7} and event["source"] == "shop"
     assert event["id"] == f"{h.run_id}:e"
     assert h.state.steps["e"].output == event
+
+
+def test_map_item_skipped_by_its_when_is_a_null_slot_not_a_failure(harness):
+    h = harness(
+        HEAD
+        + """
+steps:
+  - id: each
+    type: map
+    items: "{{ inputs.items }}"
+    step: {type: noop, when: "{{ item != 2 }}"}
+output: "{{ steps.each.output }}"
+""",
+        {"items": [1, 2, 3]},
+    )
+    h.complete("each[0]", "a")
+    h.complete("each[2]", "c")
+    assert h.status == "succeeded"
+    assert h.state.output == ["a", None, "c"]
+
+
+def test_engine_step_timeout_stops_its_work_and_fails_it(harness):
+    h = harness(
+        HEAD
+        + """
+steps:
+  - id: l
+    type: loop
+    timeout: 1m
+    max_iterations: 100
+    until: "false"
+    delay: 10s
+    steps: [{id: t, type: noop}]
+"""
+    )
+    for i in range(6):
+        h.complete(f"l@{i}/t")
+        h.advance(10)
+    assert h.state.steps["l"].error.type == "TimeoutError"
+    assert h.status == "failed"
+    assert ("l@6/t", 1) in h.cancelled_tasks
+
+
+def test_emit_keeps_subject(harness):
+    h = harness(HEAD + "steps: [{id: e, type: emit, event: {type: t, subject: order-7}}]\n")
+    assert h.emitted[0]["subject"] == "order-7"

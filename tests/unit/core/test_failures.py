@@ -281,3 +281,14 @@ def test_duplicate_events_change_nothing(harness):
     assert h.status == "succeeded"
     assert h.signal("go", {"x": 2}, event_id="sig-1").transitions == []
     assert h.apply(h.events[0]).transitions == []
+
+
+def test_a_retry_blocked_by_the_deadline_reports_deadline_exceeded(harness):
+    h = harness(
+        HEAD
+        + "steps: [{id: a, type: noop, deadline: 5s, retry: {max_attempts: 5, backoff: 10s}}]\n"
+    )
+    h.fail("a", "ValueError", "nope")
+    error = h.state.steps["a"].error
+    assert error.type == "DeadlineExceeded"
+    assert "ValueError: nope" in error.message

@@ -138,8 +138,8 @@ def test_bad_durations() -> None:
         """
     )
     assert {d.message for d in found} == {
-        "invalid initial_delay duration 'soon'",
-        "invalid timeout duration '5 minutes'",
+        "initial_delay is not a valid duration: 'soon'",
+        "timeout is not a valid duration: '5 minutes'",
         "deadline must be greater than zero, got '0s'",
     }
     timeout = next(d for d in found if "timeout" in d.message)

@@ -291,3 +291,47 @@ async def test_runs_resume_on_a_new_runtime_over_the_same_store():
         result = await second.wait(run_id, timeout=5)
     assert result.output == 12
     assert len(CALLS) == 1  # `a` did not run again
+
+
+async def test_a_task_cancelled_in_the_batch_that_dispatched_it_never_runs():
+    sent: list[int] = []
+
+    @register("rt.send")
+    async def send(n: int) -> int:
+        if n < 0:
+            raise ValueError("negative")
+        await asyncio.sleep(0.05)
+        sent.append(n)
+        return n
+
+    p = plan(
+        """
+        name: fan
+        version: "1"
+        steps:
+          - id: fan
+            type: map
+            items: [-1, -2, 7]
+            max_concurrency: 2
+            tolerated_failures: 1
+            step: {type: python, function: rt.send, input: {n: "{{ item }}"}}
+        """
+    )
+    try:
+        async with Runtime() as rt:
+            result = await rt.run(p)
+            await asyncio.sleep(0.1)
+    finally:
+        unregister("rt.send")
+    assert result.status == "failed"
+    assert result.steps["fan[2]"].status == "cancelled"
+    assert sent == []
+
+
+async def test_close_returns_promptly_while_an_attempt_runs():
+    p = plan('name: nap\nversion: "1"\nsteps: [{id: s, type: python, function: rt.slow}]\n')
+    rt = Runtime()
+    await rt.start()
+    run_id = await rt.start_run(p)
+    await wait_until(rt, run_id, step_is("s", "running"))
+    await asyncio.wait_for(rt.close(), timeout=5)

@@ -11,13 +11,13 @@ from tideflow.model.run import RunState
 from tideflow.errors import DefinitionConflict, NotFound
 from tideflow.model.events import EVENT_KINDS, Event, Transition
 from tideflow.model.plan import Plan
+from tideflow.model.versions import latest
 from tideflow.store.base import AppliedEvent, HistoryEntry, RunSummary, Store
 
 
 class MemoryStore(Store):
     def __init__(self) -> None:
         self._definitions: dict[tuple[str, str], Plan] = {}
-        self._latest: dict[str, str] = {}
         self._plans: dict[str, Plan] = {}
         self._runs: dict[str, RunState] = {}
         self._idempotency: dict[str, str] = {}
@@ -36,11 +36,10 @@ class MemoryStore(Store):
             return False
         self._definitions[key] = plan
         self._plans[plan.hash] = plan
-        self._latest[plan.name] = plan.version
         return True
 
     async def get_definition(self, name: str, version: str | None = None) -> Plan:
-        version = version or self._latest.get(name)
+        version = version or latest(v for n, v in self._definitions if n == name)
         plan = self._definitions.get((name, version or ""))
         if plan is None:
             known = ", ".join(sorted({n for n, _ in self._definitions})) or "none"
