@@ -540,7 +540,9 @@ class Decider:
         elif kind == "step_timeout" and st.status in (_RUNNING, _WAITING):
             self.stop_inner_work(st, "the step's timeout passed")
             timeout = self.plan.specs[st.step_id].timeout
-            self.fail_step(st, error_info("TimeoutError", f"the step did not finish within {timeout}s"))
+            self.fail_step(
+                st, error_info("TimeoutError", f"the step did not finish within {timeout}s")
+            )
         elif kind == "wait_timeout" and st.status is _WAITING:
             kinds.wait_timed_out(self, st)
         elif kind == "sleep" and st.status is _WAITING:

@@ -205,8 +205,8 @@ def event_from_data(data: dict[str, Any], *, run_id: str | None = None) -> Event
     if cls is None:
         known = ", ".join(sorted(EVENT_TYPES))
         raise StateFormatError(
-            f"{where}: history holds an event of unknown type {kind!r} (this version knows: {known}); "
-            "it was written by a newer tideflow or is damaged"
+            f"{where}: history holds an event of unknown type {kind!r} "
+            f"(this version knows: {known}); it was written by a newer tideflow or is damaged"
         )
     if "error" in data and data["error"] is not None:
         data["error"] = error_from_data(data["error"])

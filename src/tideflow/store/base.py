@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tideflow.model.run import RunState
 from tideflow.model.commands import Command
 from tideflow.model.events import Event, Transition
 from tideflow.model.plan import Plan
+from tideflow.model.run import RunState
 
 
 @dataclass(slots=True, kw_only=True)

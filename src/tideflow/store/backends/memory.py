@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from tideflow.model.run import RunState
 from tideflow.errors import DefinitionConflict, NotFound
 from tideflow.model.events import EVENT_KINDS, Event, Transition
 from tideflow.model.plan import Plan
+from tideflow.model.run import RunState
 from tideflow.model.versions import latest
 from tideflow.store.base import AppliedEvent, HistoryEntry, RunSummary, Store
 
