@@ -153,15 +153,14 @@ async def test_order_saga_compensates_in_reverse_order_when_shipping_fails(rt: R
     assert orders.STOCK["SKU-2"] == stock_before
 
     history = await rt.store.history(run_id)
+    transitions = [t for entry in history for t in entry.transitions]
     undone = [
-        entry.subject
-        for entry in history
-        if entry.kind == "transition"
-        and entry.subject.endswith(":compensate")
-        and entry.data["new"] == "succeeded"
+        t["subject"]
+        for t in transitions
+        if t["subject"].endswith(":compensate") and t["new"] == "succeeded"
     ]
     assert undone == ["charge:compensate", "reserve:compensate"]
-    run_states = [e.data["new"] for e in history if e.kind == "transition" and e.subject == "run"]
+    run_states = [t["new"] for t in transitions if t["subject"] == "run"]
     assert run_states == ["running", "failed", "compensating", "compensated"]
 
 

@@ -68,13 +68,17 @@ class Decision(NamedTuple):
     state: RunState
     commands: list[Command]
     transitions: list[Transition]
+    changed: bool
+    """False when the event changed nothing (a duplicate, a stale result): it need not be
+    recorded."""
 
 
 def decide(plan: Plan, state: RunState, event: Event) -> Decision:
     """Apply one event to a run. Applying the same event twice changes nothing."""
     decider = Decider(plan, state, event.time)
     decider.apply(event)
-    return Decision(state, decider.commands, decider.transitions)
+    changed = decider.touched or bool(decider.transitions) or bool(decider.commands)
+    return Decision(state, decider.commands, decider.transitions, changed)
 
 
 def error_info(type_: str, message: str, *, retryable: bool = False) -> ErrorInfo:
@@ -92,6 +96,8 @@ class Decider:
         self.transitions: list[Transition] = []
         self._finished: deque[str] = deque()
         self._ready: deque[str] = deque()
+        self.touched = False
+        """Set when the state changes without a transition (a signal kept for later)."""
 
     # -- dispatch on the event ------------------------------------------------
 
@@ -557,6 +563,7 @@ class Decider:
         if state.is_terminal or event.event_id in state.seen_signals:
             return
         state.seen_signals.add(event.event_id)
+        self.touched = True
         if not kinds.deliver_signal(self, event.name, event.payload) and event.buffer:
             from tideflow.model.run import BufferedSignal
 

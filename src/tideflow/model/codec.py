@@ -188,6 +188,10 @@ _COMMAND_TYPES: dict[str, type[Command]] = {
 }
 
 
+def event_kind(event: Event) -> str:
+    return EVENT_KINDS[type(event)]
+
+
 def event_to_data(event: Event) -> dict[str, Any]:
     data = {f.name: getattr(event, f.name) for f in fields(event)}
     data["kind"] = EVENT_KINDS[type(event)]

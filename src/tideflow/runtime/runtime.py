@@ -55,6 +55,7 @@ from tideflow.model.run import RunState, new_run_state
 from tideflow.runtime.clock import Clock, SystemClock
 from tideflow.runtime.definitions import DefinitionSource, coerce_plan
 from tideflow.runtime.result import RunResult, result_of
+from tideflow.runtime.runs import Plans, RunCache
 from tideflow.runtime.timers import TimerWheel
 from tideflow.store.backends.memory import MemoryStore
 from tideflow.store.base import AppliedEvent, Store
@@ -91,8 +92,10 @@ class Runtime:
         self._batch_size = batch_size
         self._prefix = uuid.uuid4().hex[:10]
         self._ids = itertools.count(1)
-        self._states: dict[str, RunState] = {}
-        self._plans: dict[str, Plan] = {}
+        self._plans = Plans(self.store)
+        self._runs = RunCache(self.store, self._plans)
+        self._relayed: list[str] = []
+        """Outbox ids relayed since the last commit; forgotten by the next commit."""
         self._waiters: dict[str, list[asyncio.Future[RunResult]]] = defaultdict(list)
         self._listeners: list[Listener] = []
         self._sinks: list[EventSink] = []
@@ -106,6 +109,7 @@ class Runtime:
             secrets=secrets,
         )
         self._scheduler: asyncio.Task[None] | None = None
+        self._retry_delay = 0.05
         self._crashed: BaseException | None = None
 
     # -- lifecycle --------------------------------------------------------------
@@ -160,7 +164,7 @@ class Runtime:
         """Register a definition (Plan, Workflow builder, mapping, YAML text or file path)."""
         plan = coerce_plan(definition, self.executors)
         await self.store.save_definition(plan)
-        self._plans[plan.hash] = plan
+        self._plans.add(plan)
         return plan
 
     async def start_run(
@@ -177,10 +181,10 @@ class Runtime:
         from tideflow.dsl.inputs import validate_input
 
         validate_input(plan, input)
-        state = await self._create_run(
+        state, created = await self._create_run(
             plan, run_id or uuid.uuid4().hex, idempotency_key, None, None, input
         )
-        if state.status.value == "pending" and state.started_at is None:
+        if created:
             await self.bus.publish_events([self._started(state, input)])
         return state.run_id
 
@@ -256,8 +260,8 @@ class Runtime:
         parent: str | None,
         parent_step: str | None,
         input: Any,
-    ) -> RunState:
-        self._plans[plan.hash] = plan
+    ) -> tuple[RunState, bool]:
+        self._plans.add(plan)
         state = new_run_state(
             run_id=run_id,
             workflow=plan.name,
@@ -268,9 +272,11 @@ class Runtime:
             parent_step_key=parent_step,
         )
         state.input = input
-        stored = await self.store.create_run(state, idempotency_key)
-        self._states[stored.run_id] = stored
-        return stored
+        run_id, created = await self.store.create_run(state, idempotency_key)
+        if created:
+            self._runs.add(state)
+            return state, True
+        return await self._state(run_id), False
 
     def _started(self, state: RunState, input: Any) -> RunStarted:
         return RunStarted(
@@ -283,27 +289,25 @@ class Runtime:
         )
 
     async def _state(self, run_id: str) -> RunState:
-        state = self._states.get(run_id)
-        if state is None:
-            state = await self.store.load_run(run_id)
-            if not state.is_terminal:
-                self._states[run_id] = state
-        return state
-
-    async def _plan(self, plan_hash: str) -> Plan:
-        plan = self._plans.get(plan_hash)
-        if plan is None:
-            plan = self._plans[plan_hash] = await self.store.get_plan(plan_hash)
-        return plan
+        return (await self._runs.get(run_id)).state
 
     async def _recover(self) -> None:
-        """Resume every unfinished run in the store: re-arm timers, re-dispatch lost tasks."""
+        """Resume every unfinished run in the store: relay effects still in the outbox,
+        start runs that were created but not started, re-arm timers, re-dispatch tasks
+        whose result was never recorded (same attempt, same idempotency key)."""
+        pending = await self.store.pending_outbox()
+        await self._relay([item.command for item in pending])
+        self._relayed.extend(item.id for item in pending)
         for run_id in await self.store.unfinished_runs():
-            state = await self._state(run_id)
-            if state.status.value == "pending":
-                await self.bus.publish_events([self._started(state, state.input)])
+            try:
+                state = await self._state(run_id)
+                if state.status.value == "pending":
+                    await self.bus.publish_events([self._started(state, state.input)])
+                    continue
+                plan = await self._plans.get(state.plan_hash)
+            except TideflowError as exc:
+                log.error("run %s cannot be resumed: %s", run_id, exc)
                 continue
-            plan = await self._plan(state.plan_hash)
             await self._relay(resume_commands(plan, state, self.clock.now()))
 
     # -- internals: the scheduler -----------------------------------------------
@@ -326,30 +330,63 @@ class Runtime:
                 batch.append(applied)
         if not batch:
             return
-        await self.store.commit(batch)
+        try:
+            await self.store.commit(batch, self._relayed)
+        except Exception:
+            # Nothing of this batch is durable: forget the changed states (they reload
+            # from the store) and deliver the events again.
+            for applied in batch:
+                self._runs.evict(applied.event.run_id)
+            await self._redeliver(events)
+            raise
+        self._relayed = []
+        self._retry_delay = 0.05
         commands: list[Command] = []
         for applied in batch:
             commands.extend(applied.commands)
+            self._relayed.extend(outbox_id for outbox_id, _ in applied.outbox)
             for listener in self._listeners:
                 listener(applied.state, applied.transitions)
         await self._relay(commands)
 
+    async def _redeliver(self, events: list[Event]) -> None:
+        await asyncio.sleep(self._retry_delay)
+        self._retry_delay = min(self._retry_delay * 2, 5.0)
+        await self.bus.publish_events(events)
+
     async def _apply(self, event: Event) -> AppliedEvent | None:
         try:
-            state = await self._state(event.run_id)
+            live = await self._runs.get(event.run_id)
+            plan = await self._plans.get(live.state.plan_hash)
         except NotFound:
             log.warning("event %s for unknown run %s dropped", type(event).__name__, event.run_id)
             return None
-        plan = await self._plan(state.plan_hash)
+        except TideflowError as exc:
+            log.error(
+                "run %s cannot be loaded, event %s not applied: %s",
+                event.run_id,
+                type(event).__name__,
+                exc,
+            )
+            return None
         try:
-            decision = decide(plan, state, event)
+            decision = decide(plan, live.state, event)
         except TideflowError as exc:
             log.error(
                 "run %s: event %s could not be applied: %s", event.run_id, type(event).__name__, exc
             )
+            self._runs.evict(event.run_id)
             return None
+        if not decision.changed:
+            return None
+        seq, snapshot = live.next_seq()
         return AppliedEvent(
-            event=event, state=state, transitions=decision.transitions, commands=decision.commands
+            event=event,
+            state=live.state,
+            transitions=decision.transitions,
+            commands=decision.commands,
+            seq=seq,
+            snapshot=snapshot,
         )
 
     async def _relay(self, commands: Sequence[Command]) -> None:
@@ -389,9 +426,8 @@ class Runtime:
             await self._emit(command)
 
     async def _run_finished(self, command: RunFinished) -> None:
-        state = self._states.pop(command.run_id, None)
-        if state is None:
-            state = await self.store.load_run(command.run_id)
+        state = await self._state(command.run_id)
+        self._runs.evict(command.run_id)
         result = result_of(state)
         for fut in self._waiters.pop(command.run_id, ()):
             if not fut.done():
@@ -431,10 +467,10 @@ class Runtime:
             return
         parent = command.run_id if command.wait else None
         step = command.step_key if command.wait else None
-        state = await self._create_run(
+        state, created = await self._create_run(
             plan, command.child_run_id, f"child:{command.child_run_id}", parent, step, command.input
         )
-        if state.started_at is None:
+        if created:
             await self.bus.publish_events([self._started(state, command.input)])
 
     async def _fail_child_start(self, command: StartChildRun, exc: TideflowError) -> None:
@@ -465,7 +501,7 @@ class Runtime:
                 payload=event,
                 buffer=False,
             )
-            for run_id, state in list(self._states.items())
+            for run_id, state in ((live.state.run_id, live.state) for live in self._runs.cached())
             if run_id != command.run_id and name in state.waiting
         ]
         if deliveries:

@@ -1,23 +1,52 @@
 """The Store port: the source of truth for definitions, runs and their history.
 
-One ``commit`` per batch of applied events: it appends the events and the
-transitions they caused to each run's history, saves the runs' new state,
-records the event ids as processed and keeps the resulting commands in the
-outbox until ``mark_relayed``. Backends implement these few methods; everything
-else (queries a person makes) builds on them.
+A run is stored event-sourced: its history (every event that changed it, with
+the transitions it caused) is append-only, and a *snapshot* of the full run
+state is written now and then (always when the run ends). Loading a run is its
+latest snapshot plus the events after it, which the runtime replays through the
+pure core. Each commit therefore writes O(events) rows, never the whole state of
+a large run per event, and the snapshot cadence (the runtime's choice) keeps
+replay short.
+
+``commit`` is one transaction per batch: history rows, the runs' summary columns
+(status, output, error, last sequence number), snapshots, processed event ids
+(history's unique ``event_id``), outbox rows for effects that cannot be
+re-derived from state (finished runs, child runs, emitted events), and the
+deletion of outbox rows already relayed. Optimistic concurrency: each run's
+``last_seq`` must still be what the applier loaded, or the whole commit fails
+with ``ConcurrencyConflict`` and nothing is written.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tideflow.model.commands import Command
+from tideflow.errors import TideflowError
+from tideflow.model.commands import (
+    CancelChildRun,
+    Command,
+    EmitEvent,
+    RunFinished,
+    StartChildRun,
+)
 from tideflow.model.events import Event, Transition
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
+
+OUTBOX_COMMANDS = (RunFinished, StartChildRun, CancelChildRun, EmitEvent)
+"""Commands kept in the outbox until relayed. The others (tasks, timers, task
+cancellations) are re-derived from the run state on recovery."""
+
+
+class StoreError(TideflowError):
+    """The store cannot be used (damaged file, unreachable server, wrong schema)."""
+
+
+class ConcurrencyConflict(StoreError):
+    """Another applier advanced one of these runs first; reload them and apply again."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -28,6 +57,28 @@ class AppliedEvent:
     state: RunState
     transitions: list[Transition]
     commands: list[Command]
+    seq: int
+    """The run's sequence number of this event (the previous ``last_seq`` + 1)."""
+    snapshot: bool = False
+    """Also store the full state after this event."""
+
+    @property
+    def outbox(self) -> list[tuple[str, Command]]:
+        """Outbox entries of this event: ``(id, command)``, ids derived from the event id."""
+        return [
+            (f"{self.event.event_id}#{index}", command)
+            for index, command in enumerate(self.commands)
+            if isinstance(command, OUTBOX_COMMANDS)
+        ]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoredRun:
+    """What ``load_run`` returns: replay ``tail`` over ``snapshot`` to get the run state."""
+
+    snapshot: RunState
+    tail: list[Event]
+    last_seq: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,9 +87,18 @@ class HistoryEntry:
     seq: int
     time: float
     kind: str
-    """``event`` (what happened) or ``transition`` (what it changed)."""
-    subject: str
-    data: dict[str, Any] = field(default_factory=dict)
+    """The event kind (``run_started``, ``task_completed``, …)."""
+    event: dict[str, Any]
+    transitions: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "time": self.time,
+            "kind": self.kind,
+            "event": self.event,
+            "transitions": self.transitions,
+        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,54 +108,135 @@ class RunSummary:
     version: str
     status: str
     created_at: float
+    updated_at: float
     finished_at: float | None
+    parent_run_id: str | None = None
+    output: Any = None
+    error: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "workflow": self.workflow,
+            "version": self.version,
+            "status": self.status,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "finished_at": self.finished_at,
+            "parent_run_id": self.parent_run_id,
+            "output": self.output,
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunPage:
+    runs: list[RunSummary]
+    next_cursor: str | None
+    """Pass to ``list_runs(cursor=…)`` for the next page; None on the last page."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DefinitionSummary:
+    name: str
+    version: str
+    hash: str
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutboxItem:
+    id: str
+    run_id: str
+    command: Command
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunFilter:
+    status: str | None = None
+    workflow: str | None = None
+    created_after: float | None = None
+    created_before: float | None = None
+
+
+Archive = Callable[[dict[str, Any]], None]
+"""Receives each pruned run as ``{"run": RunSummary dict, "history": [HistoryEntry dicts]}``."""
 
 
 class Store(ABC):
-    """Abstract store. All methods are coroutines; a backend may batch inside ``commit``."""
+    """Abstract store; every method is a coroutine. Backends: memory, sqlite, postgres."""
+
+    url: str = "memory://"
 
     async def open(self) -> None:
-        """Connect and check the schema version."""
-        return None
+        """Connect, apply missing migrations when allowed, refuse a newer schema."""
+        return
 
     async def close(self) -> None:
-        return None
+        return
+
+    # -- definitions ------------------------------------------------------------
 
     @abstractmethod
     async def save_definition(self, plan: Plan) -> bool:
-        """Register a plan. True when new; no-op for identical content; DefinitionConflict
-        when (name, version) exists with different content."""
+        """Register a plan. True when new; False for identical content already there;
+        DefinitionConflict when (name, version) exists with different content."""
 
     @abstractmethod
     async def get_definition(self, name: str, version: str | None = None) -> Plan:
-        """The plan by (name, version), or the latest registered version; NotFound otherwise."""
+        """The plan by (name, version), or the highest registered version; NotFound."""
 
     @abstractmethod
     async def get_plan(self, plan_hash: str) -> Plan:
-        """The plan a run pinned, by content hash."""
+        """The plan a run pinned, by content hash; NotFound."""
 
     @abstractmethod
-    async def create_run(self, state: RunState, idempotency_key: str | None = None) -> RunState:
-        """Store a new run; with an idempotency key already used, return that run instead."""
+    async def list_definitions(self, name: str | None = None) -> list[DefinitionSummary]:
+        """Registered definitions, by name then version."""
+
+    # -- runs -------------------------------------------------------------------
 
     @abstractmethod
-    async def load_run(self, run_id: str) -> RunState:
-        """The run's current state; NotFound otherwise."""
+    async def create_run(
+        self, state: RunState, idempotency_key: str | None = None
+    ) -> tuple[str, bool]:
+        """Store a new (pending) run: ``(run_id, True)``. With an idempotency key already
+        used, nothing is written and the existing run's id comes back: ``(id, False)``."""
 
     @abstractmethod
-    async def commit(self, batch: Sequence[AppliedEvent]) -> None:
-        """Persist a batch of applied events atomically."""
+    async def load_run(self, run_id: str) -> StoredRun:
+        """The run's latest snapshot and the events after it; NotFound."""
+
+    @abstractmethod
+    async def commit(self, batch: Sequence[AppliedEvent], relayed: Sequence[str] = ()) -> None:
+        """Persist a batch of applied events and forget relayed outbox ids, atomically."""
 
     @abstractmethod
     async def history(self, run_id: str) -> list[HistoryEntry]:
-        """Everything that happened to a run, in order."""
+        """Everything that happened to a run, in order; NotFound."""
+
+    @abstractmethod
+    async def get_run(self, run_id: str) -> RunSummary:
+        """The run's summary row; NotFound."""
 
     @abstractmethod
     async def list_runs(
-        self, *, status: str | None = None, workflow: str | None = None, limit: int = 100
-    ) -> list[RunSummary]:
-        """Runs, newest first."""
+        self, filter: RunFilter | None = None, *, limit: int = 100, cursor: str | None = None
+    ) -> RunPage:
+        """Runs, newest first, by indexed queries, one page at a time."""
 
     @abstractmethod
     async def unfinished_runs(self) -> list[str]:
         """Ids of every run that is not in a terminal state (for recovery)."""
+
+    @abstractmethod
+    async def pending_outbox(self, limit: int = 1000) -> list[OutboxItem]:
+        """Outbox entries not yet relayed, oldest first."""
+
+    @abstractmethod
+    async def prune(
+        self, older_than: float, *, batch_size: int = 500, archive: Archive | None = None
+    ) -> int:
+        """Remove runs that ended before ``older_than`` (epoch seconds), in batches of
+        ``batch_size`` runs per transaction, handing each to ``archive`` first.
+        Returns how many runs were removed."""

@@ -118,7 +118,7 @@ async def test_input_that_does_not_fit_the_schema_is_refused_before_anything_run
     async with Runtime(store=store) as rt:
         with pytest.raises(InputValidationError, match="n"):
             await rt.start_run(p, {"n": "seven"})
-        assert await store.list_runs() == []
+        assert (await store.list_runs()).runs == []
 
 
 async def test_attempt_timeout_cancels_the_running_function():

@@ -1,51 +1,82 @@
-"""The in-memory store: the embedded default until a durable store is chosen, and the
-reference for the contract tests. Nothing survives the process."""
+"""The in-memory store: the embedded default when no durable store is asked for, and the
+reference backend of the contract tests. Nothing survives the process.
+
+It keeps the live RunState objects themselves as snapshots (the runtime mutates
+them in place), so loading a run never needs a replay.
+"""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from dataclasses import asdict
-from typing import Any
+from dataclasses import dataclass, field
 
 from tideflow.errors import DefinitionConflict, NotFound
-from tideflow.model.events import EVENT_KINDS, Event, Transition
+from tideflow.model import codec
+from tideflow.model.events import Event, Transition
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
+from tideflow.model.states import RUN_TERMINAL
 from tideflow.model.versions import latest
-from tideflow.store.base import AppliedEvent, HistoryEntry, RunSummary, Store
+from tideflow.store.base import (
+    AppliedEvent,
+    Archive,
+    ConcurrencyConflict,
+    DefinitionSummary,
+    HistoryEntry,
+    OutboxItem,
+    RunFilter,
+    RunPage,
+    RunSummary,
+    Store,
+    StoredRun,
+)
+from tideflow.store.paging import decode_cursor, encode_cursor
+
+
+@dataclass(slots=True)
+class _Run:
+    state: RunState
+    created_at: float
+    updated_at: float
+    last_seq: int = 0
+    log: list[tuple[int, Event, list[Transition]]] = field(default_factory=list)
+    """Kept as objects; turned into HistoryEntry rows only when read."""
 
 
 class MemoryStore(Store):
+    url = "memory://"
+
     def __init__(self) -> None:
-        self._definitions: dict[tuple[str, str], Plan] = {}
+        self._definitions: dict[tuple[str, str], tuple[Plan, float]] = {}
         self._plans: dict[str, Plan] = {}
-        self._runs: dict[str, RunState] = {}
+        self._runs: dict[str, _Run] = {}
         self._idempotency: dict[str, str] = {}
-        self._log: dict[str, list[tuple[Event, list[Transition]]]] = {}
-        self._processed: set[str] = set()
+        self._event_ids: set[str] = set()
+        self._outbox: dict[str, OutboxItem] = {}
 
     async def save_definition(self, plan: Plan) -> bool:
         key = (plan.name, plan.version)
         existing = self._definitions.get(key)
         if existing is not None:
-            if existing.hash != plan.hash:
+            if existing[0].hash != plan.hash:
                 raise DefinitionConflict(
                     f"{plan.name} {plan.version} is already registered with different content; "
                     "give the changed definition a new version"
                 )
             return False
-        self._definitions[key] = plan
+        self._definitions[key] = (plan, time.time())
         self._plans[plan.hash] = plan
         return True
 
     async def get_definition(self, name: str, version: str | None = None) -> Plan:
         version = version or latest(v for n, v in self._definitions if n == name)
-        plan = self._definitions.get((name, version or ""))
-        if plan is None:
+        found = self._definitions.get((name, version or ""))
+        if found is None:
             known = ", ".join(sorted({n for n, _ in self._definitions})) or "none"
             which = f"{name!r} version {version}" if version else repr(name)
             raise NotFound(f"no definition {which} (registered: {known})")
-        return plan
+        return found[0]
 
     async def get_plan(self, plan_hash: str) -> Plan:
         try:
@@ -53,89 +84,143 @@ class MemoryStore(Store):
         except KeyError:
             raise NotFound(f"no plan with hash {plan_hash}") from None
 
-    async def create_run(self, state: RunState, idempotency_key: str | None = None) -> RunState:
+    async def list_definitions(self, name: str | None = None) -> list[DefinitionSummary]:
+        return [
+            DefinitionSummary(name=n, version=v, hash=plan.hash, created_at=at)
+            for (n, v), (plan, at) in sorted(self._definitions.items())
+            if name is None or n == name
+        ]
+
+    async def create_run(
+        self, state: RunState, idempotency_key: str | None = None
+    ) -> tuple[str, bool]:
         if idempotency_key is not None:
             existing = self._idempotency.get(idempotency_key)
             if existing is not None:
-                return self._runs[existing]
+                return existing, False
             self._idempotency[idempotency_key] = state.run_id
-        self._runs[state.run_id] = state
-        self._log[state.run_id] = []
-        return state
+        self._runs[state.run_id] = _Run(state, state.created_at, state.created_at)
+        return state.run_id, True
 
-    async def load_run(self, run_id: str) -> RunState:
+    def _run(self, run_id: str) -> _Run:
         try:
             return self._runs[run_id]
         except KeyError:
             raise NotFound(f"no run {run_id!r}") from None
 
-    async def commit(self, batch: Sequence[AppliedEvent]) -> None:
-        processed = self._processed
+    async def load_run(self, run_id: str) -> StoredRun:
+        run = self._run(run_id)
+        return StoredRun(snapshot=run.state, tail=[], last_seq=run.last_seq)
+
+    async def commit(self, batch: Sequence[AppliedEvent], relayed: Sequence[str] = ()) -> None:
+        expected: dict[str, int] = {}
         for applied in batch:
-            event = applied.event
-            if event.event_id in processed:
-                continue
-            processed.add(event.event_id)
-            self._runs[event.run_id] = applied.state
-            # Kept as objects; turned into HistoryEntry rows only when someone reads them.
-            self._log.setdefault(event.run_id, []).append((event, applied.transitions))
+            run_id = applied.event.run_id
+            expected.setdefault(run_id, applied.seq - 1)
+        for run_id, seq in expected.items():
+            if self._run(run_id).last_seq != seq:
+                raise ConcurrencyConflict(f"run {run_id} was advanced by another applier")
+        for applied in batch:
+            self._apply(applied)
+        for outbox_id in relayed:
+            self._outbox.pop(outbox_id, None)
+
+    def _apply(self, applied: AppliedEvent) -> None:
+        event = applied.event
+        run = self._runs[event.run_id]
+        self._event_ids.add(event.event_id)
+        run.state = applied.state
+        run.last_seq = applied.seq
+        run.updated_at = event.time
+        run.log.append((applied.seq, event, applied.transitions))
+        for outbox_id, command in applied.outbox:
+            self._outbox[outbox_id] = OutboxItem(id=outbox_id, run_id=event.run_id, command=command)
 
     async def history(self, run_id: str) -> list[HistoryEntry]:
-        await self.load_run(run_id)
-        entries: list[HistoryEntry] = []
-        for event, transitions in self._log.get(run_id, ()):
-            entries.append(
-                HistoryEntry(
-                    run_id=run_id,
-                    seq=len(entries) + 1,
-                    time=event.time,
-                    kind="event",
-                    subject=EVENT_KINDS[type(event)],
-                    data=_event_data(event),
-                )
-            )
-            for tr in transitions:
-                entries.append(
-                    HistoryEntry(
-                        run_id=run_id,
-                        seq=len(entries) + 1,
-                        time=tr.time,
-                        kind="transition",
-                        subject=tr.subject,
-                        data={
-                            "old": tr.old,
-                            "new": tr.new,
-                            "cause": tr.cause,
-                            "attempt": tr.attempt,
-                        },
-                    )
-                )
-        return entries
+        return [_entry(run_id, *row) for row in self._run(run_id).log]
+
+    async def get_run(self, run_id: str) -> RunSummary:
+        return _summary(self._run(run_id))
 
     async def list_runs(
-        self, *, status: str | None = None, workflow: str | None = None, limit: int = 100
-    ) -> list[RunSummary]:
-        out = [
-            RunSummary(
-                run_id=s.run_id,
-                workflow=s.workflow,
-                version=s.version,
-                status=s.status.value,
-                created_at=s.created_at,
-                finished_at=s.finished_at,
-            )
-            for s in self._runs.values()
-            if (status is None or s.status.value == status)
-            and (workflow is None or s.workflow == workflow)
-        ]
-        out.sort(key=lambda r: r.created_at, reverse=True)
-        return out[:limit]
+        self, filter: RunFilter | None = None, *, limit: int = 100, cursor: str | None = None
+    ) -> RunPage:
+        f = filter or RunFilter()
+        after = decode_cursor(cursor) if cursor else None
+        rows = sorted(self._runs.values(), key=lambda r: (r.created_at, r.state.run_id), reverse=True)
+        out: list[RunSummary] = []
+        for run in rows:
+            s = run.state
+            if after is not None and (run.created_at, s.run_id) >= after:
+                continue
+            if f.status is not None and s.status.value != f.status:
+                continue
+            if f.workflow is not None and s.workflow != f.workflow:
+                continue
+            if f.created_after is not None and run.created_at < f.created_after:
+                continue
+            if f.created_before is not None and run.created_at >= f.created_before:
+                continue
+            out.append(_summary(run))
+            if len(out) > limit:
+                break
+        page, more = out[:limit], len(out) > limit
+        next_cursor = encode_cursor(page[-1].created_at, page[-1].run_id) if more else None
+        return RunPage(runs=page, next_cursor=next_cursor)
 
     async def unfinished_runs(self) -> list[str]:
-        return [run_id for run_id, s in self._runs.items() if not s.is_terminal]
+        return [run_id for run_id, r in self._runs.items() if r.state.status not in RUN_TERMINAL]
+
+    async def pending_outbox(self, limit: int = 1000) -> list[OutboxItem]:
+        return list(self._outbox.values())[:limit]
+
+    async def prune(
+        self, older_than: float, *, batch_size: int = 500, archive: Archive | None = None
+    ) -> int:
+        doomed = [
+            run_id
+            for run_id, r in self._runs.items()
+            if r.state.status in RUN_TERMINAL
+            and r.state.finished_at is not None
+            and r.state.finished_at < older_than
+        ]
+        for run_id in doomed:
+            run = self._runs.pop(run_id)
+            if archive is not None:
+                archive(
+                    {
+                        "run": _summary(run).to_dict(),
+                        "history": [_entry(run_id, *row).to_dict() for row in run.log],
+                    }
+                )
+        return len(doomed)
 
 
-def _event_data(event: Any) -> dict[str, Any]:
-    data = asdict(event)
-    data.pop("run_id", None)
-    return data
+def _summary(run: _Run) -> RunSummary:
+    s = run.state
+    return RunSummary(
+        run_id=s.run_id,
+        workflow=s.workflow,
+        version=s.version,
+        status=s.status.value,
+        created_at=run.created_at,
+        updated_at=run.updated_at,
+        finished_at=s.finished_at,
+        parent_run_id=s.parent_run_id,
+        output=s.output,
+        error=codec.error_to_data(s.error),
+    )
+
+
+def _entry(run_id: str, seq: int, event: Event, transitions: list[Transition]) -> HistoryEntry:
+    return HistoryEntry(
+        run_id=run_id,
+        seq=seq,
+        time=event.time,
+        kind=codec.event_kind(event),
+        event=codec.event_to_data(event),
+        transitions=[codec.transition_to_data(t) for t in transitions],
+    )
+
+
+__all__ = ["MemoryStore"]
