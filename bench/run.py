@@ -21,9 +21,11 @@ import argparse
 import asyncio
 import gc
 import json
+import os
 import random
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -115,6 +117,26 @@ WORKLOADS: dict[str, Callable[[], tuple[Plan, int]]] = {
 }
 
 
+def runtime_factory(store: str) -> Callable[[], Runtime]:
+    """A fresh, empty store of the given kind for every measurement."""
+    if store == "memory":
+        return lambda: Runtime(workers=32)
+    if store == "sqlite":
+        directory = tempfile.mkdtemp(prefix="tideflow-bench-")
+        counter = iter(range(1_000_000))
+        return lambda: Runtime(workers=32, store=f"sqlite:///{directory}/bench-{next(counter)}.db")
+    url = os.environ.get("TIDEFLOW_BENCH_PG", "postgresql://root@127.0.0.1:5432/test")
+    return lambda: Runtime(workers=32, store=fresh_postgres(url))
+
+
+def fresh_postgres(url: str) -> Any:
+    """A PostgreSQL store in a new, empty schema (dropped when the process exits)."""
+    from tideflow.store.backends.postgres import PostgresStore
+
+    schema = f"bench_{os.getpid()}_{time.monotonic_ns()}"
+    return PostgresStore(url, schema=schema, drop_schema_on_close=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -124,16 +146,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--repeat", type=int, default=3, help="best of N (default 3)")
     parser.add_argument("--json", action="store_true", help="print rows as JSON lines")
+    parser.add_argument(
+        "--store",
+        action="append",
+        choices=["memory", "sqlite", "postgres"],
+        help="stores to measure (default: memory); postgres uses $TIDEFLOW_BENCH_PG "
+        "(default postgresql://root@127.0.0.1:5432/test)",
+    )
     args = parser.parse_args(argv)
     names = args.only or list(WORKLOADS)
     rows: list[Row] = []
-    for name in names:
+    for store, name in [(st, n) for st in (args.store or ["memory"]) for n in names]:
         plan, count = WORKLOADS[name]()
+        factory = runtime_factory(store)
         best = max(
-            (
-                measure(name, plan, count, "memory", lambda: Runtime(workers=32))
-                for _ in range(args.repeat)
-            ),
+            (measure(name, plan, count, store, factory) for _ in range(args.repeat)),
             key=lambda r: r.steps_per_s,
         )
         rows.append(best)
@@ -148,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{best.seconds:>7.3f} s  {best.steps_per_s:>8} steps/s  "
                 f"{best.us_per_step:>6} us/step{latency}"
             )
-    by = {r.workload: r for r in rows}
+    by = {r.workload: r for r in rows if r.store == "memory"}
     if "W3" in by and "W3-10k" in by and not args.json:
         ratio = by["W3-10k"].us_per_step / by["W3"].us_per_step
         print(f"W3-10k / W3 per-step cost ratio: {ratio:.2f} (target <= 1.5)")

@@ -75,7 +75,7 @@ class Runtime:
     def __init__(
         self,
         *,
-        store: Store | None = None,
+        store: Store | str | None = None,
         bus: Bus | None = None,
         executors: ExecutorRegistry | None = None,
         workers: int = 32,
@@ -83,13 +83,22 @@ class Runtime:
         secrets: SecretProvider | None = None,
         definitions_dir: str | Path | None = None,
         batch_size: int = 512,
+        recover: bool = True,
     ) -> None:
+        if isinstance(store, str):
+            from tideflow.store import open_store
+
+            store = open_store(store)
         self.store = store or MemoryStore()
+        if self.store.compile_plan is None:
+            self.store.compile_plan = self._compile_stored
         self.bus = bus or LocalBus()
         self.executors = executors or ExecutorRegistry()
         self.clock = clock or SystemClock()
         self._definitions = DefinitionSource(definitions_dir, self.executors)
         self._batch_size = batch_size
+        self._recover_on_start = recover
+        self._worker_count = workers
         self._prefix = uuid.uuid4().hex[:10]
         self._ids = itertools.count(1)
         self._plans = Plans(self.store)
@@ -125,11 +134,16 @@ class Runtime:
         await self.store.open()
         await self.bus.open()
         self._scheduler = asyncio.create_task(self._schedule(), name="tideflow-scheduler")
-        self._workers.start()
-        await self._recover()
+        if self._worker_count:
+            self._workers.start()
+        if self._recover_on_start:
+            await self._recover()
 
     async def close(self) -> None:
         await self._workers.close()
+        if self._scheduler is not None and self._relayed:
+            with contextlib.suppress(Exception):
+                await self.store.commit([], self._relayed)
         if self._scheduler is not None:
             self._scheduler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -143,6 +157,9 @@ class Runtime:
         await self.executors.aclose()
         await self.bus.close()
         await self.store.close()
+
+    def _compile_stored(self, source: Any) -> Plan:
+        return coerce_plan(dict(source), self.executors)
 
     def new_event_id(self) -> str:
         return f"{self._prefix}-{next(self._ids)}"
@@ -238,6 +255,15 @@ class Runtime:
                 )
             ]
         )
+
+    async def apply_now(self, event: Event) -> None:
+        """Apply one event and commit it before returning (for tools that act on a store
+        without running its workers: what the event dispatches runs on the next resume)."""
+        await self._apply_batch([event])
+
+    async def unfinished(self) -> list[str]:
+        """Ids of the runs in the store that have not ended."""
+        return await self.store.unfinished_runs()
 
     # -- internals: runs --------------------------------------------------------
 

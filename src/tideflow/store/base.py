@@ -20,7 +20,7 @@ with ``ConcurrencyConflict`` and nothing is written.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -167,6 +167,9 @@ class Store(ABC):
     """Abstract store; every method is a coroutine. Backends: memory, sqlite, postgres."""
 
     url: str = "memory://"
+    compile_plan: Callable[[Mapping[str, Any]], Plan] | None = None
+    """How a SQL store turns a stored definition back into a Plan (the runtime sets it:
+    the store itself never imports the DSL)."""
 
     async def open(self) -> None:
         """Connect, apply missing migrations when allowed, refuse a newer schema."""

@@ -22,4 +22,6 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
         created, _, run_id = base64.urlsafe_b64decode(padded).decode().partition("|")
         return float(created), run_id
     except (ValueError, UnicodeDecodeError):
-        raise BadCursor(f"invalid cursor {cursor!r}: pass the next_cursor of a previous page") from None
+        raise BadCursor(
+            f"invalid cursor {cursor!r}: pass the next_cursor of a previous page"
+        ) from None

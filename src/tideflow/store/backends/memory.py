@@ -147,7 +147,9 @@ class MemoryStore(Store):
     ) -> RunPage:
         f = filter or RunFilter()
         after = decode_cursor(cursor) if cursor else None
-        rows = sorted(self._runs.values(), key=lambda r: (r.created_at, r.state.run_id), reverse=True)
+        rows = sorted(
+            self._runs.values(), key=lambda r: (r.created_at, r.state.run_id), reverse=True
+        )
         out: list[RunSummary] = []
         for run in rows:
             s = run.state

@@ -1,0 +1,391 @@
+"""The SQLite store: the embedded default, a single file in WAL mode.
+
+The stdlib driver is synchronous, so every operation runs on one dedicated
+thread that owns the connection; a whole commit (history rows, run updates,
+snapshots, outbox) is one call onto that thread and one transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tideflow.errors import NotFound
+from tideflow.model.plan import Plan
+from tideflow.model.run import RunState
+from tideflow.model.versions import latest
+from tideflow.store import sqlbase as sb
+from tideflow.store.base import (
+    AppliedEvent,
+    Archive,
+    ConcurrencyConflict,
+    DefinitionSummary,
+    HistoryEntry,
+    OutboxItem,
+    RunFilter,
+    RunPage,
+    RunSummary,
+    Store,
+    StoredRun,
+    StoreError,
+)
+from tideflow.store.paging import decode_cursor, encode_cursor
+from tideflow.store.sqlfiles import latest_version, migrations, queries, statements
+
+T = TypeVar("T")
+Q = queries("sqlite")
+DIALECT = "sqlite"
+
+
+def sqlite_path(url: str) -> str:
+    """``sqlite:///relative.db``, ``sqlite:////abs/path.db``, ``sqlite:///:memory:``."""
+    if not url.startswith("sqlite://"):
+        raise StoreError(f"not a SQLite URL: {url!r} (expected sqlite:///path/to/file.db)")
+    path = url[len("sqlite://") :]
+    if path.startswith("/"):
+        path = path[1:]
+    if not path:
+        raise StoreError(f"SQLite URL {url!r} names no file (expected sqlite:///path/to/file.db)")
+    return path
+
+
+class SqliteStore(Store):
+    def __init__(
+        self,
+        url: str,
+        *,
+        auto_upgrade: bool = True,
+        compile_plan: sb.PlanCompiler | None = None,
+    ) -> None:
+        self.url = url
+        self.path = sqlite_path(url)
+        self.auto_upgrade = auto_upgrade
+        self.compile_plan = compile_plan
+        self._conn: sqlite3.Connection | None = None
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tideflow-sqlite")
+        self._plans: dict[str, Plan] = {}
+
+    # -- plumbing ---------------------------------------------------------------
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._thread, fn, *args)
+        except sqlite3.DatabaseError as exc:
+            raise self._translate(exc) from None
+
+    def _translate(self, exc: sqlite3.DatabaseError) -> StoreError:
+        text = str(exc)
+        if "malformed" in text or "not a database" in text:
+            return StoreError(
+                f"the SQLite file {self.path} is damaged ({text}); restore it from a backup "
+                "or point --store at another file"
+            )
+        return StoreError(f"SQLite store {self.path}: {text}")
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreError("the store is not open: call `await store.open()` first")
+        return self._conn
+
+    async def open(self) -> None:
+        await self._run(self._open)
+
+    def _open(self) -> None:
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute("PRAGMA busy_timeout = 10000")
+            if self.path != ":memory:":
+                conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            self._conn = conn
+            self._check_schema()
+        except BaseException:
+            conn.close()
+            self._conn = None
+            raise
+
+    def _check_schema(self) -> None:
+        current = self._version()
+        newest = latest_version(DIALECT)
+        if current > newest:
+            raise StoreError(
+                f"the SQLite file {self.path} was written by a newer tideflow (schema {current}, "
+                f"this version knows up to {newest}); upgrade tideflow to use it"
+            )
+        if current < newest:
+            if current and not self.auto_upgrade:
+                raise StoreError(
+                    f"the SQLite file {self.path} is at schema {current}, this tideflow needs "
+                    f"{newest}: run `tideflow db upgrade --store {self.url}`"
+                )
+            self._upgrade()
+
+    def _version(self) -> int:
+        row = self.conn.execute(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"
+        ).fetchone()
+        if not row[0]:
+            return 0
+        value = self.conn.execute(Q["schema_version"]).fetchone()[0]
+        return int(value or 0)
+
+    def _upgrade(self) -> list[int]:
+        conn = self.conn
+        applied = []
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)"
+            )
+            current = self._version()
+            for migration in migrations(DIALECT):
+                if migration.version > current:
+                    for statement in statements(migration.sql):
+                        conn.execute(statement)
+                    conn.execute(
+                        "INSERT INTO schema_version (version, applied_at) VALUES (?, ?)",
+                        (migration.version, time.time()),
+                    )
+                    applied.append(migration.version)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        return applied
+
+    async def schema_version(self) -> int:
+        return await self._run(self._version)
+
+    async def upgrade(self) -> list[int]:
+        return await self._run(self._upgrade)
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._run(self._conn.close)
+            self._conn = None
+        self._thread.shutdown(wait=True)
+
+    def _transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = fn(conn)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        return result
+
+    # -- definitions ------------------------------------------------------------
+
+    async def save_definition(self, plan: Plan) -> bool:
+        return await self._run(self._transaction, lambda c: _save_definition(c, plan))
+
+    async def get_definition(self, name: str, version: str | None = None) -> Plan:
+        def find(conn: sqlite3.Connection) -> str:
+            rows = conn.execute(Q["definition_versions"], (name,)).fetchall()
+            by_version = {v: h for v, h in rows}
+            chosen = version or latest(by_version)
+            if chosen is None or chosen not in by_version:
+                known = [
+                    r[0]
+                    for r in conn.execute("SELECT DISTINCT name FROM definitions ORDER BY name")
+                ]
+                raise sb.no_definition(name, version, known)
+            return str(by_version[chosen])
+
+        plan_hash = await self._run(lambda: find(self.conn))
+        return await self._plan(plan_hash, f"definition {name} {version or '(latest)'}")
+
+    async def get_plan(self, plan_hash: str) -> Plan:
+        return await self._plan(plan_hash, f"plan {plan_hash[:12]}")
+
+    async def _plan(self, plan_hash: str, what: str) -> Plan:
+        plan = self._plans.get(plan_hash)
+        if plan is None:
+            row = await self._run(
+                lambda: self.conn.execute(Q["plan_source"], (plan_hash,)).fetchone()
+            )
+            if row is None:
+                raise NotFound(f"no plan with hash {plan_hash} in {self.path}")
+            plan = self._plans[plan_hash] = sb.plan_from_source(
+                self.compile_plan, row[0], what, plan_hash
+            )
+        return plan
+
+    async def list_definitions(self, name: str | None = None) -> list[DefinitionSummary]:
+        rows = await self._run(lambda: self.conn.execute(Q["list_definitions"]).fetchall())
+        return [
+            DefinitionSummary(name=n, version=v, hash=h, created_at=float(at))
+            for n, v, h, at in rows
+            if name is None or n == name
+        ]
+
+    # -- runs -------------------------------------------------------------------
+
+    async def create_run(
+        self, state: RunState, idempotency_key: str | None = None
+    ) -> tuple[str, bool]:
+        row = sb.new_run_row(state, idempotency_key)
+
+        def insert(conn: sqlite3.Connection) -> tuple[str, bool]:
+            if conn.execute(Q["insert_run"], row).rowcount:
+                return state.run_id, True
+            existing = conn.execute(Q["run_by_idempotency_key"], (idempotency_key,)).fetchone()
+            if existing is None:
+                raise StoreError(f"run {state.run_id} already exists")
+            return existing[0], False
+
+        return await self._run(self._transaction, insert)
+
+    async def load_run(self, run_id: str) -> StoredRun:
+        def read(conn: sqlite3.Connection) -> tuple[Any, list[Any]]:
+            head = conn.execute(Q["load_run"], (run_id,)).fetchone()
+            if head is None:
+                raise sb.no_run(run_id)
+            tail = conn.execute(Q["history_after"], (run_id, head[1])).fetchall()
+            return head, tail
+
+        (snapshot, _, last_seq), tail = await self._run(lambda: read(self.conn))
+        state = sb.snapshot_from_row(run_id, snapshot)
+        events = [sb.event_from_row(run_id, seq, data) for seq, data in tail]
+        return StoredRun(snapshot=state, tail=events, last_seq=int(last_seq))
+
+    async def commit(self, batch: Sequence[AppliedEvent], relayed: Sequence[str] = ()) -> None:
+        rows = sb.batch_rows(batch)
+        relayed_rows = [(outbox_id,) for outbox_id in relayed]
+
+        def write(conn: sqlite3.Connection) -> None:
+            for run in rows.runs:
+                params = (
+                    run.status,
+                    run.updated_at,
+                    run.finished_at,
+                    run.output,
+                    run.error,
+                    run.last_seq,
+                )
+                if not conn.execute(
+                    Q["advance_run"], (*params, run.run_id, run.expected_seq)
+                ).rowcount:
+                    raise ConcurrencyConflict(f"run {run.run_id} was advanced by another applier")
+            conn.executemany(Q["insert_history"], rows.history)
+            for run_id, seq, snapshot in rows.snapshots:
+                conn.execute(Q["save_snapshot"], (snapshot, seq, run_id))
+            if rows.outbox:
+                conn.executemany(Q["insert_outbox"], rows.outbox)
+            if relayed_rows:
+                conn.executemany(Q["delete_outbox"], relayed_rows)
+
+        await self._run(self._transaction, write)
+
+    async def history(self, run_id: str) -> list[HistoryEntry]:
+        def read(conn: sqlite3.Connection) -> list[Any]:
+            if conn.execute(Q["load_run"], (run_id,)).fetchone() is None:
+                raise sb.no_run(run_id)
+            return conn.execute(Q["history"], (run_id,)).fetchall()
+
+        return [sb.history_entry(run_id, row) for row in await self._run(lambda: read(self.conn))]
+
+    async def get_run(self, run_id: str) -> RunSummary:
+        row = await self._run(lambda: self.conn.execute(Q["get_run"], (run_id,)).fetchone())
+        if row is None:
+            raise sb.no_run(run_id)
+        return sb.summary_from_row(row)
+
+    async def list_runs(
+        self, filter: RunFilter | None = None, *, limit: int = 100, cursor: str | None = None
+    ) -> RunPage:
+        sql, params = _list_query(filter or RunFilter(), limit, cursor)
+        rows = await self._run(lambda: self.conn.execute(sql, params).fetchall())
+        runs = [sb.summary_from_row(row) for row in rows[:limit]]
+        more = len(rows) > limit
+        next_cursor = encode_cursor(runs[-1].created_at, runs[-1].run_id) if more else None
+        return RunPage(runs=runs, next_cursor=next_cursor)
+
+    async def unfinished_runs(self) -> list[str]:
+        rows = await self._run(lambda: self.conn.execute(Q["unfinished_runs"]).fetchall())
+        return [row[0] for row in rows]
+
+    async def pending_outbox(self, limit: int = 1000) -> list[OutboxItem]:
+        rows = await self._run(lambda: self.conn.execute(Q["pending_outbox"], (limit,)).fetchall())
+        return [sb.outbox_item(row) for row in rows]
+
+    async def prune(
+        self, older_than: float, *, batch_size: int = 500, archive: Archive | None = None
+    ) -> int:
+        total = 0
+        while True:
+            ids = await self._run(
+                lambda: [
+                    r[0] for r in self.conn.execute(Q["prunable_runs"], (older_than, batch_size))
+                ]
+            )
+            if not ids:
+                return total
+            if archive is not None:
+                for run_id in ids:
+                    summary = await self.get_run(run_id)
+                    entries = await self.history(run_id)
+                    archive({"run": summary.to_dict(), "history": [e.to_dict() for e in entries]})
+            await self._run(self._transaction, lambda c, ids=ids: _delete_runs(c, ids))
+            total += len(ids)
+
+
+def _save_definition(conn: sqlite3.Connection, plan: Plan) -> bool:
+    existing = conn.execute(Q["definition_hash"], (plan.name, plan.version)).fetchone()
+    if existing is not None:
+        if existing[0] != plan.hash:
+            raise sb.definition_conflict(plan.name, plan.version)
+        return False
+    conn.execute(Q["insert_plan"], (plan.hash, sb.dumps(dict(plan.source))))
+    conn.execute(Q["insert_definition"], (plan.name, plan.version, plan.hash, time.time()))
+    return True
+
+
+def _delete_runs(conn: sqlite3.Connection, ids: list[str]) -> None:
+    params = [(run_id,) for run_id in ids]
+    conn.executemany(Q["delete_history"], params)
+    conn.executemany(Q["delete_run_outbox"], params)
+    conn.executemany(Q["delete_run"], params)
+
+
+_SUMMARY_COLUMNS = "run_id, workflow, version, status, created_at, updated_at, finished_at, parent_run_id, output, error"
+
+
+def _list_query(f: RunFilter, limit: int, cursor: str | None) -> tuple[str, list[Any]]:
+    """Newest first, keyset-paginated; every filter matches an index prefix."""
+    where: list[str] = []
+    params: list[Any] = []
+    for column, value in (("status", f.status), ("workflow", f.workflow)):
+        if value is not None:
+            where.append(f"{column} = ?")
+            params.append(value)
+    if f.created_after is not None:
+        where.append("created_at >= ?")
+        params.append(f.created_after)
+    if f.created_before is not None:
+        where.append("created_at < ?")
+        params.append(f.created_before)
+    if cursor:
+        created, run_id = decode_cursor(cursor)
+        where.append("(created_at, run_id) < (?, ?)")
+        params.extend([created, run_id])
+    sql = f"SELECT {_SUMMARY_COLUMNS} FROM runs"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    sql += " ORDER BY created_at DESC, run_id DESC LIMIT ?"
+    params.append(limit + 1)
+    return sql, params
+
+
+__all__ = ["SqliteStore"]

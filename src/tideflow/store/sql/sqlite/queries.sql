@@ -1,0 +1,83 @@
+-- Named queries of the SQLite store. Parameters are positional (?).
+
+-- name: schema_version
+SELECT max(version) FROM schema_version;
+
+-- name: insert_plan
+INSERT INTO plans (hash, source) VALUES (?, ?) ON CONFLICT (hash) DO NOTHING;
+
+-- name: definition_hash
+SELECT hash FROM definitions WHERE name = ? AND version = ?;
+
+-- name: insert_definition
+INSERT INTO definitions (name, version, hash, created_at) VALUES (?, ?, ?, ?);
+
+-- name: definition_versions
+SELECT version, hash FROM definitions WHERE name = ?;
+
+-- name: plan_source
+SELECT source FROM plans WHERE hash = ?;
+
+-- name: list_definitions
+SELECT name, version, hash, created_at FROM definitions ORDER BY name, version;
+
+-- name: insert_run
+INSERT INTO runs (run_id, workflow, version, plan_hash, status, created_at, updated_at,
+                  parent_run_id, idempotency_key, last_seq, snapshot_seq, snapshot)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0, ?)
+ON CONFLICT DO NOTHING;
+
+-- name: run_by_idempotency_key
+SELECT run_id FROM runs WHERE idempotency_key = ?;
+
+-- name: load_run
+SELECT snapshot, snapshot_seq, last_seq FROM runs WHERE run_id = ?;
+
+-- name: history_after
+SELECT seq, data FROM history WHERE run_id = ? AND seq > ? ORDER BY seq;
+
+-- name: insert_history
+INSERT INTO history (run_id, seq, event_id, kind, time, data, transitions) VALUES (?, ?, ?, ?, ?, ?, ?);
+
+-- name: advance_run
+UPDATE runs SET status = ?, updated_at = ?, finished_at = ?, output = ?, error = ?, last_seq = ?
+WHERE run_id = ? AND last_seq = ?;
+
+-- name: save_snapshot
+UPDATE runs SET snapshot = ?, snapshot_seq = ? WHERE run_id = ?;
+
+-- name: insert_outbox
+INSERT INTO outbox (id, run_id, created_at, command) VALUES (?, ?, ?, ?) ON CONFLICT (id) DO NOTHING;
+
+-- name: delete_outbox
+DELETE FROM outbox WHERE id = ?;
+
+-- name: pending_outbox
+SELECT id, run_id, command FROM outbox ORDER BY created_at, id LIMIT ?;
+
+-- name: history
+SELECT seq, time, kind, data, transitions FROM history WHERE run_id = ? ORDER BY seq;
+
+-- name: get_run
+SELECT run_id, workflow, version, status, created_at, updated_at, finished_at, parent_run_id, output, error
+FROM runs WHERE run_id = ?;
+
+-- name: unfinished_runs
+SELECT run_id FROM runs
+WHERE status NOT IN ('succeeded', 'failed', 'cancelled', 'timed_out', 'compensated', 'compensation_failed')
+ORDER BY created_at;
+
+-- name: prunable_runs
+SELECT run_id FROM runs
+WHERE finished_at IS NOT NULL AND finished_at < ?
+  AND status IN ('succeeded', 'failed', 'cancelled', 'timed_out', 'compensated', 'compensation_failed')
+ORDER BY finished_at LIMIT ?;
+
+-- name: delete_history
+DELETE FROM history WHERE run_id = ?;
+
+-- name: delete_run_outbox
+DELETE FROM outbox WHERE run_id = ?;
+
+-- name: delete_run
+DELETE FROM runs WHERE run_id = ?;
