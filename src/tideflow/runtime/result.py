@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
+from tideflow.worker.secrets import redact_fields
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,8 +53,26 @@ class RunResult:
         }
 
 
-def result_of(state: RunState) -> RunResult:
-    """The caller's view of a run state."""
+def result_of(state: RunState, plan: Plan | None = None) -> RunResult:
+    """The caller's view of a run state; with the plan, fields a step marks `sensitive`
+    are masked in its input and output (the run state itself keeps them)."""
+    result = _result(state)
+    if plan is None or not any(spec.sensitive for spec in plan.specs.values()):
+        return result
+    steps = dict(result.steps)
+    for key, step in result.steps.items():
+        spec = plan.specs.get(state.steps[key].step_id)
+        if spec is not None and spec.sensitive:
+            steps[key] = replace(step, output=redact_fields(step.output, spec.sensitive))
+    return replace(result, steps=steps, output=_redact_output(result.output, plan))
+
+
+def _redact_output(output: Any, plan: Plan) -> Any:
+    names = sorted({name for spec in plan.specs.values() for name in spec.sensitive})
+    return redact_fields(output, names)
+
+
+def _result(state: RunState) -> RunResult:
     return RunResult(
         run_id=state.run_id,
         workflow=state.workflow,

@@ -21,6 +21,7 @@ import logging
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -52,16 +53,17 @@ from tideflow.model.events import (
 )
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState, new_run_state
+from tideflow.runtime import faults
 from tideflow.runtime.clock import Clock, SystemClock
 from tideflow.runtime.definitions import DefinitionSource, coerce_plan
 from tideflow.runtime.result import RunResult, result_of
 from tideflow.runtime.runs import Plans, RunCache
 from tideflow.runtime.timers import TimerWheel
 from tideflow.store.backends.memory import MemoryStore
-from tideflow.store.base import AppliedEvent, Store
+from tideflow.store.base import AppliedEvent, HistoryEntry, Store
 from tideflow.worker.executors.registry import ExecutorRegistry
 from tideflow.worker.pool import WorkerPool
-from tideflow.worker.secrets import SecretProvider
+from tideflow.worker.secrets import SecretProvider, redact_fields
 
 log = logging.getLogger("tideflow.runtime")
 
@@ -213,14 +215,25 @@ class Runtime:
         """Wait until the run is in a terminal state and return its result."""
         state = await self._state(run_id)
         if state.is_terminal:
-            return result_of(state)
+            return result_of(state, await self._plans.get(state.plan_hash))
         fut: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
         self._waiters[run_id].append(fut)
         return await asyncio.wait_for(fut, timeout)
 
     async def result(self, run_id: str) -> RunResult:
-        """The run's current state, finished or not."""
-        return result_of(await self._state(run_id))
+        """The run's current state, finished or not (sensitive fields masked)."""
+        state = await self._state(run_id)
+        return result_of(state, await self._plans.get(state.plan_hash))
+
+    async def history(self, run_id: str) -> list[HistoryEntry]:
+        """The run's history as a person may see it: sensitive step fields masked."""
+        entries = await self.store.history(run_id)
+        state = await self._state(run_id)
+        plan = await self._plans.get(state.plan_hash)
+        names = sorted({name for spec in plan.specs.values() for name in spec.sensitive})
+        if not names:
+            return entries
+        return [replace(e, event=redact_fields(e.event, names)) for e in entries]
 
     async def state(self, run_id: str) -> RunState:
         """The run's live state (read-only by convention: the scheduler owns it)."""
@@ -356,6 +369,8 @@ class Runtime:
                 batch.append(applied)
         if not batch:
             return
+        if faults.ARMED:
+            faults.checkpoint("before_commit")
         try:
             await self.store.commit(batch, self._relayed)
         except Exception:
@@ -365,6 +380,8 @@ class Runtime:
                 self._runs.evict(applied.event.run_id)
             await self._redeliver(events)
             raise
+        if faults.ARMED:
+            faults.checkpoint("after_commit")
         self._relayed = []
         self._retry_delay = 0.05
         commands: list[Command] = []
@@ -374,6 +391,8 @@ class Runtime:
             for listener in self._listeners:
                 listener(applied.state, applied.transitions)
         await self._relay(commands)
+        if faults.ARMED:
+            faults.checkpoint("after_relay")
 
     async def _redeliver(self, events: list[Event]) -> None:
         await asyncio.sleep(self._retry_delay)
@@ -454,7 +473,7 @@ class Runtime:
     async def _run_finished(self, command: RunFinished) -> None:
         state = await self._state(command.run_id)
         self._runs.evict(command.run_id)
-        result = result_of(state)
+        result = result_of(state, await self._plans.get(state.plan_hash))
         for fut in self._waiters.pop(command.run_id, ()):
             if not fut.done():
                 fut.set_result(result)

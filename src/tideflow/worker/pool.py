@@ -19,7 +19,8 @@ import orjson
 
 from tideflow.bus.base import Bus
 from tideflow.model.commands import DispatchTask
-from tideflow.model.events import ErrorInfo, Event, TaskCompleted, TaskFailed
+from tideflow.model.events import Event, TaskCompleted, TaskFailed
+from tideflow.runtime import faults
 from tideflow.worker.executors.base import StepContext
 from tideflow.worker.executors.errorinfo import error_info_from_exception
 from tideflow.worker.executors.registry import ExecutorRegistry
@@ -120,7 +121,11 @@ class WorkerPool:
                 config, used_config = resolve_markers(config, task.secrets, self._secrets)
                 inp, used_input = resolve_markers(inp, task.secrets, self._secrets)
                 redactor = Redactor([*used_config, *used_input])
+            if faults.ARMED:
+                faults.checkpoint("task_started")
             output = await executor.execute(ctx, config, inp)
+            if faults.ARMED:
+                faults.checkpoint("task_finished")
             if redactor is not None:
                 output = redactor.redact(output)
             _check_serialisable(output)
@@ -129,7 +134,7 @@ class WorkerPool:
         except Exception as exc:
             error = error_info_from_exception(exc)
             if redactor is not None:
-                error = _redact_error(error, redactor)
+                error = redactor.redact_error(error)
             return TaskFailed(
                 event_id=self._new_id(),
                 run_id=task.run_id,
@@ -164,13 +169,3 @@ def _check_serialisable(output: Any) -> None:
             type_name="OutputNotSerializable",
             retryable=False,
         ) from None
-
-
-def _redact_error(error: ErrorInfo, redactor: Redactor) -> ErrorInfo:
-    from dataclasses import replace
-
-    return replace(
-        error,
-        message=str(redactor.redact(error.message)),
-        details=None if error.details is None else str(redactor.redact(error.details)),
-    )

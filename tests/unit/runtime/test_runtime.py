@@ -335,3 +335,29 @@ async def test_close_returns_promptly_while_an_attempt_runs():
     run_id = await rt.start_run(p)
     await wait_until(rt, run_id, step_is("s", "running"))
     await asyncio.wait_for(rt.close(), timeout=5)
+
+
+async def test_sensitive_fields_are_masked_in_results_and_history_but_usable_downstream():
+    @register("rt.card")
+    def card(number: str) -> dict[str, str]:
+        return {"card": number, "last4": number[-4:]}
+
+    p = plan(
+        """
+        name: pay
+        version: "1"
+        steps:
+          - {id: tokenize, type: python, function: rt.card, input: {number: "{{ inputs.number }}"}, sensitive: [card, number]}
+          - {id: use, type: set, depends_on: [tokenize], values: {length: "{{ len(steps.tokenize.output.card) }}"}}
+        """
+    )
+    try:
+        async with Runtime() as rt:
+            result = await rt.run(p, {"number": "4111111111111111"})
+            history = await rt.history(result.run_id)
+    finally:
+        unregister("rt.card")
+    assert result.steps["tokenize"].output == {"card": "***", "last4": "1111"}
+    assert result.steps["use"].output == {"length": 16}
+    assert "4111111111111111" not in repr(history)
+    assert "4111111111111111" not in repr(result.to_dict())
