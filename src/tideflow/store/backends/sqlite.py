@@ -193,7 +193,7 @@ class SqliteStore(Store):
     async def get_definition(self, name: str, version: str | None = None) -> Plan:
         def find(conn: sqlite3.Connection) -> str:
             rows = conn.execute(Q["definition_versions"], (name,)).fetchall()
-            by_version = {v: h for v, h in rows}
+            by_version: dict[str, str] = dict(rows)
             chosen = version or latest(by_version)
             if chosen is None or chosen not in by_version:
                 known = [
