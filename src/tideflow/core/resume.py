@@ -9,6 +9,7 @@ and the start of a run that was created but never started.
 
 from __future__ import annotations
 
+from tideflow.core import saga
 from tideflow.core import steps as kinds
 from tideflow.core.scope import build_scope
 from tideflow.errors import ExpressionEvaluationError
@@ -65,4 +66,7 @@ def resume_commands(plan: Plan, state: RunState, now: float) -> list[Command]:
                     wait=True,
                 )
             )
+    task = saga.running_compensation(plan, state, now)
+    if task is not None:
+        out.append(task)
     return out

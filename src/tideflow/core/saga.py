@@ -18,7 +18,8 @@ from tideflow.core.scope import build_scope
 from tideflow.errors import ExpressionEvaluationError
 from tideflow.model.commands import CancelTask, DispatchTask
 from tideflow.model.events import ErrorInfo, TaskCompleted, TaskFailed, Transition
-from tideflow.model.run import CompensationState, TimerRef
+from tideflow.model.plan import Plan
+from tideflow.model.run import CompensationState, RunState, TimerRef
 from tideflow.model.states import RunStatus
 
 if TYPE_CHECKING:
@@ -66,40 +67,56 @@ def _dispatch(d: Decider, key: str) -> bool:
     """Dispatch the next attempt of ``key``'s compensation; False if it failed to start."""
     comp = d.state.compensation
     assert comp is not None
-    st = d.state.steps[key]
-    spec = d.plan.specs[st.step_id]
-    action = spec.compensate
-    assert action is not None
     try:
-        scope = build_scope(d.state, st.scope, d.now)
-        config = action.config.render(scope)
-        input_ = action.input.render(scope)
+        task = compensation_task(d.plan, d.state, key, comp.attempt + 1, d.now)
     except ExpressionEvaluationError as exc:
         _give_up(d, key, ErrorInfo(type="ExpressionError", message=exc.message, retryable=False))
         return False
     comp.attempt += 1
     _record(d, key, "running", f"compensation attempt {comp.attempt} dispatched", comp.attempt)
-    secrets = sorted(action.config.secret_references() | action.input.secret_references())
-    d.commands.append(
-        DispatchTask(
-            run_id=d.state.run_id,
-            step_key=key,
-            step_id=st.step_id,
-            type=action.type,
-            config=config,
-            input=input_,
-            attempt=comp.attempt,
-            idempotency_key=f"{d.state.run_id}:{key}:compensate",
-            timeout=action.timeout,
-            queue=spec.queue,
-            priority=spec.priority,
-            compensation=True,
-            secrets=tuple(secrets),
-        )
-    )
-    if action.timeout is not None:
-        d.arm("compensation_timeout", st, d.now + action.timeout, comp.attempt)
+    d.commands.append(task)
+    if task.timeout is not None:
+        d.arm("compensation_timeout", d.state.steps[key], d.now + task.timeout, comp.attempt)
     return True
+
+
+def compensation_task(
+    plan: Plan, state: RunState, key: str, attempt: int, now: float
+) -> DispatchTask:
+    """The task that runs attempt ``attempt`` of the compensation of step instance ``key``."""
+    st = state.steps[key]
+    spec = plan.specs[st.step_id]
+    action = spec.compensate
+    assert action is not None
+    scope = build_scope(state, st.scope, now)
+    secrets = sorted(action.config.secret_references() | action.input.secret_references())
+    return DispatchTask(
+        run_id=state.run_id,
+        step_key=key,
+        step_id=st.step_id,
+        type=action.type,
+        config=action.config.render(scope),
+        input=action.input.render(scope),
+        attempt=attempt,
+        idempotency_key=f"{state.run_id}:{key}:compensate",
+        timeout=action.timeout,
+        queue=spec.queue,
+        priority=spec.priority,
+        compensation=True,
+        secrets=tuple(secrets),
+    )
+
+
+def running_compensation(plan: Plan, state: RunState, now: float) -> DispatchTask | None:
+    """The compensation attempt in flight, if any (for recovery)."""
+    comp = state.compensation
+    key = comp.current if comp is not None else None
+    if comp is None or key is None or comp.results.get(key, {}).get("status") != "running":
+        return None
+    try:
+        return compensation_task(plan, state, key, comp.attempt, now)
+    except ExpressionEvaluationError:
+        return None
 
 
 def _give_up(d: Decider, key: str, error: ErrorInfo) -> None:

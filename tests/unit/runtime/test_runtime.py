@@ -361,3 +361,25 @@ async def test_sensitive_fields_are_masked_in_results_and_history_but_usable_dow
     assert result.steps["use"].output == {"length": 16}
     assert "4111111111111111" not in repr(history)
     assert "4111111111111111" not in repr(result.to_dict())
+
+
+async def test_running_instances_keep_their_version_new_runs_use_the_latest(tmp_path: Path):
+    v1 = 'name: versioned\nversion: "1.9"\nsteps: [{id: w, type: wait, signal: go}, {id: v, type: set, depends_on: [w], values: {v: 1}}]\noutput: "{{ steps.v.output.v }}"\n'
+    v2 = v1.replace('"1.9"', '"1.10"').replace("{v: 1}", "{v: 2}")
+    store = f"sqlite:///{tmp_path}/v.db"
+    async with Runtime(store=store) as rt:
+        await rt.register(v1)
+        old = await rt.start_run("versioned")
+        await wait_until(rt, old, step_is("w", "waiting"))
+        await rt.register(v2)
+        new = await rt.start_run("versioned")
+        await wait_until(rt, new, step_is("w", "waiting"))
+        assert (await rt.state(old)).version == "1.9"
+        assert (await rt.state(new)).version == "1.10"
+    async with Runtime(store=store) as rt:  # and after a restart, from the store
+        await rt.signal(old, "go")
+        await rt.signal(new, "go")
+        assert (await rt.wait(old, timeout=5)).output == 1
+        assert (await rt.wait(new, timeout=5)).output == 2
+        with pytest.raises(Exception, match="different content"):
+            await rt.register(v1.replace("{v: 1}", "{v: 3}"))
