@@ -13,7 +13,7 @@ from tideflow.core import saga
 from tideflow.core import steps as kinds
 from tideflow.core.scope import build_scope
 from tideflow.errors import ExpressionEvaluationError
-from tideflow.model.commands import Command, DispatchTask, StartChildRun, StartTimer
+from tideflow.model.commands import Command, StartChildRun, StartTimer
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
 from tideflow.model.states import StepStatus
@@ -37,23 +37,7 @@ def resume_commands(plan: Plan, state: RunState, now: float) -> list[Command]:
                 )
             except ExpressionEvaluationError:
                 config = {}
-            out.append(
-                DispatchTask(
-                    run_id=state.run_id,
-                    step_key=st.key,
-                    step_id=st.step_id,
-                    type=spec.type,
-                    config=config,
-                    input=st.input,
-                    attempt=st.attempts,
-                    idempotency_key=f"{state.run_id}:{st.key}",
-                    timeout=spec.timeout,
-                    queue=spec.queue,
-                    priority=spec.priority,
-                    sensitive=spec.sensitive,
-                    secrets=kinds.secret_names(plan, spec.id),
-                )
-            )
+            out.append(kinds.action_task(plan, state.run_id, st, config))
         elif spec.subflow is not None and st.child_run_id and spec.subflow.mode == "sync":
             out.append(
                 StartChildRun(

@@ -72,25 +72,29 @@ def dispatch(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, Any] | 
         st.deadline_at = d.now + spec.deadline
         d.arm("deadline", st, st.deadline_at)
     d.set_step(st, _RUNNING, f"attempt {st.attempts} dispatched", st.attempts)
-    d.commands.append(
-        DispatchTask(
-            run_id=state.run_id,
-            step_key=st.key,
-            step_id=st.step_id,
-            type=spec.type,
-            config=config,
-            input=st.input,
-            attempt=st.attempts,
-            idempotency_key=f"{state.run_id}:{st.key}",
-            timeout=spec.timeout,
-            queue=spec.queue,
-            priority=spec.priority,
-            sensitive=spec.sensitive,
-            secrets=secret_names(d.plan, spec.id),
-        )
-    )
+    d.commands.append(action_task(d.plan, state.run_id, st, config))
     if spec.timeout is not None:
         d.arm("attempt_timeout", st, d.now + spec.timeout, st.attempts)
+
+
+def action_task(plan: Plan, run_id: str, st: StepState, config: Any) -> DispatchTask:
+    """The task message for the current attempt of action step instance ``st``."""
+    spec = plan.specs[st.step_id]
+    return DispatchTask(
+        run_id=run_id,
+        step_key=st.key,
+        step_id=st.step_id,
+        type=spec.type,
+        config=config,
+        input=st.input,
+        attempt=st.attempts,
+        idempotency_key=f"{run_id}:{st.key}",
+        timeout=spec.timeout,
+        queue=spec.queue,
+        priority=spec.priority,
+        sensitive=spec.sensitive,
+        secrets=secret_names(plan, spec.id),
+    )
 
 
 @lru_cache(maxsize=4096)
