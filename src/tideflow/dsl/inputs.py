@@ -4,9 +4,10 @@
   (draft 2020-12) and reports every error, best first.
 - `input_schema_errors` checks at compile time that ``input`` is a valid schema.
 - `check_action_config` checks an action step's ``config`` against its type's
-  schema (`BUILTIN_ACTION_TYPES` for the executors tideflow ships). A value that
-  is a template string is only known at run time, so schema errors about such a
-  value are not reported. A property marked ``"x-duration": true`` takes a
+  schema (`BUILTIN_ACTION_TYPES`, from `tideflow.model.action_schemas`, for the
+  executors tideflow ships; the runtime passes its executor registry's schemas).
+  A value that is a template string is only known at run time, so schema errors
+  about such a value are not reported. A property marked ``"x-duration": true`` takes a
   duration; the normaliser turns it into seconds.
 """
 
@@ -21,6 +22,7 @@ from jsonschema import Draft202012Validator, ValidationError
 from tideflow.dsl.durations import DURATION_HINT, parse_duration
 from tideflow.dsl.loader import DataPath, did_you_mean, format_path
 from tideflow.errors import InputValidationError
+from tideflow.model.action_schemas import BUILTIN_ACTION_TYPES
 from tideflow.model.plan import Plan
 
 __all__ = [
@@ -36,102 +38,6 @@ __all__ = [
 ActionTypes = Mapping[str, Mapping[str, Any] | None]
 ConfigProblem = tuple[DataPath, str, str | None, bool]
 """(path inside config, message, hint, whether it is about the key rather than its value)"""
-
-_FUNCTION_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*(:[A-Za-z_][A-Za-z0-9_.]*)?$"
-_STATUS = {"type": "integer", "minimum": 100, "maximum": 599}
-_SCALAR = {"type": ["string", "number", "boolean"]}
-_DURATION = {
-    "type": ["number", "string"],
-    "x-duration": True,
-    "description": "a duration such as 500ms, 30s, 5m or PT5M",
-}
-_GRACE = {"type": "number", "minimum": 0, "description": "seconds, zero or more"}
-
-
-def _action(required: list[str], properties: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "required": required,
-        "properties": properties,
-        "additionalProperties": False,
-    }
-
-
-# Mirrors the config schemas of the executors in tideflow.worker.executors (the
-# DSL may not import the worker); the runtime passes the registry's own schemas.
-BUILTIN_ACTION_TYPES: Mapping[str, Mapping[str, Any] | None] = {
-    "python": _action(
-        ["function"],
-        {
-            "function": {
-                "type": "string",
-                "pattern": _FUNCTION_PATTERN,
-                "description": "an import path 'pkg.module:callable' or a registered name",
-            },
-            "isolation": {"enum": ["thread", "process"], "description": "thread or process"},
-            "timeout": _DURATION,
-            "kill_grace": _GRACE,
-        },
-    ),
-    "http": _action(
-        ["url"],
-        {
-            "url": {"type": "string", "pattern": "^https?://", "description": "an http(s) URL"},
-            "method": {
-                "type": "string",
-                "pattern": "^(?i:GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS)$",
-                "description": "an HTTP method such as GET or POST",
-            },
-            "headers": {
-                "type": "object",
-                "additionalProperties": _SCALAR,
-                "description": "a mapping of header names to values",
-            },
-            "query": {
-                "type": "object",
-                "additionalProperties": {
-                    "anyOf": [_SCALAR, {"type": "null"}, {"type": "array", "items": _SCALAR}]
-                },
-                "description": "a mapping of query parameters",
-            },
-            "body": {"description": "any JSON value"},
-            "expect_status": {
-                "anyOf": [_STATUS, {"type": "array", "items": _STATUS, "minItems": 1}],
-                "description": "an HTTP status code or a list of them, e.g. [200, 201]",
-            },
-            "timeout": _DURATION,
-            "max_response_bytes": {"type": "integer", "minimum": 1},
-            "follow_redirects": {"type": "boolean"},
-        },
-    ),
-    "shell": _action(
-        ["command"],
-        {
-            "command": {
-                "type": "array",
-                "items": {"type": ["string", "number"]},
-                "minItems": 1,
-                "description": "a list of argv strings, e.g. [echo, hello]",
-            },
-            "env": {
-                "type": "object",
-                "additionalProperties": _SCALAR,
-                "description": "a mapping of variable names to values",
-            },
-            "env_allow": {"type": "array", "items": {"type": "string"}},
-            "cwd": {"type": "string", "minLength": 1, "description": "a directory path"},
-            "timeout": _DURATION,
-            "max_output_bytes": {
-                "type": "integer",
-                "minimum": 1,
-                "description": "a positive number of bytes",
-            },
-            "stdin": {"enum": ["json", "none"]},
-            "kill_grace": _GRACE,
-        },
-    ),
-    "noop": _action([], {}),
-}
 
 
 # --- run input --------------------------------------------------------------------

@@ -56,3 +56,11 @@ def test_rejects_what_is_not_a_duration(value: str) -> None:
 def test_rejects_other_types(value: object) -> None:
     with pytest.raises(ValueError, match="duration"):
         parse_duration(value)
+
+
+def test_the_dsl_reexports_the_model_parser() -> None:
+    from tideflow.dsl import durations
+    from tideflow.model import durations as model_durations
+
+    assert durations.parse_duration is model_durations.parse_duration
+    assert durations.DURATION_HINT is model_durations.DURATION_HINT

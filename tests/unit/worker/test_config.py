@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from tideflow.worker.executors.config import check_config, seconds
@@ -23,13 +25,22 @@ SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required"
         ("PT5M", 300.0),
         ("P1DT1S", 86401.0),
         ("pt1.5s", 1.5),
+        ("45", 45.0),
+        ("1w", 604800.0),
+        ("1h30m", 5400.0),
+        (" 30 s ", 30.0),
+        ("P2W", 1209600.0),
+        (timedelta(minutes=2), 120.0),
     ],
 )
 def test_seconds(value: object, expected: float | None) -> None:
     assert seconds(value) == expected
 
 
-@pytest.mark.parametrize("value", ["P", "PT", "soon", "5 minutes", 0, -1, True, "P1DT"])
+@pytest.mark.parametrize(
+    "value",
+    ["P", "PT", "soon", "5 minutes", 0, -1, True, "P1DT", "P1M", "inf", float("inf"), [5]],
+)
 def test_invalid_durations(value: object) -> None:
     with pytest.raises(InvalidStepConfig, match="'timeout' must be a positive"):
         seconds(value)

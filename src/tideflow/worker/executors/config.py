@@ -1,4 +1,4 @@
-"""Checking a step's rendered config against its executor's schema, and small parsers.
+"""Checking a step's rendered config against its executor's schema, and its durations.
 
 The DSL compiler checks configs before a run starts, but templated values are
 only known at execution time, so each executor checks the rendered config again
@@ -7,28 +7,14 @@ only known at execution time, so each executor checks the rendered config again
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from jsonschema import Draft202012Validator
 
+from tideflow.model.durations import parse_duration
 from tideflow.worker.executors.errors import InvalidStepConfig
 
-SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
-
-DURATION_SCHEMA: dict[str, Any] = {
-    "type": ["number", "string"],
-    "x-duration": True,  # the DSL checks it as a duration and normalises it to seconds
-    "description": "seconds, or a duration such as 500ms, 30s, 5m, 2h, 1d or PT5M",
-}
-
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
-_ISO_RE = re.compile(
-    r"^P(?:(?P<d>\d+(?:\.\d+)?)D)?"
-    r"(?:T(?:(?P<h>\d+(?:\.\d+)?)H)?(?:(?P<m>\d+(?:\.\d+)?)M)?(?:(?P<s>\d+(?:\.\d+)?)S)?)?$"
-)
 _validators: dict[int, tuple[Mapping[str, Any], Draft202012Validator]] = {}
 
 
@@ -44,29 +30,22 @@ def check_config(executor_name: str, schema: Mapping[str, Any], config: Any) -> 
 
 
 def seconds(value: Any, key: str = "timeout") -> float | None:
-    """A positive duration in seconds from a number, ``30s``-style text or ISO-8601 ``PT30S``."""
+    """A positive duration in seconds (`tideflow.model.durations`); ``None`` stays ``None``."""
     if value is None:
         return None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        result: float | None = float(value)
-    else:
-        result = _parse_duration(str(value).strip())
-    if result is None or result <= 0:
-        raise InvalidStepConfig(
-            f"'{key}' must be a positive number of seconds or a duration like '30s', got {value!r}"
-        )
+    try:
+        result = parse_duration(value)
+    except ValueError as exc:
+        raise _not_positive(key, value) from exc
+    if result <= 0:
+        raise _not_positive(key, value)
     return result
 
 
-def _parse_duration(text: str) -> float | None:
-    short = _DURATION_RE.match(text)
-    if short is not None:
-        return float(short.group(1)) * _UNITS[short.group(2)]
-    iso = _ISO_RE.match(text.upper())
-    if iso is None or text.upper() in ("P", "PT") or text.upper().endswith("T"):
-        return None
-    parts = {unit: float(iso.group(unit) or 0) for unit in "dhms"}
-    return sum(parts[unit] * _UNITS[unit] for unit in "dhms")
+def _not_positive(key: str, value: Any) -> InvalidStepConfig:
+    return InvalidStepConfig(
+        f"'{key}' must be a positive number of seconds or a duration like '30s', got {value!r}"
+    )
 
 
 def _validator(schema: Mapping[str, Any]) -> Draft202012Validator:

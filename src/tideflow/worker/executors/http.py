@@ -25,8 +25,9 @@ import httpx
 import orjson
 
 from tideflow.errors import StepTimeout
+from tideflow.model.action_schemas import HTTP_CONFIG_SCHEMA
 from tideflow.worker.executors.base import Executor, StepContext
-from tideflow.worker.executors.config import DURATION_SCHEMA, SCHEMA_DIALECT, check_config, seconds
+from tideflow.worker.executors.config import check_config, seconds
 from tideflow.worker.executors.errors import (
     HttpClientError,
     HttpError,
@@ -47,40 +48,6 @@ USER_AGENT = "tideflow"
 # headers may hold resolved secrets, so those records are dropped for our own calls.
 _CHATTY_LOGGERS = ("httpx", "httpcore.http11", "httpcore.connection")
 _quiet = ContextVar("tideflow_http_quiet", default=False)
-
-_STATUS = {"type": "integer", "minimum": 100, "maximum": 599}
-_SCALAR = {"type": ["string", "number", "boolean"]}
-
-HTTP_CONFIG_SCHEMA: dict[str, Any] = {
-    "$schema": SCHEMA_DIALECT,
-    "title": "http step config",
-    "type": "object",
-    "required": ["url"],
-    "additionalProperties": False,
-    "properties": {
-        "url": {"type": "string", "minLength": 1, "description": "absolute http(s) URL"},
-        "method": {
-            "type": "string",
-            "pattern": "^[A-Za-z]+$",
-            "description": "default GET, or POST when a body is given",
-        },
-        "headers": {"type": "object", "additionalProperties": _SCALAR},
-        "query": {
-            "type": "object",
-            "additionalProperties": {
-                "anyOf": [_SCALAR, {"type": "null"}, {"type": "array", "items": _SCALAR}]
-            },
-        },
-        "body": {"description": "object/array: sent as JSON; string: sent as text"},
-        "expect_status": {
-            "oneOf": [_STATUS, {"type": "array", "items": _STATUS, "minItems": 1}],
-            "description": "status(es) that count as success; default: any 2xx",
-        },
-        "timeout": DURATION_SCHEMA,
-        "max_response_bytes": {"type": "integer", "minimum": 1},
-        "follow_redirects": {"type": "boolean", "default": True},
-    },
-}
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,16 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from tideflow.model.action_schemas import NOOP_CONFIG_SCHEMA
 from tideflow.worker.executors.base import Executor, StepContext
-from tideflow.worker.executors.config import SCHEMA_DIALECT
-
-NOOP_CONFIG_SCHEMA: dict[str, Any] = {
-    "$schema": SCHEMA_DIALECT,
-    "title": "noop step config",
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {},
-}
 
 
 class NoopExecutor(Executor):

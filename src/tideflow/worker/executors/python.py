@@ -21,8 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from tideflow.errors import StepTimeout
+from tideflow.model.action_schemas import PYTHON_CONFIG_SCHEMA
 from tideflow.worker.executors.base import Executor, StepContext
-from tideflow.worker.executors.config import DURATION_SCHEMA, SCHEMA_DIALECT, check_config, seconds
+from tideflow.worker.executors.config import check_config, seconds
 from tideflow.worker.executors.errors import FunctionNotFound
 from tideflow.worker.executors.functions import (
     bind_arguments,
@@ -40,28 +41,6 @@ from tideflow.worker.executors.isolated import DEFAULT_KILL_GRACE, run_isolated
 __all__ = ["PythonExecutor", "register", "registered", "unregister"]
 
 DEFAULT_MAX_WORKERS = 16
-
-PYTHON_CONFIG_SCHEMA: dict[str, Any] = {
-    "$schema": SCHEMA_DIALECT,
-    "title": "python step config",
-    "type": "object",
-    "required": ["function"],
-    "additionalProperties": False,
-    "properties": {
-        "function": {
-            "type": "string",
-            "minLength": 1,
-            "description": "'pkg.module:callable' (dotted qualname allowed) or a registered name",
-        },
-        "isolation": {
-            "enum": ["thread", "process"],
-            "default": "thread",
-            "description": "'process' runs the function in a child process killed at timeout",
-        },
-        "timeout": DURATION_SCHEMA,
-        "kill_grace": {"type": "number", "minimum": 0},
-    },
-}
 
 
 class PythonExecutor(Executor):

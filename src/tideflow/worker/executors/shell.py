@@ -20,8 +20,9 @@ from typing import Any, ClassVar
 import orjson
 
 from tideflow.errors import StepTimeout
+from tideflow.model.action_schemas import SHELL_CONFIG_SCHEMA
 from tideflow.worker.executors.base import Executor, StepContext
-from tideflow.worker.executors.config import DURATION_SCHEMA, SCHEMA_DIALECT, check_config, seconds
+from tideflow.worker.executors.config import check_config, seconds
 from tideflow.worker.executors.errors import (
     InvalidStepConfig,
     InvalidStepInput,
@@ -35,35 +36,6 @@ DEFAULT_MAX_OUTPUT_BYTES = 1024 * 1024
 DEFAULT_KILL_GRACE = 2.0
 ERROR_TAIL_BYTES = 2048
 READ_CHUNK = 64 * 1024
-
-_ENV_VALUE = {"type": ["string", "number", "boolean"]}
-
-SHELL_CONFIG_SCHEMA: dict[str, Any] = {
-    "$schema": SCHEMA_DIALECT,
-    "title": "shell step config",
-    "type": "object",
-    "required": ["command"],
-    "additionalProperties": False,
-    "properties": {
-        "command": {
-            "type": "array",
-            "items": {"type": ["string", "number"]},
-            "minItems": 1,
-            "description": "argv list; the first item is the program (looked up in PATH)",
-        },
-        "env": {"type": "object", "additionalProperties": _ENV_VALUE},
-        "env_allow": {
-            "type": "array",
-            "items": {"type": "string"},
-            "description": "worker environment variables passed on besides the defaults",
-        },
-        "cwd": {"type": "string", "minLength": 1},
-        "timeout": DURATION_SCHEMA,
-        "max_output_bytes": {"type": "integer", "minimum": 1},
-        "stdin": {"enum": ["json", "none"], "default": "none"},
-        "kill_grace": {"type": "number", "minimum": 0},
-    },
-}
 
 
 @dataclass(slots=True)
