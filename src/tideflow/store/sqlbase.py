@@ -16,7 +16,8 @@ from tideflow.errors import DefinitionConflict, NotFound, TideflowError
 from tideflow.model import codec
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
-from tideflow.store.base import AppliedEvent, HistoryEntry, OutboxItem, RunSummary
+from tideflow.store.base import AppliedEvent, HistoryEntry, OutboxItem, RunFilter, RunSummary
+from tideflow.store.paging import decode_cursor
 
 PlanCompiler = Callable[[Mapping[str, Any]], Plan]
 
@@ -55,7 +56,7 @@ class BatchRows:
     history: list[tuple[str, int, str, str, float, str, str]]
     runs: list[RunUpdate]
     snapshots: list[tuple[str, int, str]]
-    """(run_id, seq, state JSON): the newest snapshot of each run in the batch."""
+    """(run_id, seq, state JSON): each run snapshotted in the batch, as of its last event."""
     outbox: list[tuple[str, str, float, str]]
 
 
@@ -63,7 +64,7 @@ def batch_rows(batch: Sequence[AppliedEvent]) -> BatchRows:
     history = []
     first_seq: dict[str, int] = {}
     last: dict[str, AppliedEvent] = {}
-    snapshots: dict[str, AppliedEvent] = {}
+    snapshots: set[str] = set()
     outbox = []
     for applied in batch:
         event = applied.event
@@ -82,12 +83,16 @@ def batch_rows(batch: Sequence[AppliedEvent]) -> BatchRows:
         first_seq.setdefault(run_id, applied.seq)
         last[run_id] = applied
         if applied.snapshot:
-            snapshots[run_id] = applied
+            snapshots.add(run_id)
         for outbox_id, command in applied.outbox:
             outbox.append((outbox_id, run_id, event.time, dumps(codec.command_to_data(command))))
     runs = [_run_update(a, first_seq[run_id] - 1) for run_id, a in last.items()]
+    # The runtime hands every event of a run the same live state object, so a snapshot
+    # asked for mid-batch already holds the later events: store it under the run's last
+    # seq of the batch, or a reload would replay those events a second time.
     snaps = [
-        (run_id, a.seq, dumps(codec.state_to_data(a.state))) for run_id, a in snapshots.items()
+        (run_id, last[run_id].seq, dumps(codec.state_to_data(last[run_id].state)))
+        for run_id in snapshots
     ]
     return BatchRows(history=history, runs=runs, snapshots=snaps, outbox=outbox)
 
@@ -167,6 +172,47 @@ def outbox_item(row: Sequence[Any]) -> OutboxItem:
     outbox_id, run_id, command = row
     data = loads(command, f"outbox entry {outbox_id!r}")
     return OutboxItem(id=outbox_id, run_id=run_id, command=codec.command_from_data(data))
+
+
+def plan_label(plan_hash: str, name: str | None, version: str | None) -> str:
+    """How messages name a stored plan: by its definition when one is registered."""
+    if name is None:
+        return f"plan {plan_hash[:12]}"
+    return f"definition {name} {version}"
+
+
+SUMMARY_COLUMNS = (
+    "run_id, workflow, version, status, created_at, updated_at, finished_at, "
+    "parent_run_id, output, error"
+)
+
+
+def list_runs_query(
+    f: RunFilter, limit: int, cursor: str | None, param: Callable[[int], str]
+) -> tuple[str, list[Any]]:
+    """The run listing: newest first, keyset-paginated, every filter an index prefix.
+    ``param(n)`` spells the n-th (1-based) placeholder of the dialect."""
+    conditions: list[tuple[str, tuple[Any, ...]]] = []
+    if f.status is not None:
+        conditions.append(("status = {}", (f.status,)))
+    if f.workflow is not None:
+        conditions.append(("workflow = {}", (f.workflow,)))
+    if f.created_after is not None:
+        conditions.append(("created_at >= {}", (f.created_after,)))
+    if f.created_before is not None:
+        conditions.append(("created_at < {}", (f.created_before,)))
+    if cursor:
+        conditions.append(("(created_at, run_id) < ({}, {})", decode_cursor(cursor)))
+    where: list[str] = []
+    params: list[Any] = []
+    for template, values in conditions:
+        where.append(template.format(*(param(len(params) + i) for i in range(1, len(values) + 1))))
+        params.extend(values)
+    sql = f"SELECT {SUMMARY_COLUMNS} FROM runs"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    params.append(limit + 1)
+    return f"{sql} ORDER BY created_at DESC, run_id DESC LIMIT {param(len(params))}", params
 
 
 def plan_from_source(

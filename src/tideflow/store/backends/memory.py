@@ -195,6 +195,9 @@ class MemoryStore(Store):
                         "history": [_entry(run_id, *row).to_dict() for row in run.log],
                     }
                 )
+        gone = set(doomed)  # as in the SQL stores: the run's outbox rows and key go with it
+        self._outbox = {k: item for k, item in self._outbox.items() if item.run_id not in gone}
+        self._idempotency = {k: r for k, r in self._idempotency.items() if r not in gone}
         return len(doomed)
 
 

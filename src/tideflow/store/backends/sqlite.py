@@ -34,7 +34,7 @@ from tideflow.store.base import (
     StoredRun,
     StoreError,
 )
-from tideflow.store.paging import decode_cursor, encode_cursor
+from tideflow.store.paging import encode_cursor
 from tideflow.store.sqlfiles import latest_version, migrations, queries, statements
 
 T = TypeVar("T")
@@ -204,12 +204,12 @@ class SqliteStore(Store):
             return str(by_version[chosen])
 
         plan_hash = await self._run(lambda: find(self.conn))
-        return await self._plan(plan_hash, f"definition {name} {version or '(latest)'}")
+        return await self._plan(plan_hash)
 
     async def get_plan(self, plan_hash: str) -> Plan:
-        return await self._plan(plan_hash, f"plan {plan_hash[:12]}")
+        return await self._plan(plan_hash)
 
-    async def _plan(self, plan_hash: str, what: str) -> Plan:
+    async def _plan(self, plan_hash: str) -> Plan:
         plan = self._plans.get(plan_hash)
         if plan is None:
             row = await self._run(
@@ -217,8 +217,9 @@ class SqliteStore(Store):
             )
             if row is None:
                 raise NotFound(f"no plan with hash {plan_hash} in {self.path}")
+            source, name, version = row
             plan = self._plans[plan_hash] = sb.plan_from_source(
-                self.compile_plan, row[0], what, plan_hash
+                self.compile_plan, source, sb.plan_label(plan_hash, name, version), plan_hash
             )
         return plan
 
@@ -359,33 +360,8 @@ def _delete_runs(conn: sqlite3.Connection, ids: list[str]) -> None:
     conn.executemany(Q["delete_run"], params)
 
 
-_SUMMARY_COLUMNS = "run_id, workflow, version, status, created_at, updated_at, finished_at, parent_run_id, output, error"
-
-
 def _list_query(f: RunFilter, limit: int, cursor: str | None) -> tuple[str, list[Any]]:
-    """Newest first, keyset-paginated; every filter matches an index prefix."""
-    where: list[str] = []
-    params: list[Any] = []
-    for column, value in (("status", f.status), ("workflow", f.workflow)):
-        if value is not None:
-            where.append(f"{column} = ?")
-            params.append(value)
-    if f.created_after is not None:
-        where.append("created_at >= ?")
-        params.append(f.created_after)
-    if f.created_before is not None:
-        where.append("created_at < ?")
-        params.append(f.created_before)
-    if cursor:
-        created, run_id = decode_cursor(cursor)
-        where.append("(created_at, run_id) < (?, ?)")
-        params.extend([created, run_id])
-    sql = f"SELECT {_SUMMARY_COLUMNS} FROM runs"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    sql += " ORDER BY created_at DESC, run_id DESC LIMIT ?"
-    params.append(limit + 1)
-    return sql, params
+    return sb.list_runs_query(f, limit, cursor, lambda n: "?")
 
 
 __all__ = ["SqliteStore"]

@@ -16,7 +16,11 @@ INSERT INTO definitions (name, version, hash, created_at) VALUES (?, ?, ?, ?);
 SELECT version, hash FROM definitions WHERE name = ?;
 
 -- name: plan_source
-SELECT source FROM plans WHERE hash = ?;
+SELECT p.source, d.name, d.version
+FROM plans AS p LEFT JOIN definitions AS d ON d.hash = p.hash
+WHERE p.hash = ?
+ORDER BY d.created_at
+LIMIT 1;
 
 -- name: list_definitions
 SELECT name, version, hash, created_at FROM definitions ORDER BY name, version;

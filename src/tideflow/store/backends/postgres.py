@@ -1,0 +1,472 @@
+"""The PostgreSQL store: the production backend, shared by every process of a cluster.
+
+asyncpg with a connection pool; every statement is a named query of
+``sql/postgres/queries.sql``, which asyncpg prepares once per connection and then
+reuses. A commit is one transaction with a fixed number of round trips whatever
+the size of the batch: one UPDATE for all its runs (optimistic check of each run's
+``last_seq``), pipelined ``executemany`` for history, snapshots and outbox, one
+DELETE for the relayed outbox ids. That is the group commit the runtime relies on.
+
+Driver errors are translated here, at the boundary: a caller sees ``StoreError``
+naming the server and database and what to check, never an asyncpg traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import asyncpg  # type: ignore[import-untyped]
+
+from tideflow.errors import NotFound
+from tideflow.model.plan import Plan
+from tideflow.model.run import RunState
+from tideflow.model.versions import latest
+from tideflow.store import sqlbase as sb
+from tideflow.store.base import (
+    AppliedEvent,
+    Archive,
+    ConcurrencyConflict,
+    DefinitionSummary,
+    HistoryEntry,
+    OutboxItem,
+    RunFilter,
+    RunPage,
+    RunSummary,
+    Store,
+    StoredRun,
+    StoreError,
+)
+from tideflow.store.paging import encode_cursor
+from tideflow.store.sqlfiles import latest_version, migrations, queries
+
+Q = queries("postgres")
+DIALECT = "postgres"
+
+_CONFLICTS = (asyncpg.SerializationError, asyncpg.DeadlockDetectedError)
+"""Two transactions raced for the same rows: the loser reloads and applies again."""
+_DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError)
+"""Everything the driver raises (OSError covers refused connections and timeouts)."""
+_REFUSED_LOGIN = (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError)
+
+
+def quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+async def _keep_session(conn: Any) -> None:
+    """Pool reset hook: the store leaves no session state behind (no SET, LISTEN,
+    session locks or cursors; asyncpg still rolls back an open transaction), so a
+    released connection needs no extra ``RESET ALL`` round trip."""
+
+
+class PostgresStore(Store):
+    def __init__(
+        self,
+        url: str,
+        *,
+        auto_upgrade: bool = True,
+        compile_plan: sb.PlanCompiler | None = None,
+        schema: str | None = None,
+        drop_schema_on_close: bool = False,
+        min_size: int = 1,
+        max_size: int = 10,
+    ) -> None:
+        self.url = url
+        self.auto_upgrade = auto_upgrade
+        self.compile_plan = compile_plan
+        self.schema = schema
+        self.drop_schema_on_close = drop_schema_on_close
+        self.min_size = min_size
+        self.max_size = max_size
+        self.server, self.database, self.user = _describe(url)
+        self.where = f"{self.server}/{self.database}" + (f" (schema {schema})" if schema else "")
+        """Where the data lives, for messages (never the password)."""
+        self._pool: Any = None
+        self._plans: dict[str, Plan] = {}
+        self._definitions: dict[tuple[str, str], str] = {}
+        """(name, version) -> plan hash of definitions known to exist: they never change."""
+
+    # -- plumbing ---------------------------------------------------------------
+
+    @property
+    def pool(self) -> Any:
+        if self._pool is None:
+            raise StoreError("the store is not open: call `await store.open()` first")
+        return self._pool
+
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[Any]:
+        """A pooled connection; driver errors raised while it is held become ours."""
+        try:
+            async with self.pool.acquire() as conn:
+                yield conn
+        except _CONFLICTS as exc:
+            raise ConcurrencyConflict(
+                f"PostgreSQL store {self.where}: {_one_line(exc)}; reload the runs and apply again"
+            ) from None
+        except _DRIVER_ERRORS as exc:
+            raise self._translate(exc) from None
+
+    def _translate(self, exc: BaseException) -> StoreError:
+        if isinstance(exc, asyncpg.InvalidCatalogNameError):
+            return StoreError(
+                f"PostgreSQL at {self.server} has no database {self.database!r}: create it "
+                f"(createdb {self.database}) or fix the database name in the store URL"
+            )
+        if isinstance(exc, _REFUSED_LOGIN):
+            return StoreError(
+                f"PostgreSQL at {self.server} refused user {self.user!r} for database "
+                f"{self.database!r} ({_one_line(exc)}): check the user and password in the "
+                "store URL and the server's pg_hba.conf"
+            )
+        if isinstance(exc, OSError):
+            return StoreError(
+                f"cannot reach PostgreSQL at {self.server} ({_one_line(exc)}): check that the "
+                "server is running and accepts TCP connections there, and the host and port "
+                "in the store URL"
+            )
+        return StoreError(f"PostgreSQL store {self.where}: {_one_line(exc)}")
+
+    async def open(self) -> None:
+        if self._pool is not None:
+            return
+        await self._connect()
+        try:
+            await self._check_schema()
+        except BaseException:
+            await self._disconnect()
+            raise
+
+    async def _connect(self) -> None:
+        settings = {"application_name": "tideflow"}
+        if self.schema:
+            settings["search_path"] = quote_ident(self.schema)
+        try:
+            self._pool = await asyncpg.create_pool(
+                self.url,
+                min_size=self.min_size,
+                max_size=self.max_size,
+                reset=_keep_session,
+                timeout=10,
+                server_settings=settings,
+            )
+        except _DRIVER_ERRORS as exc:
+            raise self._translate(exc) from None
+        except ValueError as exc:
+            raise StoreError(
+                f"invalid PostgreSQL URL for {self.where} ({exc}): expected "
+                "postgresql://user[:password]@host[:port]/database"
+            ) from None
+
+    async def _disconnect(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    async def _check_schema(self) -> None:
+        async with self._connection() as conn, conn.transaction():
+            await self._lock(conn)
+            current = await _version(conn)
+            newest = latest_version(DIALECT)
+            if current > newest:
+                raise StoreError(
+                    f"the PostgreSQL database {self.where} was written by a newer tideflow "
+                    f"(schema {current}, this version knows up to {newest}); upgrade tideflow "
+                    "to use it"
+                )
+            if current < newest:
+                if current and not self.auto_upgrade:
+                    raise StoreError(
+                        f"the PostgreSQL database {self.where} is at schema {current}, this "
+                        f"tideflow needs {newest}: run `tideflow db upgrade --store "
+                        f"{redacted(self.url)}`"
+                    )
+                await _migrate(conn)
+
+    async def _lock(self, conn: Any) -> None:
+        """Serialise schema checks and migrations of processes starting together, and
+        create the store's schema if it is missing (looked up first: CREATE SCHEMA needs
+        a privilege on the database even when the schema exists)."""
+        await conn.execute(Q["migration_lock"], self.schema or "")
+        if self.schema and not await conn.fetchval(Q["schema_exists"], self.schema):
+            await conn.execute(f"CREATE SCHEMA {quote_ident(self.schema)}")
+
+    async def schema_version(self) -> int:
+        async with self._connection() as conn:
+            return await _version(conn)
+
+    async def upgrade(self) -> list[int]:
+        """Apply missing migrations (opening the store if needed); the versions applied."""
+        if self._pool is None:
+            await self._connect()
+        async with self._connection() as conn, conn.transaction():
+            await self._lock(conn)
+            current, newest = await _version(conn), latest_version(DIALECT)
+            if current > newest:
+                raise StoreError(
+                    f"the PostgreSQL database {self.where} was written by a newer tideflow "
+                    f"(schema {current}, this version knows up to {newest})"
+                )
+            return await _migrate(conn)
+
+    async def close(self) -> None:
+        if self._pool is None:
+            return
+        try:
+            if self.drop_schema_on_close and self.schema:
+                async with self._connection() as conn:
+                    await conn.execute(f"DROP SCHEMA IF EXISTS {quote_ident(self.schema)} CASCADE")
+        finally:
+            await self._disconnect()
+
+    # -- definitions ------------------------------------------------------------
+
+    async def save_definition(self, plan: Plan) -> bool:
+        key = (plan.name, plan.version)
+        known = self._definitions.get(key)
+        if known is None:
+            async with self._connection() as conn:
+                known = await conn.fetchval(Q["definition_hash"], *key)
+                if known is None:
+                    known = await self._insert_definition(conn, plan)
+                    if known is None:
+                        self._definitions[key] = plan.hash
+                        return True
+            self._definitions[key] = known
+        if known != plan.hash:
+            raise sb.definition_conflict(plan.name, plan.version)
+        return False
+
+    async def _insert_definition(self, conn: Any, plan: Plan) -> str | None:
+        """Insert the plan; None when inserted, else the hash registered meanwhile."""
+        async with conn.transaction():
+            await conn.execute(Q["insert_plan"], plan.hash, sb.dumps(dict(plan.source)))
+            inserted = await conn.fetchval(
+                Q["insert_definition"], plan.name, plan.version, plan.hash, time.time()
+            )
+            if inserted is not None:
+                return None
+            existing = await conn.fetchval(Q["definition_hash"], plan.name, plan.version)
+            if existing != plan.hash:
+                raise sb.definition_conflict(plan.name, plan.version)
+            return str(existing)
+
+    async def get_definition(self, name: str, version: str | None = None) -> Plan:
+        async with self._connection() as conn:
+            rows = await conn.fetch(Q["definition_versions"], name)
+            by_version = {str(v): str(h) for v, h in rows}
+            chosen = version or latest(by_version)
+            if chosen is None or chosen not in by_version:
+                known = [str(r[0]) for r in await conn.fetch(Q["definition_names"])]
+                raise sb.no_definition(name, version, known)
+        return await self._plan(by_version[chosen])
+
+    async def get_plan(self, plan_hash: str) -> Plan:
+        return await self._plan(plan_hash)
+
+    async def _plan(self, plan_hash: str) -> Plan:
+        plan = self._plans.get(plan_hash)
+        if plan is None:
+            async with self._connection() as conn:
+                row = await conn.fetchrow(Q["plan_source"], plan_hash)
+            if row is None:
+                raise NotFound(f"no plan with hash {plan_hash} in {self.where}")
+            source, name, version = row
+            plan = self._plans[plan_hash] = sb.plan_from_source(
+                self.compile_plan, source, sb.plan_label(plan_hash, name, version), plan_hash
+            )
+        return plan
+
+    async def list_definitions(self, name: str | None = None) -> list[DefinitionSummary]:
+        async with self._connection() as conn:
+            rows = await conn.fetch(Q["list_definitions"])
+        return [
+            DefinitionSummary(name=n, version=v, hash=h, created_at=float(at))
+            for n, v, h, at in rows
+            if name is None or n == name
+        ]
+
+    # -- runs -------------------------------------------------------------------
+
+    async def create_run(
+        self, state: RunState, idempotency_key: str | None = None
+    ) -> tuple[str, bool]:
+        async with self._connection() as conn:
+            if await conn.fetchval(Q["insert_run"], *sb.new_run_row(state, idempotency_key)):
+                return state.run_id, True
+            existing = await conn.fetchval(Q["run_by_idempotency_key"], idempotency_key)
+        if existing is None:
+            raise StoreError(f"run {state.run_id} already exists")
+        return str(existing), False
+
+    async def load_run(self, run_id: str) -> StoredRun:
+        async with self._connection() as conn:
+            row = await conn.fetchrow(Q["load_run"], run_id)
+        if row is None:
+            raise sb.no_run(run_id)
+        snapshot, last_seq, seqs, events = row
+        state = sb.snapshot_from_row(run_id, snapshot)
+        tail = [sb.event_from_row(run_id, s, data) for s, data in zip(seqs, events, strict=True)]
+        return StoredRun(snapshot=state, tail=tail, last_seq=int(last_seq))
+
+    async def commit(self, batch: Sequence[AppliedEvent], relayed: Sequence[str] = ()) -> None:
+        if not batch:
+            if relayed:  # one statement: atomic without a transaction block
+                async with self._connection() as conn:
+                    await conn.execute(Q["delete_outbox"], list(relayed))
+            return
+        rows = sb.batch_rows(batch)
+        async with self._connection() as conn, conn.transaction():
+            if rows.runs:
+                await _advance(conn, rows.runs)
+            if rows.history:
+                await conn.executemany(Q["insert_history"], rows.history)
+            if rows.snapshots:
+                await conn.executemany(
+                    Q["save_snapshot"], [(text, seq, run) for run, seq, text in rows.snapshots]
+                )
+            if rows.outbox:
+                await conn.executemany(Q["insert_outbox"], rows.outbox)
+            if relayed:
+                await conn.execute(Q["delete_outbox"], list(relayed))
+
+    async def history(self, run_id: str) -> list[HistoryEntry]:
+        async with self._connection() as conn:
+            rows = await conn.fetch(Q["history"], run_id)
+            if not rows and await conn.fetchval(Q["run_exists"], run_id) is None:
+                raise sb.no_run(run_id)
+        return [sb.history_entry(run_id, row) for row in rows]
+
+    async def get_run(self, run_id: str) -> RunSummary:
+        async with self._connection() as conn:
+            row = await conn.fetchrow(Q["get_run"], run_id)
+        if row is None:
+            raise sb.no_run(run_id)
+        return sb.summary_from_row(row)
+
+    async def list_runs(
+        self, filter: RunFilter | None = None, *, limit: int = 100, cursor: str | None = None
+    ) -> RunPage:
+        sql, params = sb.list_runs_query(filter or RunFilter(), limit, cursor, lambda n: f"${n}")
+        async with self._connection() as conn:
+            rows = await conn.fetch(sql, *params)
+        runs = [sb.summary_from_row(row) for row in rows[:limit]]
+        more = len(rows) > limit
+        next_cursor = encode_cursor(runs[-1].created_at, runs[-1].run_id) if more else None
+        return RunPage(runs=runs, next_cursor=next_cursor)
+
+    async def unfinished_runs(self) -> list[str]:
+        async with self._connection() as conn:
+            rows = await conn.fetch(Q["unfinished_runs"])
+        return [str(row[0]) for row in rows]
+
+    async def pending_outbox(self, limit: int = 1000) -> list[OutboxItem]:
+        async with self._connection() as conn:
+            rows = await conn.fetch(Q["pending_outbox"], limit)
+        return [sb.outbox_item(row) for row in rows]
+
+    async def prune(
+        self, older_than: float, *, batch_size: int = 500, archive: Archive | None = None
+    ) -> int:
+        total = 0
+        while True:
+            async with self._connection() as conn:
+                ids = [r[0] for r in await conn.fetch(Q["prunable_runs"], older_than, batch_size)]
+                if not ids:
+                    return total
+                if archive is not None:
+                    await _archive(conn, ids, archive)
+                async with conn.transaction():
+                    await conn.execute(Q["delete_history"], ids)
+                    await conn.execute(Q["delete_run_outbox"], ids)
+                    await conn.execute(Q["delete_runs"], ids)
+            total += len(ids)
+
+
+async def _version(conn: Any) -> int:
+    if not await conn.fetchval(Q["schema_version_table"]):
+        return 0
+    return int(await conn.fetchval(Q["schema_version"]) or 0)
+
+
+async def _migrate(conn: Any) -> list[int]:
+    """Apply every migration newer than the schema; the caller holds the migration lock."""
+    await conn.execute(Q["create_schema_version"])
+    current = await _version(conn)
+    applied = []
+    for migration in migrations(DIALECT):
+        if migration.version > current:
+            await conn.execute(migration.sql)
+            await conn.execute(Q["insert_schema_version"], migration.version, time.time())
+            applied.append(migration.version)
+    return applied
+
+
+async def _advance(conn: Any, runs: list[sb.RunUpdate]) -> None:
+    """Move every run of the batch to its new ``last_seq`` if it is still where the
+    applier loaded it; otherwise ConcurrencyConflict (the transaction rolls back)."""
+    ordered = sorted(runs, key=lambda r: r.run_id)  # the same lock order for every applier
+    columns = [
+        [r.run_id for r in ordered],
+        [r.status for r in ordered],
+        [r.updated_at for r in ordered],
+        [r.finished_at for r in ordered],
+        [r.output for r in ordered],
+        [r.error for r in ordered],
+        [r.last_seq for r in ordered],
+        [r.expected_seq for r in ordered],
+    ]
+    advanced = {row[0] for row in await conn.fetch(Q["advance_runs"], *columns)}
+    stale = [r.run_id for r in ordered if r.run_id not in advanced]
+    if stale:
+        others = f" (and {len(stale) - 1} more)" if len(stale) > 1 else ""
+        raise ConcurrencyConflict(f"run {stale[0]}{others} was advanced by another applier")
+
+
+async def _archive(conn: Any, ids: list[str], archive: Archive) -> None:
+    summaries = {row[0]: sb.summary_from_row(row) for row in await conn.fetch(Q["get_runs"], ids)}
+    entries: dict[str, list[HistoryEntry]] = {run_id: [] for run_id in ids}
+    for row in await conn.fetch(Q["histories"], ids):
+        entries[row[0]].append(sb.history_entry(row[0], tuple(row)[1:]))
+    for run_id in ids:
+        archive(
+            {
+                "run": summaries[run_id].to_dict(),
+                "history": [entry.to_dict() for entry in entries[run_id]],
+            }
+        )
+
+
+def _describe(url: str) -> tuple[str, str, str]:
+    """``host:port``, database and user of a PostgreSQL URL (defaults as libpq's)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port or 5432
+    except ValueError:
+        return "<invalid URL>", "?", "?"
+    user = unquote(parts.username) if parts.username else getpass.getuser()
+    database = unquote(parts.path.lstrip("/")) or user
+    return f"{parts.hostname or 'localhost'}:{port}", database, user
+
+
+def redacted(url: str) -> str:
+    """The URL with its password masked, for messages."""
+    parts = urlsplit(url)
+    userinfo, at, hostport = parts.netloc.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    user = userinfo.partition(":")[0]
+    return parts._replace(netloc=f"{user}:***@{hostport}").geturl()
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+__all__ = ["PostgresStore"]

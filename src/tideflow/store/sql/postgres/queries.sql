@@ -1,0 +1,141 @@
+-- Named queries of the PostgreSQL store. Parameters are positional ($1, $2, …).
+-- asyncpg prepares each statement once per connection and reuses it.
+-- Text keys are COLLATE "C" in the schema, so they sort as in SQLite and in memory.
+
+-- name: schema_version_table
+SELECT to_regclass('schema_version') IS NOT NULL;
+
+-- name: schema_version
+SELECT max(version) FROM schema_version;
+
+-- name: create_schema_version
+CREATE TABLE IF NOT EXISTS schema_version (
+    version     INTEGER PRIMARY KEY,
+    applied_at  DOUBLE PRECISION NOT NULL
+);
+
+-- name: insert_schema_version
+INSERT INTO schema_version (version, applied_at) VALUES ($1, $2);
+
+-- name: migration_lock
+-- One migrator per database schema at a time; released when the transaction ends.
+SELECT pg_advisory_xact_lock(hashtext('tideflow:migrate:' || $1::text));
+
+-- name: schema_exists
+SELECT 1 FROM pg_namespace WHERE nspname = $1;
+
+-- name: insert_plan
+INSERT INTO plans (hash, source) VALUES ($1, $2) ON CONFLICT (hash) DO NOTHING;
+
+-- name: definition_hash
+SELECT hash FROM definitions WHERE name = $1 AND version = $2;
+
+-- name: insert_definition
+INSERT INTO definitions (name, version, hash, created_at) VALUES ($1, $2, $3, $4)
+ON CONFLICT (name, version) DO NOTHING
+RETURNING hash;
+
+-- name: definition_versions
+SELECT version, hash FROM definitions WHERE name = $1;
+
+-- name: definition_names
+SELECT DISTINCT name FROM definitions ORDER BY name;
+
+-- name: plan_source
+SELECT p.source, d.name, d.version
+FROM plans AS p LEFT JOIN definitions AS d ON d.hash = p.hash
+WHERE p.hash = $1
+ORDER BY d.created_at
+LIMIT 1;
+
+-- name: list_definitions
+SELECT name, version, hash, created_at FROM definitions
+ORDER BY name, version;
+
+-- name: insert_run
+INSERT INTO runs (run_id, workflow, version, plan_hash, status, created_at, updated_at,
+                  parent_run_id, idempotency_key, last_seq, snapshot_seq, snapshot)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 0, 0, $10)
+ON CONFLICT DO NOTHING
+RETURNING run_id;
+
+-- name: run_by_idempotency_key
+SELECT run_id FROM runs WHERE idempotency_key = $1;
+
+-- name: load_run
+-- One statement, so the snapshot and the events after it come from one consistent view.
+SELECT r.snapshot, r.last_seq,
+       ARRAY(SELECT h.seq FROM history AS h
+             WHERE h.run_id = r.run_id AND h.seq > r.snapshot_seq ORDER BY h.seq) AS seqs,
+       ARRAY(SELECT h.data FROM history AS h
+             WHERE h.run_id = r.run_id AND h.seq > r.snapshot_seq ORDER BY h.seq) AS events
+FROM runs AS r
+WHERE r.run_id = $1;
+
+-- name: advance_runs
+-- Every run of a batch in one statement: a run whose last_seq moved on is not returned,
+-- and the caller rolls the whole batch back.
+UPDATE runs AS r
+SET status = u.status, updated_at = u.updated_at, finished_at = u.finished_at,
+    output = u.output, error = u.error, last_seq = u.last_seq
+FROM unnest($1::text[], $2::text[], $3::float8[], $4::float8[], $5::text[], $6::text[],
+            $7::bigint[], $8::bigint[])
+     AS u (run_id, status, updated_at, finished_at, output, error, last_seq, expected_seq)
+WHERE r.run_id = u.run_id AND r.last_seq = u.expected_seq
+RETURNING r.run_id;
+
+-- name: insert_history
+INSERT INTO history (run_id, seq, event_id, kind, time, data, transitions)
+VALUES ($1, $2, $3, $4, $5, $6, $7);
+
+-- name: save_snapshot
+UPDATE runs SET snapshot = $1, snapshot_seq = $2 WHERE run_id = $3;
+
+-- name: insert_outbox
+INSERT INTO outbox (id, run_id, created_at, command) VALUES ($1, $2, $3, $4)
+ON CONFLICT (id) DO NOTHING;
+
+-- name: delete_outbox
+DELETE FROM outbox WHERE id = ANY($1::text[]);
+
+-- name: pending_outbox
+SELECT id, run_id, command FROM outbox ORDER BY created_at, id LIMIT $1;
+
+-- name: history
+SELECT seq, time, kind, data, transitions FROM history WHERE run_id = $1 ORDER BY seq;
+
+-- name: run_exists
+SELECT 1 FROM runs WHERE run_id = $1;
+
+-- name: get_run
+SELECT run_id, workflow, version, status, created_at, updated_at, finished_at, parent_run_id, output, error
+FROM runs WHERE run_id = $1;
+
+-- name: get_runs
+SELECT run_id, workflow, version, status, created_at, updated_at, finished_at, parent_run_id, output, error
+FROM runs WHERE run_id = ANY($1::text[]);
+
+-- name: histories
+SELECT run_id, seq, time, kind, data, transitions FROM history
+WHERE run_id = ANY($1::text[])
+ORDER BY run_id, seq;
+
+-- name: unfinished_runs
+SELECT run_id FROM runs
+WHERE status NOT IN ('succeeded', 'failed', 'cancelled', 'timed_out', 'compensated', 'compensation_failed')
+ORDER BY created_at;
+
+-- name: prunable_runs
+SELECT run_id FROM runs
+WHERE finished_at IS NOT NULL AND finished_at < $1
+  AND status IN ('succeeded', 'failed', 'cancelled', 'timed_out', 'compensated', 'compensation_failed')
+ORDER BY finished_at LIMIT $2;
+
+-- name: delete_history
+DELETE FROM history WHERE run_id = ANY($1::text[]);
+
+-- name: delete_run_outbox
+DELETE FROM outbox WHERE run_id = ANY($1::text[]);
+
+-- name: delete_runs
+DELETE FROM runs WHERE run_id = ANY($1::text[]);

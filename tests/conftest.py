@@ -1,0 +1,90 @@
+"""Shared fixtures for the real services the contract and integration tests use.
+
+Each ``*_url`` fixture checks once per session that its server answers. When it
+does not, the tests that need it are skipped with how to start it, unless
+``TIDEFLOW_REQUIRE_SERVICES`` is set (CI sets it to 1): then they fail, so a
+service that went missing in CI can never pass as a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import pytest
+
+
+@dataclass(frozen=True)
+class Service:
+    name: str
+    env: str
+    """Environment variable that overrides the default URL."""
+    default_url: str
+    start: str
+    """How to start it on a development machine."""
+
+    @property
+    def url(self) -> str:
+        return os.environ.get(self.env) or self.default_url
+
+
+POSTGRES = Service(
+    "PostgreSQL",
+    "TIDEFLOW_TEST_POSTGRES_URL",
+    "postgresql://root@127.0.0.1:5432/test",
+    "pg_ctlcluster 15 main start",
+)
+REDIS = Service(
+    "Redis",
+    "TIDEFLOW_TEST_REDIS_URL",
+    "redis://127.0.0.1:6379/0",
+    "redis-server --daemonize yes",
+)
+NATS = Service(
+    "NATS",
+    "TIDEFLOW_TEST_NATS_URL",
+    "nats://127.0.0.1:4222",
+    "nats-server -js &",
+)
+
+
+def services_required() -> bool:
+    return os.environ.get("TIDEFLOW_REQUIRE_SERVICES", "").strip() not in ("", "0")
+
+
+def reachable(host: str, port: int, timeout: float = 1.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def require(service: Service) -> str:
+    """The service's URL, or skip (fail under TIDEFLOW_REQUIRE_SERVICES) when it is down."""
+    parts = urlsplit(service.url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 0
+    if reachable(host, port):
+        return service.url
+    message = f"{service.name} not reachable on {host}:{port}: start it with `{service.start}`"
+    if services_required():
+        pytest.fail(f"{message} (TIDEFLOW_REQUIRE_SERVICES is set: services must run)")
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    """A PostgreSQL server URL; give each test its own schema (see the store fixtures)."""
+    return require(POSTGRES)
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    return require(REDIS)
+
+
+@pytest.fixture(scope="session")
+def nats_url() -> str:
+    return require(NATS)
