@@ -12,8 +12,10 @@ the definition keeps its real 24h/8h timeouts and the test moves time forward.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -63,9 +65,12 @@ def statuses(result: RunResult) -> dict[str, str]:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run the CLI from the repository root, on a SQLite store of its own (not ./.tideflow)."""
+    store = Path(tempfile.mkdtemp(prefix="tideflow-cli-")) / "runs.db"
     return subprocess.run(
         [sys.executable, "-m", "tideflow.cli.main", *args],
         cwd=ROOT,
+        env={**os.environ, "TIDEFLOW_STORE": f"sqlite:///{store}"},
         capture_output=True,
         text=True,
         timeout=120,

@@ -2,25 +2,51 @@
 
 Exit codes: 0 success; 1 the run ended in any state but `succeeded`, or
 `validate` found errors; 2 a usage error, a definition that does not compile,
-or run input that is not valid JSON or does not fit the input schema.
+run input that is not valid JSON or does not fit the input schema, a store that
+cannot be opened, or a run that is not in the store; 130 interrupted (Ctrl-C).
+
+Commands: `run`, `validate`, `graph`, `executors list`, `resume`, `runs …`
+(cli/runs.py, cli/resume.py) and `db …` (cli/db.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import orjson
 import typer
-from rich.console import Console
+from rich.markup import escape
 
+from tideflow.cli.common import (
+    DEFAULT_STORE,
+    EXIT_USAGE,
+    StoreOption,
+    display_url,
+    err,
+    fail_usage,
+    opened_runtime,
+    out,
+    registry,
+    run_async,
+    use_working_directory_modules,
+    write_json,
+)
+from tideflow.cli.db import db_app
 from tideflow.cli.progress import Progress
+from tideflow.cli.render import print_result
+from tideflow.cli.resume import resume_cmd
+from tideflow.cli.runs import runs_app
 from tideflow.dsl import compile_definition, to_dot, to_mermaid, validate
-from tideflow.errors import DefinitionError, InputValidationError
+from tideflow.errors import DefinitionConflict, DefinitionError, InputValidationError
 from tideflow.model.plan import Plan
+from tideflow.runtime.result import RunResult
+
+if TYPE_CHECKING:
+    from tideflow.worker.executors.registry import ExecutorRegistry
 
 app = typer.Typer(
     name="tideflow",
@@ -34,31 +60,18 @@ executors_app = typer.Typer(
     help="Inspect the executors (step types run by workers).", no_args_is_help=True
 )
 app.add_typer(executors_app, name="executors")
-
-err = Console(stderr=True, highlight=False)
-out = Console(highlight=False)
-
-EXIT_USAGE = 2
+app.add_typer(runs_app, name="runs")
+app.add_typer(db_app, name="db")
+app.command("resume")(resume_cmd)
 
 
-def _fail_usage(message: str) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", markup=True)
-    return typer.Exit(EXIT_USAGE)
-
-
-def _registry() -> Any:
-    from tideflow.worker.executors.registry import ExecutorRegistry
-
-    return ExecutorRegistry()
-
-
-def _load(file: Path, registry: Any) -> Plan:
+def _load(file: Path, executors: ExecutorRegistry) -> Plan:
     try:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
-        raise _fail_usage(f"cannot read {file}: {exc.strerror or exc}") from None
+        raise fail_usage(f"cannot read {file}: {exc.strerror or exc}") from None
     try:
-        return compile_definition(text, file=str(file), action_types=registry.schemas())
+        return compile_definition(text, file=str(file), action_types=executors.schemas())
     except DefinitionError as exc:
         for diagnostic in exc.diagnostics:
             err.print(diagnostic.format(), markup=False)
@@ -73,11 +86,11 @@ def _parse_input(raw: str | None) -> Any:
         try:
             text = Path(raw[1:]).read_text(encoding="utf-8")
         except OSError as exc:
-            raise _fail_usage(f"cannot read input file {raw[1:]}: {exc.strerror or exc}") from None
+            raise fail_usage(f"cannot read input file {raw[1:]}: {exc.strerror or exc}") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise _fail_usage(
+        raise fail_usage(
             f"--input is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno} "
             "(pass a JSON value, or @path/to/file.json)"
         ) from None
@@ -99,16 +112,16 @@ def validate_cmd(
       tideflow validate order.yaml --format json
     """
     if format not in ("text", "json"):
-        raise _fail_usage("--format must be text or json")
-    registry = _registry()
+        raise fail_usage("--format must be text or json")
+    executors = registry()
     report: dict[str, list[dict[str, Any]]] = {}
     failed = False
     for file in files:
         try:
             text = file.read_text(encoding="utf-8")
         except OSError as exc:
-            raise _fail_usage(f"cannot read {file}: {exc.strerror or exc}") from None
-        diagnostics = validate(text, file=str(file), action_types=registry.schemas())
+            raise fail_usage(f"cannot read {file}: {exc.strerror or exc}") from None
+        diagnostics = validate(text, file=str(file), action_types=executors.schemas())
         report[str(file)] = [d.to_dict() for d in diagnostics]
         failed = failed or any(d.severity == "error" for d in diagnostics)
         if format == "text":
@@ -133,8 +146,8 @@ def graph_cmd(
       tideflow graph order.yaml --format dot | dot -Tsvg > order.svg
     """
     if format not in ("mermaid", "dot"):
-        raise _fail_usage("--format must be mermaid or dot")
-    plan = _load(file, _registry())
+        raise fail_usage("--format must be mermaid or dot")
+    plan = _load(file, registry())
     sys.stdout.write((to_mermaid(plan) if format == "mermaid" else to_dot(plan)) + "\n")
 
 
@@ -163,78 +176,122 @@ def run_cmd(
             "--timeout", help="Stop waiting after this many seconds (the run is cancelled)."
         ),
     ] = None,
+    store: StoreOption = DEFAULT_STORE,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option(
+            "--idempotency-key",
+            metavar="KEY",
+            help="Start at most one run per KEY: again with the same KEY waits for that run.",
+        ),
+    ] = None,
 ) -> None:
-    """Run a workflow embedded (in-process bus, in-memory state) and print its output.
+    """Run a workflow embedded (in-process bus and workers) and print its output.
 
-    Exit 0 when the run succeeded, 1 when it ended in any other state, 2 for a usage
-    or definition error or run input that does not fit the definition's input schema.
+    State is kept in --store (default: a SQLite file under ./.tideflow/, created
+    when missing; memory:// keeps nothing). Starting on a durable store also
+    resumes the store's other unfinished runs; this command waits for its own.
+
+    Exit 0 when the run succeeded, 1 when it ended in any other state, 2 for a
+    usage or definition error, run input that does not fit the definition's
+    input schema, or a store that cannot be opened.
 
     Examples:
       tideflow run examples/etl.yaml
       tideflow run order.yaml --input '{"order_id": "A1", "amount": 30}'
       tideflow run order.yaml --input @order.json --json
+      tideflow run order.yaml --idempotency-key order-A1 --store sqlite:///orders.db
+      tideflow run flow.yaml --store memory://
     """
-    registry = _registry()
-    plan = _load(file, registry)
+    executors = registry()
+    plan = _load(file, executors)
     value = _parse_input(input)
     from tideflow.dsl import validate_input
 
     try:
         validate_input(plan, value)
     except InputValidationError as exc:
-        raise _fail_usage(exc.message) from None
-    sys.path.insert(0, str(Path.cwd()))
-    result = asyncio.run(
-        _run(plan, value, registry, definitions or file.parent, workers, timeout, show=not as_json)
+        raise fail_usage(exc.message) from None
+    use_working_directory_modules()
+    request = _RunRequest(
+        plan=plan,
+        input=value,
+        store=store,
+        idempotency_key=idempotency_key,
+        definitions=definitions or file.parent,
+        workers=workers,
+        timeout=timeout,
+        show=not as_json,
+    )
+    result = run_async(
+        _run(request, executors),
+        interrupted=f"interrupted: unfinished runs stay in {display_url(store)} "
+        "and continue on the next `tideflow resume`",
     )
     if as_json:
-        sys.stdout.buffer.write(orjson.dumps(result.to_dict(), default=str) + b"\n")
+        write_json(result.to_dict())
     else:
-        _print_result(result)
+        print_result(result)
     raise typer.Exit(0 if result.succeeded else 1)
 
 
-async def _run(
-    plan: Plan,
-    value: Any,
-    registry: Any,
-    definitions: Path,
-    workers: int,
-    timeout: float | None,
-    show: bool,
-) -> Any:
-    from tideflow.runtime.runtime import Runtime
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _RunRequest:
+    """What `tideflow run` was asked to do."""
 
-    async with Runtime(executors=registry, definitions_dir=definitions, workers=workers) as rt:
-        progress = Progress(err, plan) if show and err.is_terminal else None
+    plan: Plan
+    input: Any
+    store: str
+    idempotency_key: str | None
+    definitions: Path
+    workers: int
+    timeout: float | None
+    show: bool
+
+
+async def _run(request: _RunRequest, executors: ExecutorRegistry) -> RunResult:
+    async with opened_runtime(
+        request.store,
+        recover=True,
+        workers=request.workers,
+        create=True,
+        upgrade=True,
+        executors=executors,
+        definitions_dir=request.definitions,
+    ) as rt:
+        wanted = uuid.uuid4().hex
+        progress = Progress(err, request.plan, wanted) if request.show and err.is_terminal else None
         if progress is not None:
             rt.add_listener(progress.update)
-        run_id = await rt.start_run(plan, value)
+        try:
+            run_id = await rt.start_run(
+                request.plan,
+                request.input,
+                run_id=wanted,
+                idempotency_key=request.idempotency_key,
+            )
+        except DefinitionConflict as exc:
+            raise fail_usage(
+                f"{exc.message} (the store {display_url(request.store)} keeps every "
+                "registered version; or run it with --store memory:// while you edit it)"
+            ) from None
+        if run_id != wanted:
+            if progress is not None:
+                progress.run_id = run_id
+            if request.show:
+                err.print(
+                    f"run {run_id} already exists for idempotency key "
+                    f"{escape(repr(request.idempotency_key))}: waiting for it",
+                    markup=True,
+                )
         try:
             if progress is not None:
                 with progress:
-                    return await rt.wait(run_id, timeout)
-            return await rt.wait(run_id, timeout)
+                    return await rt.wait(run_id, request.timeout)
+            return await rt.wait(run_id, request.timeout)
         except TimeoutError:
-            await rt.cancel(run_id, f"tideflow run --timeout {timeout}s passed")
+            await rt.cancel(run_id, f"tideflow run --timeout {request.timeout}s passed")
             return await rt.wait(run_id, 30)
-
-
-def _print_result(result: Any) -> None:
-    colour = "green" if result.succeeded else "red"
-    err.print(f"run {result.run_id} [bold {colour}]{result.status}[/]", markup=True)
-    for key, step in result.steps.items():
-        line = f"  {key:<32} {step.status:<10}"
-        if step.attempts > 1:
-            line += f" attempts={step.attempts}"
-        if step.error:
-            line += f"  {step.error['type']}: {step.error['message']}"
-        err.print(line, markup=False)
-    if result.error:
-        err.print(f"error: {result.error['type']}: {result.error['message']}", markup=False)
-    sys.stdout.buffer.write(
-        orjson.dumps(result.output, option=orjson.OPT_INDENT_2, default=str) + b"\n"
-    )
 
 
 @executors_app.command("list")
@@ -249,8 +306,8 @@ def executors_list(
       tideflow executors list
       tideflow executors list --json
     """
-    registry = _registry()
-    schemas = registry.schemas()
+    executors = registry()
+    schemas = executors.schemas()
     if as_json:
         sys.stdout.write(json.dumps(schemas, indent=2, default=str) + "\n")
         return
@@ -258,12 +315,12 @@ def executors_list(
         schema = schemas[name] or {}
         keys = ", ".join(sorted((schema.get("properties") or {}).keys())) or "-"
         out.print(f"{name:<16} config: {keys}", markup=False)
-    for problem in getattr(registry, "problems", list)():
+    for problem in getattr(executors, "problems", list)():
         err.print(f"warning: {problem}", markup=False)
 
 
 def main() -> None:
-    app()
+    app(prog_name="tideflow")
 
 
 if __name__ == "__main__":

@@ -29,8 +29,10 @@ _STYLE = {
 class Progress:
     """Renders one row per step instance, updated on every committed transition."""
 
-    def __init__(self, console: Console, plan: Plan) -> None:
+    def __init__(self, console: Console, plan: Plan, run_id: str) -> None:
         self._plan = plan
+        self.run_id = run_id
+        """Only this run is shown (a durable store's other runs may be resumed alongside)."""
         self._rows: dict[str, tuple[str, int]] = {}
         self._run_status = "pending"
         self._live = Live(self._render(), console=console, refresh_per_second=12, transient=False)
@@ -49,7 +51,7 @@ class Progress:
         self._live.__exit__(exc_type, exc, tb)
 
     def update(self, state: RunState, transitions: Sequence[Transition]) -> None:
-        if state.workflow != self._plan.name:
+        if state.run_id != self.run_id:
             return
         for tr in transitions:
             if tr.subject == "run":

@@ -120,6 +120,9 @@ class Runtime:
             secrets=secrets,
         )
         self._scheduler: asyncio.Task[None] | None = None
+        self._batch_lock = asyncio.Lock()
+        self._in_flight: set[str] = set()
+        """Runs changed by the batch being applied and not yet committed."""
         self._retry_delay = 0.05
         self._crashed: BaseException | None = None
 
@@ -143,14 +146,15 @@ class Runtime:
 
     async def close(self) -> None:
         await self._workers.close()
-        if self._scheduler is not None and self._relayed:
-            with contextlib.suppress(Exception):
-                await self.store.commit([], self._relayed)
-        if self._scheduler is not None:
-            self._scheduler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._scheduler
-            self._scheduler = None
+        async with self._batch_lock:  # a batch being committed finishes first
+            if self._scheduler is not None:
+                self._scheduler.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._scheduler
+                self._scheduler = None
+            if self._relayed:
+                with contextlib.suppress(Exception):
+                    await self.store.commit([], self._relayed)
         self._timers.close()
         for futures in self._waiters.values():
             for fut in futures:
@@ -214,7 +218,7 @@ class Runtime:
     async def wait(self, run_id: str, timeout: float | None = None) -> RunResult:
         """Wait until the run is in a terminal state and return its result."""
         state = await self._state(run_id)
-        if state.is_terminal:
+        if state.is_terminal and run_id not in self._in_flight:
             return result_of(state, await self._plans.get(state.plan_hash))
         fut: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
         self._waiters[run_id].append(fut)
@@ -362,6 +366,15 @@ class Runtime:
                 )
 
     async def _apply_batch(self, events: list[Event]) -> None:
+        """Apply, commit and relay one batch. Nothing a caller sees (``wait``) counts a run
+        as ended before the batch that ended it is committed."""
+        async with self._batch_lock:
+            try:
+                await self._apply_committed(events)
+            finally:
+                self._in_flight.clear()
+
+    async def _apply_committed(self, events: list[Event]) -> None:
         batch: list[AppliedEvent] = []
         for event in events:
             applied = await self._apply(event)
@@ -424,6 +437,7 @@ class Runtime:
             return None
         if not decision.changed:
             return None
+        self._in_flight.add(event.run_id)
         seq, snapshot = live.next_seq()
         return AppliedEvent(
             event=event,

@@ -98,6 +98,15 @@ class SqliteStore(Store):
         await self._run(self._open)
 
     def _open(self) -> None:
+        self._connect()
+        try:
+            self._check_schema()
+        except BaseException:
+            self.conn.close()
+            self._conn = None
+            raise
+
+    def _connect(self) -> None:
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -106,12 +115,10 @@ class SqliteStore(Store):
             if self.path != ":memory:":
                 conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
-            self._conn = conn
-            self._check_schema()
         except BaseException:
             conn.close()
-            self._conn = None
             raise
+        self._conn = conn
 
     def _check_schema(self) -> None:
         current = self._version()
@@ -166,7 +173,17 @@ class SqliteStore(Store):
         return await self._run(self._version)
 
     async def upgrade(self) -> list[int]:
-        return await self._run(self._upgrade)
+        """Apply missing migrations (opening the file first if needed); the versions applied.
+        A schema newer than this code is refused."""
+        return await self._run(self._open_and_upgrade)
+
+    def _open_and_upgrade(self) -> list[int]:
+        if self._conn is None:
+            self._connect()
+        current = self._version()
+        if current > latest_version(DIALECT):
+            self._check_schema()
+        return self._upgrade()
 
     async def close(self) -> None:
         if self._conn is not None:

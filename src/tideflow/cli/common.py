@@ -1,0 +1,292 @@
+"""What every `tideflow` command shares: the consoles, exit codes, the ``--store``
+option, and the one way a command opens a store (or a runtime on it).
+
+A command never shows a traceback for something the user can fix: a bad store
+URL, a store that cannot be opened (``StoreError``), a run that is not in the
+store (``NotFound``) — every ``TideflowError`` raised while a command's coroutine
+runs ends the command with one line on stderr and exit code 2 (``run_async``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+from collections.abc import AsyncIterator, Coroutine, Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import orjson
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from tideflow.errors import NotFound, TideflowError
+from tideflow.model.states import RUN_TERMINAL
+from tideflow.store import DEFAULT_URL, Store, open_store
+from tideflow.store.base import RunSummary, StoreError
+
+if TYPE_CHECKING:
+    from tideflow.runtime.runtime import Listener, Runtime
+    from tideflow.worker.executors.registry import ExecutorRegistry
+
+T = TypeVar("T")
+TERMINAL_STATUSES = frozenset(status.value for status in RUN_TERMINAL)
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+STORE_ENV = "TIDEFLOW_STORE"
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = Console(highlight=False, soft_wrap=True)
+
+StoreOption = Annotated[
+    str,
+    typer.Option(
+        "--store",
+        envvar=STORE_ENV,
+        metavar="URL",
+        help=(
+            "The store: sqlite:///path.db (relative), sqlite:////abs/path.db, "
+            "postgresql://user@host/db, or memory://."
+        ),
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="The run id.", show_default=False)]
+DEFAULT_STORE = DEFAULT_URL
+
+
+def fail_usage(message: str) -> typer.Exit:
+    """Print ``message`` as one error line; return the exit to raise (code 2)."""
+    err.print(f"[bold red]error:[/] {escape(message)}", markup=True)
+    return typer.Exit(EXIT_USAGE)
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def display_url(url: str) -> str:
+    """The URL as shown to people: a password is masked."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    if not parts.password:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def run_async(coro: Coroutine[Any, Any, T], *, interrupted: str = "interrupted") -> T:
+    """Run a command's coroutine; a TideflowError becomes one clean line and exit 2,
+    Ctrl-C prints ``interrupted`` and exits 130."""
+    try:
+        return asyncio.run(coro)
+    except TideflowError as exc:
+        raise fail_usage(one_line(exc.message)) from None
+    except KeyboardInterrupt:
+        err.print(interrupted, markup=False)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+def registry() -> ExecutorRegistry:
+    from tideflow.worker.executors.registry import ExecutorRegistry
+
+    return ExecutorRegistry()
+
+
+def use_working_directory_modules() -> None:
+    """Let `python` steps import modules next to where the command runs, as `run` always has."""
+    cwd = str(Path.cwd())
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+
+
+# -- opening stores and runtimes ------------------------------------------------------
+
+
+def sqlite_file(store: Store) -> Path | None:
+    """The database file of a SQLite store (None for other stores and ``:memory:``)."""
+    path = getattr(store, "path", None)
+    if isinstance(path, str) and path != ":memory:":
+        return Path(path)
+    return None
+
+
+def build_store(url: str, *, create: bool, upgrade: bool) -> Store:
+    """The store for ``url``, not yet open.
+
+    ``create``: a missing SQLite file may be created (else StoreError "no store at …").
+    ``upgrade``: opening applies missing schema migrations (else an old schema is refused
+    with a message to run ``tideflow db upgrade``). A newer schema is always refused.
+    """
+    store = open_store(url, auto_upgrade=upgrade)
+    path = sqlite_file(store)
+    if path is not None and not create and not path.exists():
+        raise StoreError(f"no store at {path} (from --store {display_url(url)})")
+    return store
+
+
+def store_exists(url: str) -> bool:
+    """False only for a SQLite store whose file does not exist yet."""
+    path = sqlite_file(build_store(url, create=True, upgrade=False))
+    return path is None or path.exists()
+
+
+def store_unavailable(url: str, exc: BaseException) -> StoreError:
+    """The error for a store that did not open; a driver's error gets its type named."""
+    text = exc.message if isinstance(exc, TideflowError) else f"{type(exc).__name__}: {exc}"
+    return StoreError(one_line(f"cannot open store {display_url(url)}: {text}"))
+
+
+@contextlib.asynccontextmanager
+async def opened_store(
+    url: str, *, create: bool = False, upgrade: bool = False
+) -> AsyncIterator[Store]:
+    """An open store, closed on exit; StoreError when it cannot be opened."""
+    store = build_store(url, create=create, upgrade=upgrade)
+    try:
+        await store.open()
+    except Exception as exc:
+        with contextlib.suppress(Exception):
+            await store.close()
+        raise store_unavailable(url, exc) from None
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+@contextlib.asynccontextmanager
+async def opened_runtime(
+    url: str,
+    *,
+    recover: bool,
+    workers: int,
+    create: bool = False,
+    upgrade: bool = False,
+    executors: ExecutorRegistry | None = None,
+    definitions_dir: Path | None = None,
+    listeners: Iterable[Listener] = (),
+) -> AsyncIterator[Runtime]:
+    """A started runtime on the store at ``url`` (the runtime opens and closes the store).
+
+    ``recover=True`` resumes every unfinished run of the store on start; ``workers=0``
+    executes no task (what a command dispatches then runs on the next resume).
+    """
+    from tideflow.runtime.runtime import Runtime
+
+    store = build_store(url, create=create, upgrade=upgrade)
+    rt = Runtime(
+        store=store,
+        executors=executors,
+        workers=workers,
+        recover=recover,
+        definitions_dir=definitions_dir,
+    )
+    for listener in listeners:
+        rt.add_listener(listener)
+    try:
+        await rt.start()
+    except Exception as exc:
+        with contextlib.suppress(Exception):
+            await rt.close()
+        raise store_unavailable(url, exc) from None
+    try:
+        yield rt
+    finally:
+        await rt.close()
+
+
+async def known_run(store: Store, run_id: str, url: str) -> RunSummary:
+    """The run's summary; NotFound naming the store for a run that is not in it."""
+    try:
+        return await store.get_run(run_id)
+    except NotFound:
+        raise NotFound(f"no run {run_id!r} in {display_url(url)}") from None
+
+
+# -- output ---------------------------------------------------------------------------
+
+
+def write_json(value: Any) -> None:
+    sys.stdout.flush()
+    sys.stdout.buffer.write(orjson.dumps(value, default=str) + b"\n")
+    sys.stdout.buffer.flush()
+
+
+def iso(timestamp: float | None) -> str | None:
+    """Epoch seconds as ISO-8601 in UTC (``2025-01-31T12:00:00.000Z``)."""
+    if timestamp is None:
+        return None
+    text = datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds")
+    return text.replace("+00:00", "Z")
+
+
+def parse_since(text: str, now: float) -> float:
+    """``--since``: a duration back from now (``2h``, ``7d``) or an ISO-8601 time (UTC if
+    it names no zone) -> epoch seconds."""
+    from tideflow.dsl import parse_duration
+
+    try:
+        seconds = parse_duration(text)
+    except ValueError:
+        pass
+    else:
+        if seconds < 0:
+            raise fail_usage(f"--since {text!r}: a duration must not be negative")
+        return now - seconds
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise fail_usage(
+            f"--since {text!r} is neither a duration (30m, 2h, 7d) nor an ISO-8601 time "
+            "(2025-01-31 or 2025-01-31T12:00:00Z)"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def table_console() -> Console:
+    """Where tables go: stdout, wide enough not to fold run ids when piped."""
+    if out.is_terminal:
+        return out
+    width = int(os.environ.get("COLUMNS", "0") or 0) or 200
+    return Console(highlight=False, width=width)
+
+
+__all__ = [
+    "DEFAULT_STORE",
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_USAGE",
+    "TERMINAL_STATUSES",
+    "JsonOption",
+    "RunArgument",
+    "StoreOption",
+    "build_store",
+    "display_url",
+    "err",
+    "fail_usage",
+    "iso",
+    "known_run",
+    "one_line",
+    "opened_runtime",
+    "opened_store",
+    "out",
+    "parse_since",
+    "registry",
+    "run_async",
+    "sqlite_file",
+    "store_exists",
+    "table_console",
+    "use_working_directory_modules",
+    "write_json",
+]

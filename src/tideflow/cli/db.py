@@ -1,0 +1,254 @@
+"""`tideflow db …`: a store's schema (upgrade, status) and retention (prune)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Annotated, Any, Protocol, runtime_checkable
+
+import orjson
+import typer
+
+from tideflow.cli.common import (
+    DEFAULT_STORE,
+    EXIT_FAILED,
+    JsonOption,
+    StoreOption,
+    build_store,
+    display_url,
+    fail_usage,
+    iso,
+    opened_store,
+    out,
+    run_async,
+    store_exists,
+    store_unavailable,
+    write_json,
+)
+from tideflow.store import Store
+
+db_app = typer.Typer(
+    help="Manage a store: schema migrations (upgrade, status) and retention (prune).",
+    no_args_is_help=True,
+)
+
+
+@runtime_checkable
+class VersionedSchema(Protocol):
+    """A store with versioned migrations (the SQL stores; memory:// has no schema)."""
+
+    async def schema_version(self) -> int: ...
+
+    async def upgrade(self) -> list[int]: ...
+
+    async def close(self) -> None: ...
+
+
+def code_schema_version() -> int:
+    """The schema version this tideflow writes (one sequence for SQLite and PostgreSQL)."""
+    from tideflow.store.sqlfiles import latest_version
+
+    return latest_version("sqlite")
+
+
+# -- db upgrade -----------------------------------------------------------------------
+
+
+@db_app.command("upgrade")
+def upgrade_cmd(store: StoreOption = DEFAULT_STORE) -> None:
+    """Apply the schema migrations the store is missing (a missing SQLite file is created).
+
+    `tideflow run` and `tideflow resume` upgrade on start; the other commands
+    refuse an old schema and ask for this. A store written by a newer tideflow
+    is refused (exit 2): upgrade tideflow instead.
+
+    Examples:
+      tideflow db upgrade
+      tideflow db upgrade --store postgresql://tideflow@db.internal/tideflow
+    """
+    out.print(run_async(_upgrade(store)), markup=False)
+
+
+async def _upgrade(url: str) -> str:
+    where = display_url(url)
+    if not store_exists(url):
+        async with opened_store(url, create=True, upgrade=True) as store:
+            return f"created {where} at schema version {await _version(store)}"
+    store = build_store(url, create=False, upgrade=False)
+    if not isinstance(store, VersionedSchema):
+        return f"{where} has no schema: nothing to upgrade"
+    applied, version = await _upgrade_unopened(url, store)
+    if not applied:
+        return f"{where} is already at schema version {version}"
+    listed = ", ".join(str(v) for v in applied)
+    return f"applied migration(s) {listed} to {where}: now at schema version {version}"
+
+
+async def _upgrade_unopened(url: str, store: VersionedSchema) -> tuple[list[int], int]:
+    """``upgrade()`` connects by itself and applies what is missing (both SQL stores)."""
+    try:
+        return await store.upgrade(), await store.schema_version()
+    except Exception as exc:
+        raise store_unavailable(url, exc) from None
+    finally:
+        await store.close()
+
+
+async def _version(store: Store) -> int | None:
+    return await store.schema_version() if isinstance(store, VersionedSchema) else None
+
+
+# -- db status ------------------------------------------------------------------------
+
+
+@db_app.command("status")
+def status_cmd(as_json: JsonOption = False, store: StoreOption = DEFAULT_STORE) -> None:
+    """Show the store's schema version next to the one this tideflow uses.
+
+    Exit 0 when they match, 1 when the store does not exist yet, 2 when it
+    cannot be used as it is (an old schema: run `tideflow db upgrade`; a newer
+    one: upgrade tideflow; damaged or unreachable). Nothing is changed.
+    --json prints {"store", "schema_version", "code_schema_version", "up_to_date"}.
+
+    Examples:
+      tideflow db status
+      tideflow db status --store sqlite:///orders.db --json
+    """
+    version = run_async(_status(store))
+    code = code_schema_version()
+    up_to_date = version == code
+    if as_json:
+        write_json(
+            {
+                "store": display_url(store),
+                "schema_version": version,
+                "code_schema_version": code,
+                "up_to_date": up_to_date,
+            }
+        )
+    elif version is None:
+        out.print(f"{display_url(store)}: no schema (nothing is stored between processes)")
+    else:
+        state = "up to date" if up_to_date else "run `tideflow db upgrade`"
+        out.print(
+            f"{display_url(store)}: schema version {version}, this tideflow: {code} ({state})",
+            markup=False,
+        )
+    if version is not None and not up_to_date:
+        raise typer.Exit(EXIT_FAILED)
+
+
+async def _status(url: str) -> int | None:
+    if not store_exists(url):
+        return 0
+    async with opened_store(url, upgrade=False) as store:
+        return await _version(store)
+
+
+# -- db prune -------------------------------------------------------------------------
+
+
+class _ArchiveFile:
+    """Appends each pruned run as one JSON line; flushed per run, fsynced at the end."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self._file = path.open("ab")
+        except OSError as exc:
+            raise fail_usage(f"cannot write archive {path}: {exc.strerror or exc}") from None
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        self._file.write(orjson.dumps(record, default=str) + b"\n")
+        self._file.flush()
+
+    def __enter__(self) -> _ArchiveFile:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        with contextlib.suppress(OSError):
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        self._file.close()
+
+
+@db_app.command("prune")
+def prune_cmd(
+    older_than: Annotated[
+        str,
+        typer.Option(
+            "--older-than",
+            metavar="DURATION",
+            help="Remove runs that ended longer ago than this (30d, 12h, PT1H; 0s: every ended run).",
+            show_default=False,
+        ),
+    ],
+    archive: Annotated[
+        Path | None,
+        typer.Option(
+            "--archive",
+            metavar="FILE.jsonl",
+            help='Append each removed run to FILE as one JSON line {"run": ..., "history": [...]}.',
+        ),
+    ] = None,
+    no_archive: Annotated[
+        bool, typer.Option("--no-archive", help="Drop the runs without keeping them anywhere.")
+    ] = False,
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", min=1, help="Runs removed per transaction.")
+    ] = 500,
+    as_json: JsonOption = False,
+    store: StoreOption = DEFAULT_STORE,
+) -> None:
+    """Remove ended runs (and their history) older than --older-than, in batches.
+
+    Exactly one of --archive FILE and --no-archive is required. Unfinished runs
+    are never removed; each batch is its own short transaction, so live work
+    goes on meanwhile. --json prints {"pruned", "ended_before", "archive"}.
+
+    Examples:
+      tideflow db prune --older-than 30d --archive runs-2025-01.jsonl
+      tideflow db prune --older-than 90d --no-archive --batch-size 200
+    """
+    if (archive is None) == (not no_archive):
+        raise fail_usage("pass exactly one of --archive FILE.jsonl and --no-archive")
+    from tideflow.dsl import parse_duration
+
+    try:
+        seconds = parse_duration(older_than)
+    except ValueError as exc:
+        raise fail_usage(f"--older-than: {exc}") from None
+    if seconds < 0:
+        raise fail_usage(f"--older-than {older_than!r} must not be negative")
+    cutoff = time.time() - seconds
+    pruned = run_async(_prune(store, cutoff, batch_size, archive))
+    if as_json:
+        write_json(
+            {"pruned": pruned, "ended_before": iso(cutoff), "archive": archive and str(archive)}
+        )
+        return
+    where = f"; archived to {archive}" if archive is not None else ""
+    out.print(f"pruned {pruned} run(s) that ended before {iso(cutoff)}{where}", markup=False)
+
+
+async def _prune(url: str, cutoff: float, batch_size: int, archive: Path | None) -> int:
+    async with opened_store(url) as store:
+        if archive is None:
+            return await store.prune(cutoff, batch_size=batch_size)
+        with _ArchiveFile(archive) as sink:
+            try:
+                return await store.prune(cutoff, batch_size=batch_size, archive=sink)
+            except OSError as exc:
+                # The batch being archived was not deleted: nothing is lost.
+                raise fail_usage(f"cannot write archive {archive}: {exc.strerror or exc}") from None
+
+
+__all__ = ["db_app"]

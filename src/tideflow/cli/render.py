@@ -1,0 +1,207 @@
+"""How runs, steps and histories look on the terminal and as JSON.
+
+Text goes through rich (summaries on stderr, tables on stdout); JSON is one
+object on stdout with times as ISO-8601 strings in UTC.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+from rich.markup import escape
+from rich.table import Table
+
+from tideflow.cli.common import err, iso, table_console
+from tideflow.runtime.result import RunResult
+from tideflow.store.base import HistoryEntry, RunSummary
+
+STATUS_STYLE = {
+    "pending": "dim",
+    "ready": "cyan",
+    "running": "yellow",
+    "retrying": "magenta",
+    "waiting": "blue",
+    "succeeded": "green",
+    "failed": "red",
+    "skipped": "dim",
+    "cancelled": "red dim",
+    "timed_out": "red",
+    "compensating": "magenta",
+    "compensated": "yellow",
+    "compensation_failed": "bold red",
+}
+EVENT_FIELDS = ("step_key", "attempt", "name", "timer_id", "child_run_id", "status", "reason")
+"""Event fields worth a glance in `runs history` (the rest is in --json)."""
+
+
+def styled(status: str) -> str:
+    style = STATUS_STYLE.get(status)
+    return f"[{style}]{escape(status)}[/]" if style else escape(status)
+
+
+def error_text(error: dict[str, Any] | None) -> str:
+    if not error:
+        return ""
+    return f"{error.get('type')}: {error.get('message')}"
+
+
+# -- one run's result (run, runs resume) ------------------------------------------------
+
+
+def print_result(result: RunResult) -> None:
+    """Steps and status on stderr, the run's output as JSON on stdout."""
+    colour = "green" if result.succeeded else "red"
+    err.print(f"run {result.run_id} [bold {colour}]{escape(result.status)}[/]", markup=True)
+    for key, step in result.steps.items():
+        line = f"  {key:<32} {step.status:<10}"
+        if step.attempts > 1:
+            line += f" attempts={step.attempts}"
+        if step.error:
+            line += f"  {error_text(step.error)}"
+        err.print(line, markup=False)
+    if result.error:
+        err.print(f"error: {error_text(result.error)}", markup=False)
+    sys.stdout.buffer.write(
+        orjson.dumps(result.output, option=orjson.OPT_INDENT_2, default=str) + b"\n"
+    )
+    sys.stdout.buffer.flush()
+
+
+def results_table(results: Sequence[RunResult]) -> None:
+    """One row per run (resume)."""
+    table = Table()
+    for name in ("run", "workflow", "status", "error"):
+        table.add_column(name, no_wrap=name != "error")
+    for result in results:
+        table.add_row(
+            result.run_id,
+            escape(f"{result.workflow} {result.version}"),
+            styled(result.status),
+            escape(error_text(result.error)),
+        )
+    table_console().print(table)
+
+
+# -- stored runs (runs list, runs show) ---------------------------------------------------
+
+
+def summary_json(summary: RunSummary) -> dict[str, Any]:
+    data = summary.to_dict()
+    for key in ("created_at", "updated_at", "finished_at"):
+        data[key] = iso(data[key])
+    return data
+
+
+def runs_table(runs: Sequence[RunSummary]) -> None:
+    table = Table()
+    for name in ("run", "workflow", "version", "status", "created", "finished"):
+        table.add_column(name, no_wrap=True)
+    for run in runs:
+        table.add_row(
+            run.run_id,
+            escape(run.workflow),
+            escape(run.version),
+            styled(run.status),
+            iso(run.created_at),
+            iso(run.finished_at) or "",
+        )
+    table_console().print(table)
+
+
+def run_json(summary: RunSummary, result: RunResult) -> dict[str, Any]:
+    """`runs show --json`: the stored summary plus every step instance."""
+    return {**summary_json(summary), **result.to_dict(), "status": summary.status}
+
+
+def print_run(summary: RunSummary, result: RunResult) -> None:
+    console = table_console()
+    console.print(f"run      {summary.run_id}", markup=False)
+    console.print(f"workflow {summary.workflow} {summary.version}", markup=False)
+    console.print(f"status   {styled(summary.status)}", markup=True)
+    console.print(f"created  {iso(summary.created_at)}", markup=False)
+    console.print(f"updated  {iso(summary.updated_at)}", markup=False)
+    if summary.finished_at is not None:
+        console.print(f"finished {iso(summary.finished_at)}", markup=False)
+    if summary.parent_run_id:
+        console.print(f"parent   {summary.parent_run_id}", markup=False)
+    if summary.error:
+        console.print(f"error    {error_text(summary.error)}", markup=False)
+    if summary.output is not None:
+        output = orjson.dumps(summary.output, default=str).decode()
+        console.print(f"output   {output}", markup=False)
+    console.print(_steps_table(result))
+
+
+def _steps_table(result: RunResult) -> Table:
+    table = Table(title="steps", title_justify="left")
+    for name in ("step", "status", "attempts", "error"):
+        table.add_column(
+            name, no_wrap=name != "error", justify="right" if name == "attempts" else "left"
+        )
+    for key, step in result.steps.items():
+        table.add_row(
+            escape(key), styled(step.status), str(step.attempts), escape(error_text(step.error))
+        )
+    return table
+
+
+# -- history (runs history) ---------------------------------------------------------------
+
+
+def history_json(run_id: str, entries: Sequence[HistoryEntry]) -> dict[str, Any]:
+    return {"run_id": run_id, "events": [_entry_json(entry) for entry in entries]}
+
+
+def _entry_json(entry: HistoryEntry) -> dict[str, Any]:
+    event = dict(entry.event)
+    if isinstance(event.get("time"), int | float):
+        event["time"] = iso(event["time"])
+    return {
+        "seq": entry.seq,
+        "time": iso(entry.time),
+        "kind": entry.kind,
+        "event": event,
+        "transitions": [{**t, "time": iso(t.get("time"))} for t in entry.transitions],
+    }
+
+
+def print_history(entries: Sequence[HistoryEntry]) -> None:
+    console = table_console()
+    for entry in entries:
+        detail = _event_detail(entry.event)
+        console.print(
+            f"{entry.seq:>4}  {iso(entry.time)}  [bold]{entry.kind}[/]{escape(detail)}", markup=True
+        )
+        for tr in entry.transitions:
+            console.print(escape(_transition_text(tr)), markup=True)
+
+
+def _event_detail(event: dict[str, Any]) -> str:
+    parts = [f"{key}={event[key]}" for key in EVENT_FIELDS if event.get(key) is not None]
+    if event.get("error"):
+        parts.append(f"error={error_text(event['error'])}")
+    return ("  " + " ".join(parts)) if parts else ""
+
+
+def _transition_text(tr: dict[str, Any]) -> str:
+    text = f"        {tr.get('subject')}: {tr.get('old') or '-'} -> {tr.get('new')}"
+    if tr.get("attempt"):
+        text += f" (attempt {tr['attempt']})"
+    if tr.get("cause"):
+        text += f"  [{tr['cause']}]"
+    return text
+
+
+__all__ = [
+    "history_json",
+    "print_history",
+    "print_result",
+    "print_run",
+    "results_table",
+    "run_json",
+    "runs_table",
+    "summary_json",
+]

@@ -1,0 +1,296 @@
+"""`tideflow runs …`: the runs kept in a store.
+
+Reading commands (list, show, history) never start workers or resume anything.
+`cancel` and `signal` apply their event to the store and return: the work the
+event unlocks runs on the next `tideflow resume` or `tideflow runs resume RUN`
+(both in cli/resume.py).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from tideflow.cli.common import (
+    DEFAULT_STORE,
+    EXIT_FAILED,
+    TERMINAL_STATUSES,
+    JsonOption,
+    RunArgument,
+    StoreOption,
+    display_url,
+    err,
+    fail_usage,
+    known_run,
+    opened_runtime,
+    opened_store,
+    parse_since,
+    run_async,
+    write_json,
+)
+from tideflow.cli.render import (
+    history_json,
+    print_history,
+    print_run,
+    run_json,
+    runs_table,
+    summary_json,
+)
+from tideflow.cli.resume import resume_run_cmd
+from tideflow.model.events import CancelRequested, Event, SignalReceived
+from tideflow.model.states import RunStatus
+from tideflow.runtime.result import RunResult
+from tideflow.runtime.runtime import Runtime
+from tideflow.store.base import HistoryEntry, RunFilter, RunPage, RunSummary
+
+runs_app = typer.Typer(
+    help="List, inspect, cancel, signal and resume the runs kept in a store.",
+    no_args_is_help=True,
+)
+
+RUN_STATUSES = [status.value for status in RunStatus]
+
+
+# -- runs list ----------------------------------------------------------------------------
+
+
+@runs_app.command("list")
+def list_cmd(
+    status: Annotated[
+        str | None,
+        typer.Option("--status", help=f"Only runs in this state: {', '.join(RUN_STATUSES)}."),
+    ] = None,
+    workflow: Annotated[
+        str | None, typer.Option("--workflow", help="Only runs of this workflow (by name).")
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(
+            "--since",
+            metavar="DURATION|ISO",
+            help="Only runs created since: a duration back from now (30m, 2h, 7d) or an ISO-8601 time (UTC unless it says otherwise).",
+        ),
+    ] = None,
+    limit: Annotated[
+        int, typer.Option("--limit", min=1, max=1000, help="At most this many runs (one page).")
+    ] = 50,
+    cursor: Annotated[
+        str | None,
+        typer.Option("--cursor", help="The next page: the next_cursor a previous page printed."),
+    ] = None,
+    as_json: JsonOption = False,
+    store: StoreOption = DEFAULT_STORE,
+) -> None:
+    """List runs, newest first, one page at a time.
+
+    --json prints {"runs": [...], "next_cursor": ...}; next_cursor is null on the
+    last page.
+
+    Examples:
+      tideflow runs list
+      tideflow runs list --status failed --since 24h
+      tideflow runs list --workflow order-fulfillment --limit 20 --json
+      tideflow runs list --cursor MTcx... --store sqlite:///orders.db
+    """
+    if status is not None and status not in RUN_STATUSES:
+        raise fail_usage(f"--status {status!r} is not a run state: use {', '.join(RUN_STATUSES)}")
+    after = parse_since(since, time.time()) if since is not None else None
+    filter = RunFilter(status=status, workflow=workflow, created_after=after)
+    page = run_async(_list(store, filter, limit, cursor))
+    if as_json:
+        write_json(
+            {"runs": [summary_json(run) for run in page.runs], "next_cursor": page.next_cursor}
+        )
+        return
+    if not page.runs:
+        err.print(f"no runs in {display_url(store)} match", markup=False)
+        return
+    runs_table(page.runs)
+    if page.next_cursor:
+        err.print(f"more: --cursor {page.next_cursor}", markup=False)
+
+
+async def _list(url: str, filter: RunFilter, limit: int, cursor: str | None) -> RunPage:
+    async with opened_store(url) as store:
+        return await store.list_runs(filter, limit=limit, cursor=cursor)
+
+
+# -- runs show ----------------------------------------------------------------------------
+
+
+@runs_app.command("show")
+def show_cmd(
+    run_id: RunArgument, as_json: JsonOption = False, store: StoreOption = DEFAULT_STORE
+) -> None:
+    """Show a run: its summary and every step instance (status, attempts, error).
+
+    Examples:
+      tideflow runs show 3f2a9c...
+      tideflow runs show 3f2a9c... --json
+    """
+    summary, result = run_async(_show(store, run_id))
+    if as_json:
+        write_json(run_json(summary, result))
+    else:
+        print_run(summary, result)
+
+
+async def _show(url: str, run_id: str) -> tuple[RunSummary, RunResult]:
+    async with opened_runtime(url, recover=False, workers=0) as rt:
+        summary = await known_run(rt.store, run_id, url)
+        return summary, await rt.result(run_id)
+
+
+# -- runs history -------------------------------------------------------------------------
+
+
+@runs_app.command("history")
+def history_cmd(
+    run_id: RunArgument, as_json: JsonOption = False, store: StoreOption = DEFAULT_STORE
+) -> None:
+    """Show everything that happened to a run, event by event.
+
+    Each event comes with the state transitions it caused; times are ISO-8601 (UTC).
+
+    --json prints {"run_id": ..., "events": [{"seq", "time", "kind", "event",
+    "transitions": [{"subject", "old", "new", "time", "cause", "attempt"}]}]}.
+
+    Examples:
+      tideflow runs history 3f2a9c...
+      tideflow runs history 3f2a9c... --json | jq '.events[].kind'
+    """
+    entries = run_async(_history(store, run_id))
+    if as_json:
+        write_json(history_json(run_id, entries))
+    else:
+        print_history(entries)
+
+
+async def _history(url: str, run_id: str) -> list[HistoryEntry]:
+    async with opened_store(url) as store:
+        await known_run(store, run_id, url)
+        return list(await store.history(run_id))
+
+
+# -- runs cancel / runs signal --------------------------------------------------------------
+
+
+@runs_app.command("cancel")
+def cancel_cmd(
+    run_id: RunArgument,
+    reason: Annotated[
+        str, typer.Option("--reason", help="Recorded in the run's history.")
+    ] = "cancelled with tideflow runs cancel",
+    store: StoreOption = DEFAULT_STORE,
+) -> None:
+    """Cancel a run: record the cancellation in the store and return.
+
+    Running steps are cancelled and compensations (if any) run on the next
+    `tideflow resume` or `tideflow runs resume RUN`. Exit 1 when the run had
+    already ended.
+
+    Examples:
+      tideflow runs cancel 3f2a9c...
+      tideflow runs cancel 3f2a9c... --reason "duplicate order"
+    """
+    status = run_async(
+        _apply(store, run_id, lambda rt: _cancel_event(rt, run_id, reason), "cancel")
+    )
+    _report_applied(store, run_id, status)
+
+
+def _cancel_event(rt: Runtime, run_id: str, reason: str) -> Event:
+    return CancelRequested(
+        event_id=rt.new_event_id(), run_id=run_id, time=rt.clock.now(), reason=reason
+    )
+
+
+@runs_app.command("signal")
+def signal_cmd(
+    run_id: RunArgument,
+    name: Annotated[
+        str, typer.Argument(help="The signal name a `wait` step waits for.", show_default=False)
+    ],
+    payload: Annotated[
+        str | None,
+        typer.Option("--payload", "-p", help="The signal's payload: JSON text, or @file.json."),
+    ] = None,
+    store: StoreOption = DEFAULT_STORE,
+) -> None:
+    """Send a signal to a run: record it in the store and return.
+
+    A `wait` for NAME whose `match` holds takes it (else it is kept for a later
+    wait); the steps it unlocks run on the next `tideflow resume` or
+    `tideflow runs resume RUN`. Exit 1 when the run had already ended.
+
+    Examples:
+      tideflow runs signal 3f2a9c... approval --payload '{"approved": true, "by": "kim"}'
+      tideflow runs signal 3f2a9c... approval -p @answer.json
+    """
+    value = _parse_payload(payload)
+    status = run_async(
+        _apply(store, run_id, lambda rt: _signal_event(rt, run_id, name, value), "signal")
+    )
+    _report_applied(store, run_id, status)
+
+
+def _parse_payload(raw: str | None) -> Any:
+    if raw is None:
+        return None
+    text = raw
+    if raw.startswith("@"):
+        try:
+            text = Path(raw[1:]).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise fail_usage(f"cannot read payload file {raw[1:]}: {exc.strerror or exc}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise fail_usage(
+            f"--payload is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno} "
+            "(pass a JSON value, or @path/to/file.json)"
+        ) from None
+
+
+def _signal_event(rt: Runtime, run_id: str, name: str, payload: Any) -> Event:
+    return SignalReceived(
+        event_id=rt.new_event_id(), run_id=run_id, time=rt.clock.now(), name=name, payload=payload
+    )
+
+
+async def _apply(url: str, run_id: str, make: Callable[[Runtime], Event], action: str) -> str:
+    """Apply one event to a run without workers; return the run's status after it."""
+    async with opened_runtime(url, recover=False, workers=0) as rt:
+        summary = await known_run(rt.store, run_id, url)
+        if summary.status in TERMINAL_STATUSES:
+            err.print(
+                f"run {run_id} has already ended ({summary.status}): nothing to {action}",
+                markup=False,
+            )
+            raise typer.Exit(EXIT_FAILED)
+        await rt.apply_now(make(rt))
+        return (await rt.store.get_run(run_id)).status
+
+
+def _report_applied(url: str, run_id: str, status: str) -> None:
+    if status in TERMINAL_STATUSES:
+        err.print(f"run {run_id} is now {escape(status)}", markup=True)
+        return
+    store = "" if url == DEFAULT_STORE else f" --store {display_url(url)}"
+    err.print(
+        f"recorded for run {run_id} (now {status}). What it unlocks runs on the next "
+        f"`tideflow resume{store}` or `tideflow runs resume {run_id}{store}`.",
+        markup=False,
+    )
+
+
+runs_app.command("resume")(resume_run_cmd)
+
+
+__all__ = ["runs_app"]
