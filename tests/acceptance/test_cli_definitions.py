@@ -124,3 +124,34 @@ def test_help_everywhere_has_examples() -> None:
         done = tideflow(*command, "--help")
         assert done.returncode == 0
         assert "Examples" in done.stdout
+
+
+def test_run_resolves_subflows_in_the_file_directory_or_definitions_dir(tmp_path: Path) -> None:
+    (tmp_path / "parent.yaml").write_text(
+        "name: parent\nversion: '1'\n"
+        "steps: [{id: kid, type: subflow, workflow: child, input: {n: 20}}]\n"
+        "output: '{{ steps.kid.output }}'\n"
+    )
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "child.yaml").write_text(
+        "name: child\nversion: '1'\nsteps: [{id: s, type: set, values: {v: '{{ inputs.n + 1 }}'}}]\n"
+        "output: '{{ steps.s.output.v }}'\n"
+    )
+    missing = tideflow("run", str(tmp_path / "parent.yaml"), "--json", "--store", "memory://")
+    assert missing.returncode == 1
+    assert json.loads(missing.stdout)["error"]["type"] == "ChildRunFailed"
+    found = tideflow(
+        "run",
+        str(tmp_path / "parent.yaml"),
+        "--json",
+        "--store",
+        "memory://",
+        "--definitions",
+        str(lib),
+    )
+    assert found.returncode == 0, found.stderr
+    assert json.loads(found.stdout)["output"] == 21
+    (tmp_path / "child.yaml").write_text((lib / "child.yaml").read_text())
+    beside = tideflow("run", str(tmp_path / "parent.yaml"), "--json", "--store", "memory://")
+    assert json.loads(beside.stdout)["output"] == 21
