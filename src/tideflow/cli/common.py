@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import os
 import sys
-from collections.abc import AsyncIterator, Coroutine, Iterable
+from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -192,6 +192,8 @@ async def opened_runtime(
     )
     for listener in listeners:
         rt.add_listener(listener)
+    for sink in configured_event_sinks(os.environ):
+        rt.add_event_sink(sink)
     try:
         await rt.start()
     except Exception as exc:
@@ -202,6 +204,30 @@ async def opened_runtime(
         yield rt
     finally:
         await rt.close()
+
+
+EVENT_SINKS_VARIABLE = "TIDEFLOW_EVENT_SINKS"
+EVENT_SINK_SECRET_VARIABLE = "TIDEFLOW_EVENT_SINK_SECRET"
+
+
+def configured_event_sinks(environ: Mapping[str, str]) -> list[Any]:
+    """Webhook sinks named by ``TIDEFLOW_EVENT_SINKS`` (URLs separated by spaces or commas),
+    each signed with ``TIDEFLOW_EVENT_SINK_SECRET``."""
+    from tideflow.worker.executors.emit_sink import WebhookSink
+
+    urls = [u for u in environ.get(EVENT_SINKS_VARIABLE, "").replace(",", " ").split() if u]
+    if not urls:
+        return []
+    secret = environ.get(EVENT_SINK_SECRET_VARIABLE)
+    if not secret:
+        raise fail_usage(
+            f"{EVENT_SINKS_VARIABLE} is set but {EVENT_SINK_SECRET_VARIABLE} is not: "
+            "webhook deliveries are always signed, set the shared secret"
+        )
+    bad = [u for u in urls if not u.startswith(("http://", "https://"))]
+    if bad:
+        raise fail_usage(f"{EVENT_SINKS_VARIABLE}: not an http(s) URL: {', '.join(bad)}")
+    return [WebhookSink(url, secret) for url in urls]
 
 
 async def known_run(store: Store, run_id: str, url: str) -> RunSummary:

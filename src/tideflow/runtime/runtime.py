@@ -160,6 +160,11 @@ class Runtime:
             for fut in futures:
                 if not fut.done():
                     fut.cancel()
+        for sink in self._sinks:
+            closer = getattr(sink, "aclose", None)
+            if closer is not None:
+                with contextlib.suppress(Exception):
+                    await closer()
         await self.executors.aclose()
         await self.bus.close()
         await self.store.close()

@@ -24,7 +24,7 @@ from tideflow.runtime import faults
 from tideflow.worker.executors.base import StepContext
 from tideflow.worker.executors.errorinfo import error_info_from_exception
 from tideflow.worker.executors.registry import ExecutorRegistry
-from tideflow.worker.secrets import EnvSecretProvider, Redactor, SecretProvider, resolve_markers
+from tideflow.worker.secrets import Redactor, SecretProvider, default_provider, resolve_markers
 
 log = logging.getLogger("tideflow.worker")
 
@@ -47,7 +47,7 @@ class WorkerPool:
         self._concurrency = concurrency
         self._clock = clock
         self._new_id = new_event_id
-        self._secrets = secrets or EnvSecretProvider()
+        self._secrets = secrets or default_provider()
         self._loops: list[asyncio.Task[None]] = []
         self._running: dict[tuple[str, str, int], asyncio.Task[Event | None]] = {}
         self._cancelled: dict[tuple[str, str, int], None] = {}

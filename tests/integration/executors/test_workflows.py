@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import orjson
 import pytest
@@ -155,3 +159,52 @@ steps:
     assert verify_signature(
         request["body"], request["headers"]["x-tideflow-signature"], "hook-secret"
     )
+
+
+def test_the_cli_delivers_emitted_events_to_configured_webhooks(
+    http_server: LocalServer, tmp_path: Path
+) -> None:
+    flow = tmp_path / "announce.yaml"
+    flow.write_text(
+        "name: announce\nversion: '1'\n"
+        "steps: [{id: e, type: emit, event: {type: order.shipped, data: {id: 7}}}]\n"
+    )
+    env = {
+        **os.environ,
+        "TIDEFLOW_EVENT_SINKS": f"{http_server.url}/echo",
+        "TIDEFLOW_EVENT_SINK_SECRET": "cli-secret",
+    }
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tideflow.cli.main",
+            "run",
+            str(flow),
+            "--json",
+            "--store",
+            "memory://",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    (request,) = http_server.state.requests
+    assert request["headers"]["content-type"] == "application/cloudevents+json"
+    assert verify_signature(
+        request["body"], request["headers"]["x-tideflow-signature"], "cli-secret"
+    )
+    assert orjson.loads(request["body"])["type"] == "order.shipped"
+    unsigned = subprocess.run(
+        [sys.executable, "-m", "tideflow.cli.main", "run", str(flow), "--store", "memory://"],
+        env={**env, "TIDEFLOW_EVENT_SINK_SECRET": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert unsigned.returncode == 2
+    assert "TIDEFLOW_EVENT_SINK_SECRET" in unsigned.stderr
