@@ -239,6 +239,7 @@ class Decider:
     def succeed(self, st: StepState, output: Any, cause: str) -> None:
         state = self.state
         st.output = output
+        st.error = None  # earlier attempts' errors stay in the history
         state.completed_seq += 1
         st.seq = state.completed_seq
         if self.plan.specs[st.step_id].compensate is not None:

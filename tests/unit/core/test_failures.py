@@ -292,3 +292,13 @@ def test_a_retry_blocked_by_the_deadline_reports_deadline_exceeded(harness):
     error = h.state.steps["a"].error
     assert error.type == "DeadlineExceeded"
     assert "ValueError: nope" in error.message
+
+
+def test_a_step_that_succeeds_after_retries_reports_no_error(harness):
+    h = harness(HEAD + "steps: [{id: a, type: noop, retry: {max_attempts: 2, backoff: 1s}}]\n")
+    h.fail("a", "ValueError")
+    assert h.state.steps["a"].error.type == "ValueError"
+    h.advance(1)
+    h.complete("a", 1)
+    assert h.state.steps["a"].error is None
+    assert any("ValueError" in t.cause for t in h.transitions if t.subject == "a")

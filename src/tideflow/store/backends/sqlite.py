@@ -113,7 +113,7 @@ class SqliteStore(Store):
         try:
             conn.execute("PRAGMA busy_timeout = 10000")
             if self.path != ":memory:":
-                conn.execute("PRAGMA journal_mode = WAL")
+                _enable_wal(conn)
             conn.execute("PRAGMA synchronous = NORMAL")
         except BaseException:
             conn.close()
@@ -357,6 +357,19 @@ class SqliteStore(Store):
                     archive({"run": summary.to_dict(), "history": [e.to_dict() for e in entries]})
             await self._run(self._transaction, lambda c, ids=ids: _delete_runs(c, ids))
             total += len(ids)
+
+
+def _enable_wal(conn: sqlite3.Connection, attempts: int = 50) -> None:
+    """Switch to WAL. The switch needs a moment of exclusive access and does not wait on
+    the busy timeout, so a process opening the file while another migrates retries."""
+    for attempt in range(attempts):
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or attempt == attempts - 1:
+                raise
+            time.sleep(0.02 * (attempt + 1))
 
 
 def _save_definition(conn: sqlite3.Connection, plan: Plan) -> bool:
