@@ -67,6 +67,27 @@ def fail_usage(message: str) -> typer.Exit:
     return typer.Exit(EXIT_USAGE)
 
 
+def parse_json_option(raw: str | None, option: str) -> Any:
+    """The value of a JSON option (``--input``, ``--payload``): JSON text, or ``@file``."""
+    if raw is None:
+        return None
+    text = raw
+    if raw.startswith("@"):
+        try:
+            text = Path(raw[1:]).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise fail_usage(
+                f"cannot read {option} file {raw[1:]}: {exc.strerror or exc}"
+            ) from None
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise fail_usage(
+            f"{option} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno} "
+            "(pass a JSON value, or @path/to/file.json)"
+        ) from None
+
+
 def one_line(text: str) -> str:
     return " ".join(text.split())
 
@@ -307,6 +328,7 @@ __all__ = [
     "opened_runtime",
     "opened_store",
     "out",
+    "parse_json_option",
     "parse_since",
     "registry",
     "run_async",

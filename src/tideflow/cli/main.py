@@ -30,6 +30,7 @@ from tideflow.cli.common import (
     fail_usage,
     opened_runtime,
     out,
+    parse_json_option,
     registry,
     run_async,
     use_working_directory_modules,
@@ -76,24 +77,6 @@ def _load(file: Path, executors: ExecutorRegistry) -> Plan:
         for diagnostic in exc.diagnostics:
             err.print(diagnostic.format(), markup=False)
         raise typer.Exit(EXIT_USAGE) from None
-
-
-def _parse_input(raw: str | None) -> Any:
-    if raw is None:
-        return None
-    text = raw
-    if raw.startswith("@"):
-        try:
-            text = Path(raw[1:]).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise fail_usage(f"cannot read input file {raw[1:]}: {exc.strerror or exc}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise fail_usage(
-            f"--input is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno} "
-            "(pass a JSON value, or @path/to/file.json)"
-        ) from None
 
 
 @app.command("validate")
@@ -205,7 +188,7 @@ def run_cmd(
     """
     executors = registry()
     plan = _load(file, executors)
-    value = _parse_input(input)
+    value = parse_json_option(input, "--input")
     from tideflow.dsl import validate_input
 
     try:

@@ -9,21 +9,10 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from tideflow.cli.render import STATUS_STYLE
 from tideflow.model.events import Transition
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
-
-_STYLE = {
-    "pending": "dim",
-    "ready": "cyan",
-    "running": "yellow",
-    "retrying": "magenta",
-    "waiting": "blue",
-    "succeeded": "green",
-    "failed": "red",
-    "skipped": "dim",
-    "cancelled": "red dim",
-}
 
 
 class Progress:
@@ -71,6 +60,6 @@ class Progress:
         table.add_column("status")
         table.add_column("attempt", justify="right")
         for key, (status, attempt) in self._rows.items():
-            style = _STYLE.get(status, "")
+            style = STATUS_STYLE.get(status, "")
             table.add_row(key, f"[{style}]{status}[/]" if style else status, str(attempt or ""))
         return table

@@ -8,10 +8,8 @@ event unlocks runs on the next `tideflow resume` or `tideflow runs resume RUN`
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -30,6 +28,7 @@ from tideflow.cli.common import (
     known_run,
     opened_runtime,
     opened_store,
+    parse_json_option,
     parse_since,
     run_async,
     write_json,
@@ -233,29 +232,11 @@ def signal_cmd(
       tideflow runs signal 3f2a9c... approval --payload '{"approved": true, "by": "kim"}'
       tideflow runs signal 3f2a9c... approval -p @answer.json
     """
-    value = _parse_payload(payload)
+    value = parse_json_option(payload, "--payload")
     status = run_async(
         _apply(store, run_id, lambda rt: _signal_event(rt, run_id, name, value), "signal")
     )
     _report_applied(store, run_id, status)
-
-
-def _parse_payload(raw: str | None) -> Any:
-    if raw is None:
-        return None
-    text = raw
-    if raw.startswith("@"):
-        try:
-            text = Path(raw[1:]).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise fail_usage(f"cannot read payload file {raw[1:]}: {exc.strerror or exc}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise fail_usage(
-            f"--payload is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno} "
-            "(pass a JSON value, or @path/to/file.json)"
-        ) from None
 
 
 def _signal_event(rt: Runtime, run_id: str, name: str, payload: Any) -> Event:
