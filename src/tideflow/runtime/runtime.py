@@ -27,7 +27,6 @@ from typing import Any
 
 from tideflow.bus.backends.local import LocalBus
 from tideflow.bus.base import Bus
-from tideflow.core.decide import decide
 from tideflow.core.resume import resume_commands
 from tideflow.errors import NotFound, TideflowError
 from tideflow.model.commands import (
@@ -49,25 +48,23 @@ from tideflow.model.events import (
     RunStarted,
     SignalReceived,
     TimerFired,
-    Transition,
 )
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState, new_run_state
-from tideflow.runtime import faults
 from tideflow.runtime.clock import Clock, SystemClock
 from tideflow.runtime.definitions import DefinitionSource, coerce_plan
 from tideflow.runtime.result import RunResult, result_of
 from tideflow.runtime.runs import Plans, RunCache
+from tideflow.runtime.scheduler import Listener, Scheduler
 from tideflow.runtime.timers import TimerWheel
 from tideflow.store.backends.memory import MemoryStore
-from tideflow.store.base import AppliedEvent, HistoryEntry, Store
+from tideflow.store.base import HistoryEntry, Store
 from tideflow.worker.executors.registry import ExecutorRegistry
 from tideflow.worker.pool import WorkerPool
 from tideflow.worker.secrets import SecretProvider, redact_fields
 
 log = logging.getLogger("tideflow.runtime")
 
-Listener = Callable[[RunState, Sequence[Transition]], None]
 EventSink = Callable[[dict[str, Any]], Any]
 
 
@@ -98,15 +95,12 @@ class Runtime:
         self.executors = executors or ExecutorRegistry()
         self.clock = clock or SystemClock()
         self._definitions = DefinitionSource(definitions_dir, self.executors)
-        self._batch_size = batch_size
         self._recover_on_start = recover
         self._worker_count = workers
         self._prefix = uuid.uuid4().hex[:10]
         self._ids = itertools.count(1)
         self._plans = Plans(self.store)
         self._runs = RunCache(self.store, self._plans)
-        self._relayed: list[str] = []
-        """Outbox ids relayed since the last commit; forgotten by the next commit."""
         self._waiters: dict[str, list[asyncio.Future[RunResult]]] = defaultdict(list)
         self._listeners: list[Listener] = []
         self._sinks: list[EventSink] = []
@@ -119,12 +113,15 @@ class Runtime:
             new_event_id=self.new_event_id,
             secrets=secrets,
         )
-        self._scheduler: asyncio.Task[None] | None = None
-        self._batch_lock = asyncio.Lock()
-        self._in_flight: set[str] = set()
-        """Runs changed by the batch being applied and not yet committed."""
-        self._retry_delay = 0.05
-        self._crashed: BaseException | None = None
+        self._scheduler = Scheduler(
+            store=self.store,
+            bus=self.bus,
+            runs=self._runs,
+            plans=self._plans,
+            listeners=self._listeners,
+            relay=self._relay,
+            batch_size=batch_size,
+        )
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -138,7 +135,7 @@ class Runtime:
     async def start(self) -> None:
         await self.store.open()
         await self.bus.open()
-        self._scheduler = asyncio.create_task(self._schedule(), name="tideflow-scheduler")
+        self._scheduler.start()
         if self._worker_count:
             self._workers.start()
         if self._recover_on_start:
@@ -146,15 +143,7 @@ class Runtime:
 
     async def close(self) -> None:
         await self._workers.close()
-        async with self._batch_lock:  # a batch being committed finishes first
-            if self._scheduler is not None:
-                self._scheduler.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._scheduler
-                self._scheduler = None
-            if self._relayed:
-                with contextlib.suppress(Exception):
-                    await self.store.commit([], self._relayed)
+        await self._scheduler.stop()  # a batch being committed finishes first
         self._timers.close()
         for futures in self._waiters.values():
             for fut in futures:
@@ -223,7 +212,7 @@ class Runtime:
     async def wait(self, run_id: str, timeout: float | None = None) -> RunResult:
         """Wait until the run is in a terminal state and return its result."""
         state = await self._state(run_id)
-        if state.is_terminal and run_id not in self._in_flight:
+        if state.is_terminal and not self._scheduler.uncommitted(run_id):
             return result_of(state, await self._plans.get(state.plan_hash))
         fut: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
         self._waiters[run_id].append(fut)
@@ -281,7 +270,7 @@ class Runtime:
     async def apply_now(self, event: Event) -> None:
         """Apply one event and commit it before returning (for tools that act on a store
         without running its workers: what the event dispatches runs on the next resume)."""
-        await self._apply_batch([event])
+        await self._scheduler.apply([event])
 
     async def unfinished(self) -> list[str]:
         """Ids of the runs in the store that have not ended."""
@@ -345,7 +334,7 @@ class Runtime:
         whose result was never recorded (same attempt, same idempotency key)."""
         pending = await self.store.pending_outbox()
         await self._relay([item.command for item in pending])
-        self._relayed.extend(item.id for item in pending)
+        self._scheduler.relayed([item.id for item in pending])
         for run_id in await self.store.unfinished_runs():
             try:
                 state = await self._state(run_id)
@@ -357,101 +346,6 @@ class Runtime:
                 log.error("run %s cannot be resumed: %s", run_id, exc)
                 continue
             await self._relay(resume_commands(plan, state, self.clock.now()))
-
-    # -- internals: the scheduler -----------------------------------------------
-
-    async def _schedule(self) -> None:
-        while True:
-            events = await self.bus.next_events(self._batch_size)
-            try:
-                await self._apply_batch(events)
-            except Exception:
-                log.exception(
-                    "scheduler batch failed; the runs involved are resumed from the store"
-                )
-
-    async def _apply_batch(self, events: list[Event]) -> None:
-        """Apply, commit and relay one batch. Nothing a caller sees (``wait``) counts a run
-        as ended before the batch that ended it is committed."""
-        async with self._batch_lock:
-            try:
-                await self._apply_committed(events)
-            finally:
-                self._in_flight.clear()
-
-    async def _apply_committed(self, events: list[Event]) -> None:
-        batch: list[AppliedEvent] = []
-        for event in events:
-            applied = await self._apply(event)
-            if applied is not None:
-                batch.append(applied)
-        if not batch:
-            return
-        if faults.ARMED:
-            faults.checkpoint("before_commit")
-        try:
-            await self.store.commit(batch, self._relayed)
-        except Exception:
-            # Nothing of this batch is durable: forget the changed states (they reload
-            # from the store) and deliver the events again.
-            for applied in batch:
-                self._runs.evict(applied.event.run_id)
-            await self._redeliver(events)
-            raise
-        if faults.ARMED:
-            faults.checkpoint("after_commit")
-        self._relayed = []
-        self._retry_delay = 0.05
-        commands: list[Command] = []
-        for applied in batch:
-            commands.extend(applied.commands)
-            self._relayed.extend(outbox_id for outbox_id, _ in applied.outbox)
-            for listener in self._listeners:
-                listener(applied.state, applied.transitions)
-        await self._relay(commands)
-        if faults.ARMED:
-            faults.checkpoint("after_relay")
-
-    async def _redeliver(self, events: list[Event]) -> None:
-        await asyncio.sleep(self._retry_delay)
-        self._retry_delay = min(self._retry_delay * 2, 5.0)
-        await self.bus.publish_events(events)
-
-    async def _apply(self, event: Event) -> AppliedEvent | None:
-        try:
-            live = await self._runs.get(event.run_id)
-            plan = await self._plans.get(live.state.plan_hash)
-        except NotFound:
-            log.warning("event %s for unknown run %s dropped", type(event).__name__, event.run_id)
-            return None
-        except TideflowError as exc:
-            log.error(
-                "run %s cannot be loaded, event %s not applied: %s",
-                event.run_id,
-                type(event).__name__,
-                exc,
-            )
-            return None
-        try:
-            decision = decide(plan, live.state, event)
-        except TideflowError as exc:
-            log.error(
-                "run %s: event %s could not be applied: %s", event.run_id, type(event).__name__, exc
-            )
-            self._runs.evict(event.run_id)
-            return None
-        if not decision.changed:
-            return None
-        self._in_flight.add(event.run_id)
-        seq, snapshot = live.next_seq()
-        return AppliedEvent(
-            event=event,
-            state=live.state,
-            transitions=decision.transitions,
-            commands=decision.commands,
-            seq=seq,
-            snapshot=snapshot,
-        )
 
     async def _relay(self, commands: Sequence[Command]) -> None:
         tasks: list[DispatchTask] = []
@@ -598,4 +492,4 @@ def _drop_task(tasks: list[DispatchTask], cancel: CancelTask) -> bool:
     return False
 
 
-__all__ = ["Runtime"]
+__all__ = ["EventSink", "Listener", "Runtime"]
