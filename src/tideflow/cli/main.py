@@ -37,6 +37,7 @@ from tideflow.cli.common import (
     write_json,
 )
 from tideflow.cli.db import db_app
+from tideflow.cli.definitions import definitions_app
 from tideflow.cli.progress import Progress
 from tideflow.cli.render import print_result
 from tideflow.cli.resume import resume_cmd
@@ -63,6 +64,7 @@ executors_app = typer.Typer(
 app.add_typer(executors_app, name="executors")
 app.add_typer(runs_app, name="runs")
 app.add_typer(db_app, name="db")
+app.add_typer(definitions_app, name="definitions")
 app.command("resume")(resume_cmd)
 
 

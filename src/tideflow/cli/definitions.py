@@ -1,0 +1,120 @@
+"""`tideflow definitions`: register, list and show the definitions kept in a store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.table import Table
+
+from tideflow.cli.common import (
+    DEFAULT_STORE,
+    JsonOption,
+    StoreOption,
+    iso,
+    opened_runtime,
+    opened_store,
+    out,
+    registry,
+    run_async,
+    table_console,
+    write_json,
+)
+
+definitions_app = typer.Typer(
+    help="Register, list and show workflow definitions kept in a store.", no_args_is_help=True
+)
+
+
+@definitions_app.command("register")
+def register_cmd(
+    files: Annotated[
+        list[Path], typer.Argument(help="Definition files (YAML or JSON).", show_default=False)
+    ],
+    store: StoreOption = DEFAULT_STORE,
+) -> None:
+    """Compile definitions and register them (name, version) in the store.
+
+    Registering the same content again changes nothing; other content under a
+    version already registered is refused (exit 2): give it a new version.
+
+    Examples:
+      tideflow definitions register flows/*.yaml
+      tideflow definitions register order.yaml --store postgresql://tideflow@db/tideflow
+    """
+    for line in run_async(_register(store, files)):
+        out.print(line, markup=False)
+
+
+async def _register(url: str, files: list[Path]) -> list[str]:
+    lines = []
+    async with opened_runtime(
+        url, recover=False, workers=0, create=True, upgrade=True, executors=registry()
+    ) as rt:
+        for file in files:
+            plan = await rt.register(file)
+            lines.append(f"{file}: {plan.name} {plan.version} ({plan.hash[:12]})")
+    return lines
+
+
+@definitions_app.command("list")
+def list_cmd(
+    name: Annotated[str | None, typer.Option("--name", help="Only this workflow.")] = None,
+    as_json: JsonOption = False,
+    store: StoreOption = DEFAULT_STORE,
+) -> None:
+    """List registered definitions: name, version, content hash, when registered.
+
+    Examples:
+      tideflow definitions list
+      tideflow definitions list --name order-fulfillment --json
+    """
+    rows = run_async(_list(store, name))
+    if as_json:
+        write_json({"definitions": rows})
+        return
+    table = Table("name", "version", "hash", "registered")
+    for row in rows:
+        table.add_row(row["name"], row["version"], row["hash"][:12], row["created_at"])
+    table_console().print(table)
+
+
+async def _list(url: str, name: str | None) -> list[dict[str, Any]]:
+    async with opened_store(url) as store:
+        found = await store.list_definitions(name)
+    return [
+        {"name": d.name, "version": d.version, "hash": d.hash, "created_at": iso(d.created_at)}
+        for d in found
+    ]
+
+
+@definitions_app.command("show")
+def show_cmd(
+    name: Annotated[str, typer.Argument(help="The workflow name.", show_default=False)],
+    version: Annotated[
+        str | None, typer.Option("--version", help="A version (default: the highest).")
+    ] = None,
+    as_json: JsonOption = False,
+    store: StoreOption = DEFAULT_STORE,
+) -> None:
+    """Print a registered definition in its normalised form (YAML, or JSON with --json).
+
+    Examples:
+      tideflow definitions show order-fulfillment
+      tideflow definitions show order-fulfillment --version 1.2.0 --json
+    """
+    source = run_async(_show(store, name, version))
+    if as_json:
+        write_json(source)
+    else:
+        out.print(
+            yaml.safe_dump(source, sort_keys=False, allow_unicode=True).rstrip(), markup=False
+        )
+
+
+async def _show(url: str, name: str, version: str | None) -> dict[str, Any]:
+    async with opened_runtime(url, recover=False, workers=0, executors=registry()) as rt:
+        plan = await rt.store.get_definition(name, version)
+    return dict(plan.source)

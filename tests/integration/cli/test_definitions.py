@@ -1,0 +1,39 @@
+"""`tideflow definitions register|list|show` on a SQLite file."""
+
+from __future__ import annotations
+
+from .conftest import Workdir, invoke, stdout_json
+
+
+def test_register_list_show_and_the_immutability_of_a_version(workdir: Workdir) -> None:
+    done = invoke("definitions", "register", "quick.yaml", "wait.yaml", "--store", workdir.store)
+    assert done.exit_code == 0, done.stderr
+    assert "quick 1" in done.stdout and "approval 1" in done.stdout
+
+    again = invoke("definitions", "register", "quick.yaml", "--store", workdir.store)
+    assert again.exit_code == 0  # same content: nothing changes
+
+    listed = stdout_json(invoke("definitions", "list", "--json", "--store", workdir.store))
+    assert [(d["name"], d["version"]) for d in listed["definitions"]] == [
+        ("approval", "1"),
+        ("quick", "1"),
+    ]
+
+    shown = invoke("definitions", "show", "quick", "--json", "--store", workdir.store)
+    assert shown.exit_code == 0
+    assert stdout_json(shown)["name"] == "quick"
+    assert "name: quick" in invoke("definitions", "show", "quick", "--store", workdir.store).stdout
+
+    (workdir.path / "quick.yaml").write_text(
+        (workdir.path / "quick.yaml")
+        .read_text()
+        .replace('version: "1"', 'version: "1"\ndescription: changed'),
+        encoding="utf-8",
+    )
+    changed = invoke("definitions", "register", "quick.yaml", "--store", workdir.store)
+    assert changed.exit_code == 2
+    assert "new version" in changed.stderr
+
+    missing = invoke("definitions", "show", "nope", "--store", workdir.store)
+    assert missing.exit_code == 2
+    assert "no definition 'nope'" in missing.stderr
