@@ -105,6 +105,7 @@ class Runtime:
         self._listeners: list[Listener] = []
         self._sinks: list[EventSink] = []
         self._timers = TimerWheel(self.clock, self._timer_fired)
+        self._publishing: set[asyncio.Task[None]] = set()
         self._workers = WorkerPool(
             self.bus,
             self.executors,
@@ -479,7 +480,9 @@ class Runtime:
             time=self.clock.now(),
             timer_id=timer_id,
         )
-        asyncio.get_running_loop().create_task(self.bus.publish_events([event]))
+        task = asyncio.get_running_loop().create_task(self.bus.publish_events([event]))
+        self._publishing.add(task)  # keep a reference until it is done
+        task.add_done_callback(self._publishing.discard)
 
 
 def _drop_task(tasks: list[DispatchTask], cancel: CancelTask) -> bool:
