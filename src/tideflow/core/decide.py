@@ -6,7 +6,7 @@ to record in the run's history. No I/O, no clock, no randomness: time comes in
 with the event, jitter from a seed in the event, ids are derived from the run id.
 
 How readiness stays incremental: when a step instance ends, only the steps that
-depend on it are told (``_notify``), each keeps counters of its finished, ok and
+depend on it are told (``joins.notify``), each keeps counters of its finished, ok and
 skipped dependencies, and a scope keeps a count of its unfinished steps. No
 event ever scans the whole run. Work that unlocks more work goes through two
 queues (finished steps to propagate, ready steps to start) instead of recursion,
@@ -18,10 +18,11 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, NamedTuple
 
-from tideflow.core import saga
+from tideflow.core import joins, saga
 from tideflow.core import steps as kinds
-from tideflow.core.retry import backoff_delay, may_retry, stable_seed
+from tideflow.core.retry import backoff_delay, may_retry
 from tideflow.core.scope import build_scope
+from tideflow.core.timers import fire_step_timer
 from tideflow.errors import ExpressionEvaluationError
 from tideflow.model.commands import (
     CancelChildRun,
@@ -115,14 +116,14 @@ class Decider:
         elif isinstance(event, RunStarted):
             self._on_run_started(event)
         elif isinstance(event, CancelRequested):
-            self._end_run_early(RunStatus.CANCELLED, event.reason)
+            self.end_run_early(RunStatus.CANCELLED, event.reason)
         self._drain()
 
     def _drain(self) -> None:
         finished, ready = self._finished, self._ready
         while finished or ready:
             while finished:
-                self._propagate(finished.popleft())
+                joins.propagate(self, finished.popleft())
             if ready:
                 self._start(ready.popleft())
 
@@ -169,7 +170,7 @@ class Decider:
             )
         )
 
-    def _complete_run(self) -> None:
+    def complete_run(self) -> None:
         plan, state = self.plan, self.state
         try:
             if plan.output is not None:
@@ -199,7 +200,7 @@ class Decider:
         self.set_run(RunStatus.FAILED, f"{error.type}: {error.message}")
         saga.start(self)
 
-    def _end_run_early(self, status: RunStatus, cause: str) -> None:
+    def end_run_early(self, status: RunStatus, cause: str) -> None:
         """Cancel or time out a run: stop everything that runs, then end it."""
         state = self.state
         if state.status not in (RunStatus.PENDING, RunStatus.RUNNING):
@@ -356,67 +357,10 @@ class Decider:
             if not item.closing and item.remaining:
                 self._close_scope(item, cause)
 
-    def _propagate(self, key: str) -> None:
-        state = self.state
-        st = state.steps[key]
-        scope = state.scopes[st.scope]
-        if scope.closing:
-            return
-        spec = self.plan.specs[st.step_id]
-        dependents = self._graph_of(st.step_id).dependents.get(st.step_id, ())
-        if dependents:
-            status = st.status
-            outcome = "ok" if status is _SUCCEEDED else "failed" if status is _FAILED else "skip"
-            chosen: Any = (
-                st.output.get("next") if spec.switch is not None and outcome == "ok" else None
-            )
-            targets = spec.switch.targets if spec.switch is not None else frozenset()
-            for dep_id in dependents:
-                dep_outcome = outcome
-                if chosen is not None and dep_id in targets and dep_id not in chosen:
-                    dep_outcome = "skip"
-                self._notify(state.steps[scope.prefix + dep_id], dep_outcome)
-        if scope.remaining == 0 and not scope.closing:
-            self._scope_done(scope)
-
-    def _graph_of(self, step_id: str) -> Graph:
-        owner = self.plan.owners.get(step_id)
-        if owner is None:
-            return self.plan.graph
-        loop = self.plan.specs[owner].loop
-        return loop.body if loop is not None else _EMPTY_GRAPH
-
-    def _notify(self, st: StepState, outcome: str) -> None:
-        if st.status is not _PENDING:
-            return
-        spec = self.plan.specs[st.step_id]
-        total = len(spec.depends_on)
-        st.deps_done += 1
-        if outcome == "ok":
-            st.deps_ok += 1
-        elif outcome == "skip":
-            st.deps_skipped += 1
-        join = spec.join
-        if join.kind == "all":
-            if st.deps_done == total:
-                if st.deps_skipped == total:
-                    self.skip(st, "every dependency was skipped")
-                else:
-                    self.mark_ready(st, "all dependencies finished")
-        elif join.kind == "any":
-            if st.deps_ok:
-                self.mark_ready(st, "a dependency succeeded (join: any)")
-            elif st.deps_done == total:
-                self.skip(st, "no dependency succeeded (join: any)")
-        elif st.deps_ok >= join.at_least:
-            self.mark_ready(st, f"{join.at_least} dependencies succeeded")
-        elif st.deps_ok + (total - st.deps_done) < join.at_least:
-            self.skip(st, f"fewer than {join.at_least} dependencies can succeed")
-
-    def _scope_done(self, scope: ScopeState) -> None:
+    def scope_done(self, scope: ScopeState) -> None:
         if scope.kind == "top":
             if self.state.status is RunStatus.RUNNING:
-                self._complete_run()
+                self.complete_run()
             return
         assert scope.owner is not None
         owner = self.state.steps[scope.owner]
@@ -511,7 +455,7 @@ class Decider:
         if ref is None:
             return
         if ref.kind == "run_timeout":
-            self._end_run_early(RunStatus.TIMED_OUT, "the run's timeout passed")
+            self.end_run_early(RunStatus.TIMED_OUT, "the run's timeout passed")
             return
         if ref.kind.startswith("compensation"):
             saga.on_timer(self, ref)
@@ -519,43 +463,7 @@ class Decider:
         st = state.steps[ref.step_key]
         if event.timer_id in st.timers:
             st.timers.remove(event.timer_id)
-        self._fire_step_timer(st, ref)
-
-    def _fire_step_timer(self, st: StepState, ref: TimerRef) -> None:
-        kind = ref.kind
-        if kind == "retry" and st.status is _RETRYING:
-            kinds.dispatch(self, st, self.plan.specs[st.step_id], None)
-        elif kind == "attempt_timeout" and st.status is _RUNNING and st.attempts == ref.attempt:
-            self.commands.append(
-                CancelTask(run_id=self.state.run_id, step_key=st.key, attempt=st.attempts)
-            )
-            timeout = self.plan.specs[st.step_id].timeout
-            error = ErrorInfo(
-                type="TimeoutError",
-                message=f"attempt {st.attempts} exceeded its timeout of {timeout}s",
-            )
-            self.attempt_failed(st, error, stable_seed(self.state.run_id, st.key, str(st.attempts)))
-        elif kind == "deadline" and st.status in (_RUNNING, _RETRYING):
-            if st.status is _RUNNING:
-                self.commands.append(
-                    CancelTask(run_id=self.state.run_id, step_key=st.key, attempt=st.attempts)
-                )
-            deadline = self.plan.specs[st.step_id].deadline
-            self.fail_step(
-                st, error_info("DeadlineExceeded", f"the step's deadline of {deadline}s passed")
-            )
-        elif kind == "step_timeout" and st.status in (_RUNNING, _WAITING):
-            self.stop_inner_work(st, "the step's timeout passed")
-            timeout = self.plan.specs[st.step_id].timeout
-            self.fail_step(
-                st, error_info("TimeoutError", f"the step did not finish within {timeout}s")
-            )
-        elif kind == "wait_timeout" and st.status is _WAITING:
-            kinds.wait_timed_out(self, st)
-        elif kind == "sleep" and st.status is _WAITING:
-            self.succeed(st, {"until": _iso(ref.fire_at)}, "sleep finished")
-        elif kind == "loop_delay" and st.status is _RUNNING:
-            kinds.start_iteration(self, st, ref.attempt)
+        fire_step_timer(self, st, ref)
 
     # -- signals and child runs -------------------------------------------------
 
@@ -614,12 +522,3 @@ class Decider:
             dep = steps[st.scope + dep_id]
             if dep.status not in STEP_TERMINAL:
                 self.cancel_step(dep, f"'{spec.id}' joined on another dependency (cancel_others)")
-
-
-def _iso(ts: float) -> str | None:
-    from tideflow.core.scope import iso
-
-    return iso(ts)
-
-
-_EMPTY_GRAPH = Graph(steps=(), dependents={}, roots=(), sinks=())

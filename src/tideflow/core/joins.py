@@ -1,0 +1,81 @@
+"""Readiness: when a step instance ends, tell only the steps that depend on it.
+
+Each pending step counts its finished, ok and skipped dependencies; its join
+(`all`, `any`, `at_least`) decides from those counters whether it becomes ready,
+is skipped, or waits. A switch's unchosen targets hear "skip" instead of "ok".
+Handling one ended step costs O(its dependents), never a scan of the run.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tideflow.model.plan import Graph, Plan
+from tideflow.model.run import StepState
+from tideflow.model.states import StepStatus
+
+if TYPE_CHECKING:
+    from tideflow.core.decide import Decider
+
+_SUCCEEDED = StepStatus.SUCCEEDED
+_FAILED = StepStatus.FAILED
+_PENDING = StepStatus.PENDING
+_EMPTY_GRAPH = Graph(steps=(), dependents={}, roots=(), sinks=())
+
+
+def propagate(d: Decider, key: str) -> None:
+    state = d.state
+    st = state.steps[key]
+    scope = state.scopes[st.scope]
+    if scope.closing:
+        return
+    spec = d.plan.specs[st.step_id]
+    dependents = graph_of(d.plan, st.step_id).dependents.get(st.step_id, ())
+    if dependents:
+        status = st.status
+        outcome = "ok" if status is _SUCCEEDED else "failed" if status is _FAILED else "skip"
+        chosen: Any = st.output.get("next") if spec.switch is not None and outcome == "ok" else None
+        targets = spec.switch.targets if spec.switch is not None else frozenset()
+        for dep_id in dependents:
+            dep_outcome = outcome
+            if chosen is not None and dep_id in targets and dep_id not in chosen:
+                dep_outcome = "skip"
+            notify(d, state.steps[scope.prefix + dep_id], dep_outcome)
+    if scope.remaining == 0 and not scope.closing:
+        d.scope_done(scope)
+
+
+def graph_of(plan: Plan, step_id: str) -> Graph:
+    owner = plan.owners.get(step_id)
+    if owner is None:
+        return plan.graph
+    loop = plan.specs[owner].loop
+    return loop.body if loop is not None else _EMPTY_GRAPH
+
+
+def notify(d: Decider, st: StepState, outcome: str) -> None:
+    if st.status is not _PENDING:
+        return
+    spec = d.plan.specs[st.step_id]
+    total = len(spec.depends_on)
+    st.deps_done += 1
+    if outcome == "ok":
+        st.deps_ok += 1
+    elif outcome == "skip":
+        st.deps_skipped += 1
+    join = spec.join
+    if join.kind == "all":
+        if st.deps_done == total:
+            if st.deps_skipped == total:
+                d.skip(st, "every dependency was skipped")
+            else:
+                d.mark_ready(st, "all dependencies finished")
+    elif join.kind == "any":
+        if st.deps_ok:
+            d.mark_ready(st, "a dependency succeeded (join: any)")
+        elif st.deps_done == total:
+            d.skip(st, "no dependency succeeded (join: any)")
+    elif st.deps_ok >= join.at_least:
+        d.mark_ready(st, f"{join.at_least} dependencies succeeded")
+    elif st.deps_ok + (total - st.deps_done) < join.at_least:
+        d.skip(st, f"fewer than {join.at_least} dependencies can succeed")
