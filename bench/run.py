@@ -1,6 +1,7 @@
 """tideflow benchmark suite: no-op workloads through the embedded runtime.
 
 W1   1,000 runs x 10-step chain (started together)
+W1-seq  200 runs x 10-step chain, one at a time (per-run latency)
 W2   one run: 1,000 parallel steps and a join
 W3   one run: deterministic 300-node random DAG (node i depends on 1-3 random
      earlier nodes, seed 42)
@@ -71,16 +72,18 @@ def random_dag(n: int, seed: int = 42) -> Plan:
 
 
 async def _runs(
-    make_runtime: Callable[[], Runtime], plan: Plan, count: int
+    make_runtime: Callable[[], Runtime], plan: Plan, count: int, concurrency: int
 ) -> tuple[float, list[float]]:
     async with make_runtime() as rt:
         await rt.register(plan)
         latencies: list[float] = []
+        gate = asyncio.Semaphore(concurrency)
 
         async def one() -> None:
-            t0 = time.perf_counter()
-            result = await rt.wait(await rt.start_run(plan))
-            latencies.append(time.perf_counter() - t0)
+            async with gate:
+                t0 = time.perf_counter()
+                result = await rt.wait(await rt.start_run(plan))
+                latencies.append(time.perf_counter() - t0)
             if result.status != "succeeded":
                 raise RuntimeError(f"benchmark run ended {result.status}: {result.error}")
 
@@ -91,9 +94,13 @@ async def _runs(
 
 
 def measure(
-    name: str, plan: Plan, count: int, store: str, make_runtime: Callable[[], Runtime]
+    name: str,
+    workload: tuple[Plan, int, int],
+    store: str,
+    make_runtime: Callable[[], Runtime],
 ) -> Row:
-    seconds, latencies = asyncio.run(_runs(make_runtime, plan, count))
+    plan, count, concurrency = workload
+    seconds, latencies = asyncio.run(_runs(make_runtime, plan, count, concurrency))
     steps = len(plan.specs) * count
     row = Row(
         workload=name,
@@ -109,11 +116,13 @@ def measure(
     return row
 
 
-WORKLOADS: dict[str, Callable[[], tuple[Plan, int]]] = {
-    "W1": lambda: (chain(10), 1000),
-    "W2": lambda: (fan(1000), 1),
-    "W3": lambda: (random_dag(300), 1),
-    "W3-10k": lambda: (random_dag(10_000), 1),
+WORKLOADS: dict[str, Callable[[], tuple[Plan, int, int]]] = {
+    # name: (plan, runs, runs in flight at once)
+    "W1": lambda: (chain(10), 1000, 1000),
+    "W1-seq": lambda: (chain(10), 200, 1),
+    "W2": lambda: (fan(1000), 1, 1),
+    "W3": lambda: (random_dag(300), 1, 1),
+    "W3-10k": lambda: (random_dag(10_000), 1, 1),
 }
 
 
@@ -157,10 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     names = args.only or list(WORKLOADS)
     rows: list[Row] = []
     for store, name in [(st, n) for st in (args.store or ["memory"]) for n in names]:
-        plan, count = WORKLOADS[name]()
+        workload = WORKLOADS[name]()
         factory = runtime_factory(store)
         best = max(
-            (measure(name, plan, count, store, factory) for _ in range(args.repeat)),
+            (measure(name, workload, store, factory) for _ in range(args.repeat)),
             key=lambda r: r.steps_per_s,
         )
         rows.append(best)
