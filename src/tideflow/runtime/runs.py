@@ -84,3 +84,32 @@ class RunCache:
             if not state.is_terminal:
                 self._live[run_id] = live
         return live
+
+
+class WaitIndex:
+    """Which runs have a `wait` on which signal name, so an emitted event reaches its
+    listeners without looking at every run. Kept current after every commit."""
+
+    def __init__(self) -> None:
+        self._by_run: dict[str, frozenset[str]] = {}
+        self._by_name: dict[str, set[str]] = {}
+
+    def update(self, state: RunState) -> None:
+        names = frozenset(state.waiting) if not state.is_terminal else frozenset()
+        old = self._by_run.get(state.run_id, frozenset())
+        if names == old:
+            return
+        for name in old - names:
+            runs = self._by_name[name]
+            runs.discard(state.run_id)
+            if not runs:
+                del self._by_name[name]
+        for name in names - old:
+            self._by_name.setdefault(name, set()).add(state.run_id)
+        if names:
+            self._by_run[state.run_id] = names
+        else:
+            self._by_run.pop(state.run_id, None)
+
+    def waiting_for(self, name: str) -> list[str]:
+        return sorted(self._by_name.get(name, ()))

@@ -54,7 +54,7 @@ from tideflow.model.run import RunState, new_run_state
 from tideflow.runtime.clock import Clock, SystemClock
 from tideflow.runtime.definitions import DefinitionSource, coerce_plan
 from tideflow.runtime.result import RunResult, result_of
-from tideflow.runtime.runs import Plans, RunCache
+from tideflow.runtime.runs import Plans, RunCache, WaitIndex
 from tideflow.runtime.scheduler import Listener, Scheduler
 from tideflow.runtime.timers import TimerWheel
 from tideflow.store.backends.memory import MemoryStore
@@ -102,7 +102,8 @@ class Runtime:
         self._plans = Plans(self.store)
         self._runs = RunCache(self.store, self._plans)
         self._waiters: dict[str, list[asyncio.Future[RunResult]]] = defaultdict(list)
-        self._listeners: list[Listener] = []
+        self._waits = WaitIndex()
+        self._listeners: list[Listener] = [lambda state, _: self._waits.update(state)]
         self._sinks: list[EventSink] = []
         self._timers = TimerWheel(self.clock, self._timer_fired)
         self._publishing: set[asyncio.Task[None]] = set()
@@ -339,6 +340,7 @@ class Runtime:
         for run_id in await self.store.unfinished_runs():
             try:
                 state = await self._state(run_id)
+                self._waits.update(state)
                 if state.status.value == "pending":
                     await self.bus.publish_events([self._started(state, state.input)])
                     continue
@@ -460,8 +462,8 @@ class Runtime:
                 payload=event,
                 buffer=False,
             )
-            for run_id, state in ((live.state.run_id, live.state) for live in self._runs.cached())
-            if run_id != command.run_id and name in state.waiting
+            for run_id in self._waits.waiting_for(name)
+            if run_id != command.run_id
         ]
         if deliveries:
             await self.bus.publish_events(deliveries)

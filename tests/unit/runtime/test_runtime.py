@@ -383,3 +383,23 @@ async def test_running_instances_keep_their_version_new_runs_use_the_latest(tmp_
         assert (await rt.wait(new, timeout=5)).output == 2
         with pytest.raises(Exception, match="different content"):
             await rt.register(v1.replace("{v: 1}", "{v: 3}"))
+
+
+async def test_emit_reaches_a_wait_of_a_run_resumed_from_the_store(tmp_path: Path):
+    listener = plan(
+        'name: listener\nversion: "1"\nsteps: [{id: w, type: wait, signal: ping}]\n'
+        'output: "{{ steps.w.output.data }}"\n'
+    )
+    emitter = plan(
+        'name: emitter\nversion: "1"\nsteps: [{id: e, type: emit, event: {type: ping, data: 1}}]\n'
+    )
+    store = f"sqlite:///{tmp_path}/emit.db"
+    async with Runtime(store=store) as rt:
+        waiting = await rt.start_run(listener)
+        await wait_until(rt, waiting, step_is("w", "waiting"))
+    async with Runtime(store=store) as rt:
+        await rt.run(emitter)
+        result = await rt.wait(waiting, timeout=5)
+        again = await rt.run(emitter)  # nobody waits any more: delivered to no one
+    assert result.output == 1
+    assert again.status == "succeeded"
