@@ -95,8 +95,10 @@ class WaitIndex:
         self._by_name: dict[str, set[str]] = {}
 
     def update(self, state: RunState) -> None:
-        names = frozenset(state.waiting) if not state.is_terminal else frozenset()
         old = self._by_run.get(state.run_id, frozenset())
+        if not old and not state.waiting:
+            return  # the common case: nothing waits before or after
+        names = frozenset(state.waiting) if not state.is_terminal else frozenset()
         if names == old:
             return
         for name in old - names:

@@ -387,12 +387,13 @@ class Runtime:
             await self._emit(command)
 
     async def _run_finished(self, command: RunFinished) -> None:
-        state = await self._state(command.run_id)
-        self._runs.evict(command.run_id)
-        result = result_of(state, await self._plans.get(state.plan_hash))
-        for fut in self._waiters.pop(command.run_id, ()):
-            if not fut.done():
+        waiters = [f for f in self._waiters.pop(command.run_id, ()) if not f.done()]
+        if waiters:  # the result is built only for someone who waits for it
+            state = await self._state(command.run_id)
+            result = result_of(state, await self._plans.get(state.plan_hash))
+            for fut in waiters:
                 fut.set_result(result)
+        self._runs.evict(command.run_id)
         if command.parent_run_id and command.parent_step_key:
             await self.bus.publish_events(
                 [

@@ -16,8 +16,15 @@ from tideflow.errors import DefinitionConflict, NotFound, TideflowError
 from tideflow.model import codec
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
-from tideflow.store.base import AppliedEvent, HistoryEntry, OutboxItem, RunFilter, RunSummary
-from tideflow.store.paging import decode_cursor
+from tideflow.store.base import (
+    AppliedEvent,
+    HistoryEntry,
+    OutboxItem,
+    RunFilter,
+    RunPage,
+    RunSummary,
+)
+from tideflow.store.paging import decode_cursor, encode_cursor
 
 PlanCompiler = Callable[[Mapping[str, Any]], Plan]
 
@@ -166,6 +173,14 @@ def summary_from_row(row: Sequence[Any]) -> RunSummary:
         output=loads(output, f"the output of run {run_id!r}"),
         error=loads(error, f"the error of run {run_id!r}"),
     )
+
+
+def run_page(rows: Sequence[Sequence[Any]], limit: int) -> RunPage:
+    """A page of a listing queried with ``limit + 1`` rows (the extra row says there is more)."""
+    runs = [summary_from_row(row) for row in rows[:limit]]
+    more = len(rows) > limit
+    next_cursor = encode_cursor(runs[-1].created_at, runs[-1].run_id) if more else None
+    return RunPage(runs=runs, next_cursor=next_cursor)
 
 
 def outbox_item(row: Sequence[Any]) -> OutboxItem:

@@ -41,7 +41,6 @@ from tideflow.store.base import (
     StoredRun,
     StoreError,
 )
-from tideflow.store.paging import encode_cursor
 from tideflow.store.sqlfiles import latest_version, migrations, queries
 
 Q = queries("postgres")
@@ -355,10 +354,7 @@ class PostgresStore(Store):
         sql, params = sb.list_runs_query(filter or RunFilter(), limit, cursor, lambda n: f"${n}")
         async with self._connection() as conn:
             rows = await conn.fetch(sql, *params)
-        runs = [sb.summary_from_row(row) for row in rows[:limit]]
-        more = len(rows) > limit
-        next_cursor = encode_cursor(runs[-1].created_at, runs[-1].run_id) if more else None
-        return RunPage(runs=runs, next_cursor=next_cursor)
+        return sb.run_page(rows, limit)
 
     async def unfinished_runs(self) -> list[str]:
         async with self._connection() as conn:

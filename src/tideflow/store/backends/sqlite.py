@@ -34,7 +34,6 @@ from tideflow.store.base import (
     StoredRun,
     StoreError,
 )
-from tideflow.store.paging import encode_cursor
 from tideflow.store.sqlfiles import latest_version, migrations, queries, statements
 
 T = TypeVar("T")
@@ -325,10 +324,7 @@ class SqliteStore(Store):
     ) -> RunPage:
         sql, params = _list_query(filter or RunFilter(), limit, cursor)
         rows = await self._run(lambda: self.conn.execute(sql, params).fetchall())
-        runs = [sb.summary_from_row(row) for row in rows[:limit]]
-        more = len(rows) > limit
-        next_cursor = encode_cursor(runs[-1].created_at, runs[-1].run_id) if more else None
-        return RunPage(runs=runs, next_cursor=next_cursor)
+        return sb.run_page(rows, limit)
 
     async def unfinished_runs(self) -> list[str]:
         rows = await self._run(lambda: self.conn.execute(Q["unfinished_runs"]).fetchall())
