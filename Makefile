@@ -5,14 +5,20 @@ BIN := $(VENV)/bin
 
 .PHONY: install test lint typecheck unit fast bench demo clean
 
-$(BIN)/tideflow: pyproject.toml constraints.txt
+PLUGIN := examples/plugins/tideflow-example-plugin
+# Records the dev install. Not $(BIN)/tideflow: the README's first command
+# (`pip install -e .`, no dev tools) creates that too, and make would then
+# think the dev tools were installed.
+STAMP := $(VENV)/.installed-dev
+
+$(STAMP): pyproject.toml constraints.txt $(PLUGIN)/pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
-	$(BIN)/pip install -q -c constraints.txt -e examples/plugins/tideflow-example-plugin
-	touch $(BIN)/tideflow
+	$(BIN)/pip install -q -c constraints.txt -e $(PLUGIN)
+	touch $(STAMP)
 
-install: $(BIN)/tideflow
+install: $(STAMP)
 
 lint: install
 	$(BIN)/ruff check src tests bench examples
