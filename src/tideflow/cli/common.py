@@ -13,7 +13,8 @@ import asyncio
 import contextlib
 import os
 import sys
-from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping
+from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping, Sequence
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -24,7 +25,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from tideflow.errors import NotFound, TideflowError
+from tideflow.errors import DefinitionError, Diagnostic, NotFound, TideflowError
 from tideflow.model.states import RUN_TERMINAL
 from tideflow.store import DEFAULT_URL, Store, open_store
 from tideflow.store.base import RunSummary, StoreError
@@ -56,15 +57,60 @@ StoreOption = Annotated[
         ),
     ),
 ]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+_json_output: ContextVar[bool] = ContextVar("tideflow_json_output", default=False)
+
+
+def json_mode(value: bool) -> bool:
+    """The callback of every ``--json`` option: errors are then reported as JSON too."""
+    _json_output.set(bool(value))
+    return value
+
+
+JsonOption = Annotated[
+    bool, typer.Option("--json", help="Print one JSON object.", callback=json_mode)
+]
 RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="The run id.", show_default=False)]
 DEFAULT_STORE = DEFAULT_URL
 
 
-def fail_usage(message: str) -> typer.Exit:
-    """Print ``message`` as one error line; return the exit to raise (code 2)."""
-    err.print(f"[bold red]error:[/] {escape(message)}", markup=True)
+def fail_usage(
+    message: str,
+    *,
+    type: str = "UsageError",
+    hint: str | None = None,
+    diagnostics: Sequence[Diagnostic] = (),
+) -> typer.Exit:
+    """Report an error the user can fix; return the exit to raise (code 2).
+
+    Text: one ``error:`` line on stderr (or the diagnostics, one per problem). A command
+    asked for JSON (``--json``, ``--format json``) also prints the error as one object on
+    stdout: ``{"error": {"type", "message", "hint"?, "diagnostics"?}}``.
+    """
+    if diagnostics:
+        for diagnostic in diagnostics:
+            err.print(diagnostic.format(), markup=False)
+    else:
+        shown = f"{message} ({hint})" if hint else message
+        err.print(f"[bold red]error:[/] {escape(shown)}", markup=True)
+    if json_requested():
+        error: dict[str, Any] = {"type": type, "message": message}
+        if hint:
+            error["hint"] = hint
+        if diagnostics:
+            error["diagnostics"] = [d.to_dict() for d in diagnostics]
+        write_json({"error": error})
     return typer.Exit(EXIT_USAGE)
+
+
+def fail_error(exc: TideflowError) -> typer.Exit:
+    """``fail_usage`` for a tideflow error: its class names the type, diagnostics kept."""
+    diagnostics = exc.diagnostics if isinstance(exc, DefinitionError) else ()
+    return fail_usage(one_line(exc.message), type=type(exc).__name__, diagnostics=diagnostics)
+
+
+def json_requested() -> bool:
+    """Whether the running command was asked for JSON output (its ``--json``)."""
+    return _json_output.get()
 
 
 def parse_json_option(raw: str | None, option: str) -> Any:
@@ -83,8 +129,8 @@ def parse_json_option(raw: str | None, option: str) -> Any:
         return orjson.loads(text)
     except orjson.JSONDecodeError as exc:
         raise fail_usage(
-            f"{option} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno} "
-            "(pass a JSON value, or @path/to/file.json)"
+            f"{option} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+            hint="pass a JSON value, or @path/to/file.json",
         ) from None
 
 
@@ -110,7 +156,7 @@ def run_async(coro: Coroutine[Any, Any, T], *, interrupted: str = "interrupted")
     try:
         return asyncio.run(coro)
     except TideflowError as exc:
-        raise fail_usage(one_line(exc.message)) from None
+        raise fail_error(exc) from None
     except KeyboardInterrupt:
         err.print(interrupted, markup=False)
         raise typer.Exit(EXIT_INTERRUPTED) from None
@@ -321,8 +367,11 @@ __all__ = [
     "build_store",
     "display_url",
     "err",
+    "fail_error",
     "fail_usage",
     "iso",
+    "json_mode",
+    "json_requested",
     "known_run",
     "one_line",
     "opened_runtime",

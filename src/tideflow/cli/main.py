@@ -11,6 +11,7 @@ Commands: `run`, `validate`, `graph`, `executors list`, `resume`, `runs …`
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import sys
 import uuid
@@ -23,11 +24,12 @@ from rich.markup import escape
 
 from tideflow.cli.common import (
     DEFAULT_STORE,
-    EXIT_USAGE,
     StoreOption,
     display_url,
     err,
+    fail_error,
     fail_usage,
+    json_mode,
     opened_runtime,
     out,
     parse_json_option,
@@ -68,6 +70,28 @@ app.add_typer(definitions_app, name="definitions")
 app.command("resume")(resume_cmd)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        out.print(f"tideflow {importlib.metadata.version('tideflow')}", markup=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            "-V",
+            callback=_print_version,
+            is_eager=True,
+            help="Print the installed version and exit.",
+        ),
+    ] = False,
+) -> None:
+    json_mode(False)  # each invocation starts in text mode; a command's --json switches
+
+
 def _load(file: Path, executors: ExecutorRegistry) -> Plan:
     try:
         text = file.read_text(encoding="utf-8")
@@ -76,9 +100,7 @@ def _load(file: Path, executors: ExecutorRegistry) -> Plan:
     try:
         return compile_definition(text, file=str(file), action_types=executors.schemas())
     except DefinitionError as exc:
-        for diagnostic in exc.diagnostics:
-            err.print(diagnostic.format(), markup=False)
-        raise typer.Exit(EXIT_USAGE) from None
+        raise fail_error(exc) from None
 
 
 @app.command("validate")
@@ -144,7 +166,11 @@ def run_cmd(
     ] = None,
     as_json: Annotated[
         bool,
-        typer.Option("--json", help="No progress display; print one JSON object with the result."),
+        typer.Option(
+            "--json",
+            help="No progress display; print one JSON object with the result (or the error).",
+            callback=json_mode,
+        ),
     ] = False,
     definitions: Annotated[
         Path | None,
@@ -196,7 +222,7 @@ def run_cmd(
     try:
         validate_input(plan, value)
     except InputValidationError as exc:
-        raise fail_usage(exc.message) from None
+        raise fail_error(exc) from None
     use_working_directory_modules()
     request = _RunRequest(
         plan=plan,
@@ -258,7 +284,8 @@ async def _run(request: _RunRequest, executors: ExecutorRegistry) -> RunResult:
         except DefinitionConflict as exc:
             raise fail_usage(
                 f"{exc.message} (the store {display_url(request.store)} keeps every "
-                "registered version; or run it with --store memory:// while you edit it)"
+                "registered version; or run it with --store memory:// while you edit it)",
+                type=type(exc).__name__,
             ) from None
         if run_id != wanted:
             if progress is not None:
@@ -282,7 +309,8 @@ async def _run(request: _RunRequest, executors: ExecutorRegistry) -> RunResult:
 @executors_app.command("list")
 def executors_list(
     as_json: Annotated[
-        bool, typer.Option("--json", help="Print names and config schemas as JSON.")
+        bool,
+        typer.Option("--json", help="Print names and config schemas as JSON.", callback=json_mode),
     ] = False,
 ) -> None:
     """Show the installed executors and their config schemas.
