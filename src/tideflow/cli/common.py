@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping, Sequence
 from contextvars import ContextVar
@@ -150,16 +151,64 @@ def display_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+class _Terminated(Exception):
+    """SIGTERM stopped the command (handled like Ctrl-C)."""
+
+
 def run_async(coro: Coroutine[Any, Any, T], *, interrupted: str = "interrupted") -> T:
     """Run a command's coroutine; a TideflowError becomes one clean line and exit 2,
-    Ctrl-C prints ``interrupted`` and exits 130."""
+    Ctrl-C or SIGTERM prints ``interrupted`` and exits 130.
+
+    Both stop the same way: the coroutine is cancelled, so the runtime it opened
+    closes cleanly (what is committed stays committed; the rest resumes later)."""
     try:
-        return asyncio.run(coro)
+        return asyncio.run(_stopped_by_sigterm(coro))
     except TideflowError as exc:
         raise fail_error(exc) from None
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Terminated):
         err.print(interrupted, markup=False)
         raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+async def _stopped_by_sigterm(coro: Coroutine[Any, Any, T]) -> T:
+    """``coro``, cancelled on SIGTERM as asyncio cancels the main task on Ctrl-C."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    terminated = asyncio.Event()
+
+    def terminate() -> None:
+        terminated.set()
+        if task is not None:
+            task.cancel()
+
+    try:
+        loop.add_signal_handler(signal.SIGTERM, terminate)
+    except (NotImplementedError, RuntimeError, ValueError):  # no signals here (a thread)
+        return await coro
+    try:
+        return await coro
+    except asyncio.CancelledError:
+        if terminated.is_set():
+            raise _Terminated from None
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+
+
+def resume_command(url: str, run_id: str | None = None) -> str:
+    """The command that continues a store's unfinished runs (or one of them)."""
+    store = "" if url == DEFAULT_STORE else f" --store {display_url(url)}"
+    if run_id is not None:
+        return f"`tideflow runs resume {run_id}{store}`"
+    return f"`tideflow resume{store}`"
+
+
+def interrupted_message(url: str, run_id: str | None = None) -> str:
+    """What Ctrl-C or SIGTERM prints: where the unfinished work is and how to go on."""
+    if url.startswith("memory:"):
+        return f"interrupted: {url} keeps nothing, unfinished runs are gone"
+    what = f"run {run_id} stays" if run_id is not None else "unfinished runs stay"
+    return f"interrupted: {what} in {display_url(url)}; continue with {resume_command(url, run_id)}"
 
 
 def registry() -> ExecutorRegistry:
@@ -369,6 +418,7 @@ __all__ = [
     "err",
     "fail_error",
     "fail_usage",
+    "interrupted_message",
     "iso",
     "json_mode",
     "json_requested",
@@ -380,6 +430,7 @@ __all__ = [
     "parse_json_option",
     "parse_since",
     "registry",
+    "resume_command",
     "run_async",
     "sqlite_file",
     "store_exists",

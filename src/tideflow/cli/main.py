@@ -29,6 +29,7 @@ from tideflow.cli.common import (
     err,
     fail_error,
     fail_usage,
+    interrupted_message,
     json_mode,
     opened_runtime,
     out,
@@ -236,8 +237,7 @@ def run_cmd(
     )
     result = run_async(
         _run(request, executors),
-        interrupted=f"interrupted: unfinished runs stay in {display_url(store)} "
-        "and continue on the next `tideflow resume`",
+        interrupted=interrupted_message(store),
     )
     if as_json:
         write_json(result.to_dict())

@@ -25,6 +25,7 @@ from tideflow.cli.common import (
     StoreOption,
     display_url,
     err,
+    interrupted_message,
     known_run,
     one_line,
     opened_runtime,
@@ -76,7 +77,7 @@ def resume_run_cmd(
     use_working_directory_modules()
     result = run_async(
         _resume_one(store, run_id, timeout, workers, definitions),
-        interrupted=f"interrupted: run {run_id} stays in {display_url(store)}",
+        interrupted=interrupted_message(store, run_id),
     )
     if as_json:
         write_json(result.to_dict())
@@ -138,7 +139,7 @@ def resume_cmd(
     use_working_directory_modules()
     outcome = run_async(
         _resume_all(store, timeout, workers, definitions),
-        interrupted=f"interrupted: unfinished runs stay in {display_url(store)}",
+        interrupted=interrupted_message(store),
     )
     if as_json:
         write_json({"runs": [result.to_dict() for result in outcome.results]})

@@ -30,6 +30,7 @@ from tideflow.cli.common import (
     opened_store,
     parse_json_option,
     parse_since,
+    resume_command,
     run_async,
     write_json,
 )
@@ -263,10 +264,9 @@ def _report_applied(url: str, run_id: str, status: str) -> None:
     if status in TERMINAL_STATUSES:
         err.print(f"run {run_id} is now {escape(status)}", markup=True)
         return
-    store = "" if url == DEFAULT_STORE else f" --store {display_url(url)}"
     err.print(
         f"recorded for run {run_id} (now {status}). What it unlocks runs on the next "
-        f"`tideflow resume{store}` or `tideflow runs resume {run_id}{store}`.",
+        f"{resume_command(url)} or {resume_command(url, run_id)}.",
         markup=False,
     )
 
