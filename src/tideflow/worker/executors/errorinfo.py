@@ -10,7 +10,11 @@ matches ``ConnectionRefusedError`` too.
 
 from __future__ import annotations
 
+import os
+import sysconfig
 import traceback
+from pathlib import Path
+from types import TracebackType
 
 from tideflow.errors import StepError
 from tideflow.model.events import ErrorInfo
@@ -48,14 +52,52 @@ def class_names(cls: type[BaseException]) -> tuple[str, ...]:
 
 
 def trimmed_traceback(exc: BaseException) -> str | None:
-    """The last ``MAX_FRAMES`` frames of the traceback, at most ``MAX_DETAILS_CHARS``."""
+    """The traceback from the user's first frame on (the engine's frames that called the
+    step's function are left out), at most the last ``MAX_FRAMES`` frames and
+    ``MAX_DETAILS_CHARS``. Chained exceptions are trimmed the same way."""
     if exc.__traceback__ is None and exc.__cause__ is None and exc.__context__ is None:
         return None
-    tb = traceback.TracebackException.from_exception(exc, limit=-MAX_FRAMES)
+    tb = traceback.TracebackException.from_exception(exc, limit=-MAX_FRAMES, lookup_lines=False)
+    _from_user_frames(tb, exc, set())
     text = "".join(tb.format())
     if len(text) > MAX_DETAILS_CHARS:
         text = "…" + text[-MAX_DETAILS_CHARS:]
     return text
+
+
+def _from_user_frames(tb: traceback.TracebackException, exc: BaseException, seen: set[int]) -> None:
+    if id(exc) in seen:
+        return
+    seen.add(id(exc))
+    tb.stack = _user_stack(exc.__traceback__)
+    for tb_next, exc_next in ((tb.__cause__, exc.__cause__), (tb.__context__, exc.__context__)):
+        if tb_next is not None and exc_next is not None:
+            _from_user_frames(tb_next, exc_next, seen)
+    for tb_sub, exc_sub in zip(tb.exceptions or (), getattr(exc, "exceptions", ()), strict=False):
+        _from_user_frames(tb_sub, exc_sub, seen)
+
+
+def _user_stack(tb: TracebackType | None) -> traceback.StackSummary:
+    """The frames of ``tb`` from the first one outside the engine (all of them if every
+    frame is the engine's: then the error is the engine's own)."""
+    frames = list(traceback.walk_tb(tb))
+    first = next(
+        (i for i, (f, _) in enumerate(frames) if not _engine_file(f.f_code.co_filename)), 0
+    )
+    return traceback.StackSummary.extract(iter(frames[first:][-MAX_FRAMES:]))
+
+
+_TIDEFLOW_DIR = str(Path(__file__).resolve().parents[2]) + os.sep
+_STDLIB_DIRS = tuple({sysconfig.get_path(name) + os.sep for name in ("stdlib", "platstdlib")})
+
+
+def _engine_file(filename: str) -> bool:
+    """tideflow itself, the standard library (thread pools, asyncio) or generated code
+    (``<string>``, the bootstrap of an isolated process)."""
+    if filename.startswith(("<", _TIDEFLOW_DIR)):
+        return True
+    installed = "site-packages" in filename or "dist-packages" in filename
+    return filename.startswith(_STDLIB_DIRS) and not installed
 
 
 def _declared_classes(exc: StepError) -> tuple[str, ...]:
