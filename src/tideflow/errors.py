@@ -9,6 +9,7 @@
     ├── IllegalTransition          a state change that the transition table forbids
     ├── NotFound                   an unknown run, definition or step
     ├── DefinitionConflict         (name, version) already registered with other content
+    ├── UnknownSignal              a signal no wait step of the run's workflow waits for
     └── StepError                  raised *inside* a step; recorded in the run, not thrown out
         ├── ExpressionEvaluationError   an expression failed at run time
         ├── StepTimeout                 an attempt exceeded its `timeout` (type name `TimeoutError`)
@@ -104,6 +105,10 @@ class NotFound(TideflowError):
 
 class DefinitionConflict(TideflowError):
     """A definition with this name and version is already registered with other content."""
+
+
+class UnknownSignal(TideflowError):
+    """No wait step of the run's workflow waits for a signal of this name."""
 
 
 class StepError(TideflowError):

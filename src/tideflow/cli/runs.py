@@ -9,7 +9,7 @@ event unlocks runs on the next `tideflow resume` or `tideflow runs resume RUN`
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 import typer
@@ -47,6 +47,7 @@ from tideflow.model.events import CancelRequested, Event, SignalReceived
 from tideflow.model.states import RunStatus
 from tideflow.runtime.result import RunResult
 from tideflow.runtime.runtime import Runtime
+from tideflow.runtime.signals import refuse_undeclared_signal
 from tideflow.store.base import HistoryEntry, RunFilter, RunPage, RunSummary
 
 runs_app = typer.Typer(
@@ -205,7 +206,7 @@ def cancel_cmd(
     _report_applied(store, run_id, status)
 
 
-def _cancel_event(rt: Runtime, run_id: str, reason: str) -> Event:
+async def _cancel_event(rt: Runtime, run_id: str, reason: str) -> Event:
     return CancelRequested(
         event_id=rt.new_event_id(), run_id=run_id, time=rt.clock.now(), reason=reason
     )
@@ -227,7 +228,9 @@ def signal_cmd(
 
     A `wait` for NAME whose `match` holds takes it (else it is kept for a later
     wait); the steps it unlocks run on the next `tideflow resume` or
-    `tideflow runs resume RUN`. Exit 1 when the run had already ended.
+    `tideflow runs resume RUN`. Exit 1 when the run had already ended; exit 2
+    when no wait step of the run's workflow waits for NAME (the error lists the
+    names it does wait for).
 
     Examples:
       tideflow runs signal 3f2a9c... approval --payload '{"approved": true, "by": "kim"}'
@@ -240,13 +243,17 @@ def signal_cmd(
     _report_applied(store, run_id, status)
 
 
-def _signal_event(rt: Runtime, run_id: str, name: str, payload: Any) -> Event:
+async def _signal_event(rt: Runtime, run_id: str, name: str, payload: Any) -> Event:
+    state = await rt.state(run_id)
+    refuse_undeclared_signal(await rt.store.get_plan(state.plan_hash), run_id, name)
     return SignalReceived(
         event_id=rt.new_event_id(), run_id=run_id, time=rt.clock.now(), name=name, payload=payload
     )
 
 
-async def _apply(url: str, run_id: str, make: Callable[[Runtime], Event], action: str) -> str:
+async def _apply(
+    url: str, run_id: str, make: Callable[[Runtime], Awaitable[Event]], action: str
+) -> str:
     """Apply one event to a run without workers; return the run's status after it."""
     async with opened_runtime(url, recover=False, workers=0) as rt:
         summary = await known_run(rt.store, run_id, url)
@@ -256,7 +263,7 @@ async def _apply(url: str, run_id: str, make: Callable[[Runtime], Event], action
                 markup=False,
             )
             raise typer.Exit(EXIT_FAILED)
-        await rt.apply_now(make(rt))
+        await rt.apply_now(await make(rt))
         return (await rt.store.get_run(run_id)).status
 
 

@@ -56,6 +56,7 @@ from tideflow.runtime.definitions import DefinitionSource, coerce_plan
 from tideflow.runtime.result import RunResult, result_of
 from tideflow.runtime.runs import Plans, RunCache, WaitIndex
 from tideflow.runtime.scheduler import Listener, Scheduler
+from tideflow.runtime.signals import refuse_undeclared_signal
 from tideflow.runtime.timers import TimerWheel
 from tideflow.store.backends.memory import MemoryStore
 from tideflow.store.base import HistoryEntry, Store
@@ -242,8 +243,12 @@ class Runtime:
     async def signal(
         self, run_id: str, name: str, payload: Any = None, *, signal_id: str | None = None
     ) -> None:
-        """Send a signal to a run; a `wait` for ``name`` whose `match` holds receives it."""
-        await self._state(run_id)
+        """Send a signal to a run; a `wait` for ``name`` whose `match` holds receives it.
+
+        ``UnknownSignal`` when no `wait` step of the run's plan waits for ``name``
+        (runtime/signals.py)."""
+        state = await self._state(run_id)
+        refuse_undeclared_signal(await self._plans.get(state.plan_hash), run_id, name)
         await self.bus.publish_events(
             [
                 SignalReceived(

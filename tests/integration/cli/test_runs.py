@@ -239,3 +239,18 @@ def test_run_json_shape_is_unchanged_on_memory_store(workdir: Workdir) -> None:
     assert done.exit_code == 0, done.stderr
     assert set(json.loads(done.stdout)) == {"run_id", "status", "output", "error", "steps"}
     assert not (workdir.path / ".tideflow").exists()
+
+
+def test_a_signal_no_wait_of_the_run_takes_is_refused_with_exit_2(workdir: Workdir) -> None:
+    (run_id,) = waiting_runs(workdir.store, 1, workdir.path / "wait.yaml")
+    before = stdout_json(invoke("runs", "history", run_id, "--json", "--store", workdir.store))
+
+    done = tideflow(workdir.path, "runs", "signal", run_id, "aprove", "--store", workdir.store)
+
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        f"error: run {run_id} (approval 1) does not wait for a signal named 'aprove': "
+        "its wait steps take 'approve'"
+    )
+    after = stdout_json(invoke("runs", "history", run_id, "--json", "--store", workdir.store))
+    assert after == before
