@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from tideflow.cli.common import err, iso, table_console
+from tideflow.cli.waits import wait_text
 from tideflow.runtime.result import RunResult
 from tideflow.store.base import HistoryEntry, RunSummary
 
@@ -111,12 +112,19 @@ def runs_table(runs: Sequence[RunSummary]) -> None:
     table_console().print(table)
 
 
-def run_json(summary: RunSummary, result: RunResult) -> dict[str, Any]:
-    """`runs show --json`: the stored summary plus every step instance."""
-    return {**summary_json(summary), **result.to_dict(), "status": summary.status}
+def run_json(
+    summary: RunSummary, result: RunResult, waits: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
+    """`runs show --json`: the stored summary plus every step instance; a waiting step
+    has ``waiting_for`` (cli/waits.py)."""
+    data = {**summary_json(summary), **result.to_dict(), "status": summary.status}
+    for key, wait in waits.items():
+        if key in data["steps"]:
+            data["steps"][key]["waiting_for"] = wait
+    return data
 
 
-def print_run(summary: RunSummary, result: RunResult) -> None:
+def print_run(summary: RunSummary, result: RunResult, waits: dict[str, dict[str, Any]]) -> None:
     console = table_console()
     console.print(f"run      {summary.run_id}", markup=False)
     console.print(f"workflow {summary.workflow} {summary.version}", markup=False)
@@ -132,19 +140,20 @@ def print_run(summary: RunSummary, result: RunResult) -> None:
     if summary.output is not None:
         output = orjson.dumps(summary.output, default=str).decode()
         console.print(f"output   {output}", markup=False)
-    console.print(_steps_table(result))
+    console.print(_steps_table(result, waits))
 
 
-def _steps_table(result: RunResult) -> Table:
+def _steps_table(result: RunResult, waits: dict[str, dict[str, Any]]) -> Table:
+    """One row per step instance; the last column is its error, or what it waits for."""
     table = Table(title="steps", title_justify="left")
-    for name in ("step", "status", "attempts", "error"):
+    last = "error / waiting for" if waits else "error"
+    for name in ("step", "status", "attempts", last):
         table.add_column(
-            name, no_wrap=name != "error", justify="right" if name == "attempts" else "left"
+            name, no_wrap=name != last, justify="right" if name == "attempts" else "left"
         )
     for key, step in result.steps.items():
-        table.add_row(
-            escape(key), styled(step.status), str(step.attempts), escape(error_text(step.error))
-        )
+        detail = wait_text(waits[key]) if key in waits else error_text(step.error)
+        table.add_row(escape(key), styled(step.status), str(step.attempts), escape(detail))
     return table
 
 

@@ -43,6 +43,7 @@ from tideflow.cli.render import (
     summary_json,
 )
 from tideflow.cli.resume import resume_run_cmd
+from tideflow.cli.waits import waits_of
 from tideflow.model.events import CancelRequested, Event, SignalReceived
 from tideflow.model.states import RunStatus
 from tideflow.runtime.result import RunResult
@@ -131,21 +132,28 @@ def show_cmd(
 ) -> None:
     """Show a run: its summary and every step instance (status, attempts, error).
 
+    A waiting step shows what it waits for: a `wait` its signal name, `match` and
+    when its timeout fires (and whether the step then fails or continues); a
+    `sleep` until when. --json adds it to the step as "waiting_for":
+    {"signal", "match"?, "timeout_at"?, "timeout_action"?} or {"sleep_until"}.
+
     Examples:
       tideflow runs show 3f2a9c...
       tideflow runs show 3f2a9c... --json
     """
-    summary, result = run_async(_show(store, run_id))
+    summary, result, waits = run_async(_show(store, run_id))
     if as_json:
-        write_json(run_json(summary, result))
+        write_json(run_json(summary, result, waits))
     else:
-        print_run(summary, result)
+        print_run(summary, result, waits)
 
 
-async def _show(url: str, run_id: str) -> tuple[RunSummary, RunResult]:
+async def _show(url: str, run_id: str) -> tuple[RunSummary, RunResult, dict[str, dict[str, Any]]]:
     async with opened_runtime(url, recover=False, workers=0) as rt:
         summary = await known_run(rt.store, run_id, url)
-        return summary, await rt.result(run_id)
+        state = await rt.state(run_id)
+        waits = waits_of(state, await rt.store.get_plan(state.plan_hash))
+        return summary, await rt.result(run_id), waits
 
 
 # -- runs history -------------------------------------------------------------------------
