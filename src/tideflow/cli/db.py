@@ -15,19 +15,24 @@ import typer
 from tideflow.cli.common import (
     DEFAULT_STORE,
     EXIT_FAILED,
+    EXIT_USAGE,
     JsonOption,
     StoreOption,
     build_store,
     display_url,
+    err,
     fail_usage,
     iso,
     opened_store,
     out,
     run_async,
+    sqlite_file,
     store_exists,
     store_unavailable,
     write_json,
 )
+from tideflow.cli.integrity import store_problems
+from tideflow.errors import TideflowError
 from tideflow.store import Store
 
 db_app = typer.Typer(
@@ -106,18 +111,25 @@ async def _version(store: Store) -> int | None:
 
 @db_app.command("status")
 def status_cmd(as_json: JsonOption = False, store: StoreOption = DEFAULT_STORE) -> None:
-    """Show the store's schema version next to the one this tideflow uses.
+    """Show the store's schema version next to the one this tideflow uses, and check
+    that its data is sound.
 
-    Exit 0 when they match, 1 when the store does not exist yet, 2 when it
-    cannot be used as it is (an old schema: run `tideflow db upgrade`; a newer
-    one: upgrade tideflow; damaged or unreachable). Nothing is changed.
-    --json prints {"store", "schema_version", "code_schema_version", "up_to_date"}.
+    The check reads the whole store: SQLite's `PRAGMA integrity_check` (damage
+    anywhere in the file, also where it still opens), then on SQLite and
+    PostgreSQL that every table exists and the recorded migrations are this
+    tideflow's. Nothing is changed.
+
+    Exit 0 when the versions match and the check passes, 1 when the store does
+    not exist yet, 2 when it cannot be used as it is (an old schema: run
+    `tideflow db upgrade`; a newer one: upgrade tideflow; damaged: restore a
+    backup; unreachable). --json prints {"store", "schema_version",
+    "code_schema_version", "up_to_date", "problems": [...]}.
 
     Examples:
       tideflow db status
       tideflow db status --store sqlite:///orders.db --json
     """
-    version = run_async(_status(store))
+    version, problems = run_async(_status(store))
     code = code_schema_version()
     up_to_date = version == code
     if as_json:
@@ -127,25 +139,48 @@ def status_cmd(as_json: JsonOption = False, store: StoreOption = DEFAULT_STORE) 
                 "schema_version": version,
                 "code_schema_version": code,
                 "up_to_date": up_to_date,
+                "problems": problems,
             }
         )
     elif version is None:
         out.print(f"{display_url(store)}: no schema (nothing is stored between processes)")
-    else:
+    elif not problems:
         state = "up to date" if up_to_date else "run `tideflow db upgrade`"
         out.print(
-            f"{display_url(store)}: schema version {version}, this tideflow: {code} ({state})",
+            f"{display_url(store)}: schema version {version}, this tideflow: {code} ({state}); "
+            "integrity check passed",
             markup=False,
         )
+    if problems:
+        _report_damage(store, problems)
+        raise typer.Exit(EXIT_USAGE)
     if version is not None and not up_to_date:
         raise typer.Exit(EXIT_FAILED)
 
 
-async def _status(url: str) -> int | None:
+def _report_damage(url: str, problems: list[str]) -> None:
+    err.print(
+        f"error: {display_url(url)} is damaged ({len(problems)} problem(s) found): restore it "
+        "from a backup (docs/operations.md, Backup), or point --store at another store",
+        markup=False,
+    )
+    for problem in problems:
+        err.print(f"  {problem}", markup=False)
+
+
+async def _status(url: str) -> tuple[int | None, list[str]]:
     if not store_exists(url):
-        return 0
+        return 0, []
     async with opened_store(url, upgrade=False) as store:
-        return await _version(store)
+        version = await _version(store)
+        path = sqlite_file(store)
+        try:
+            problems = await store_problems(store, None if path is None else str(path))
+        except TideflowError:
+            raise
+        except Exception as exc:
+            raise store_unavailable(url, exc) from None
+        return version, problems
 
 
 # -- db prune -------------------------------------------------------------------------

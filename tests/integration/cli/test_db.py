@@ -32,6 +32,7 @@ def test_upgrade_creates_a_fresh_file_and_status_reports_it(workdir: Workdir) ->
         "schema_version": 1,
         "code_schema_version": 1,
         "up_to_date": True,
+        "problems": [],
     }
     assert "up to date" in invoke("db", "status", "--store", workdir.store).stdout
 

@@ -57,7 +57,9 @@ def _terminate(proc: subprocess.Popen[str]) -> tuple[int, str]:
 
 def _finish(workdir: Workdir, run_id: str) -> None:
     """The stopped run goes on: signal it, resume it, it succeeds."""
-    signalled = tideflow(workdir.path, "runs", "signal", run_id, "approve", "--store", workdir.store)
+    signalled = tideflow(
+        workdir.path, "runs", "signal", run_id, "approve", "--store", workdir.store
+    )
     assert signalled.returncode == 0, signalled.stderr
     done = tideflow(workdir.path, "runs", "resume", run_id, "--json", "--store", workdir.store)
     assert done.returncode == 0, done.stderr
@@ -98,4 +100,3 @@ def test_sigterm_stops_resume_cleanly_and_the_run_resumes(workdir: Workdir) -> N
         f"continue with `tideflow resume --store {workdir.store}`"
     )
     _finish(workdir, run_id)
-
