@@ -84,8 +84,8 @@ def fail_usage(
     """Report an error the user can fix; return the exit to raise (code 2).
 
     Text: one ``error:`` line on stderr (or the diagnostics, one per problem). A command
-    asked for JSON (``--json``, ``--format json``) also prints the error as one object on
-    stdout: ``{"error": {"type", "message", "hint"?, "diagnostics"?}}``.
+    run with ``--json`` also prints the error as one object on stdout:
+    ``{"error": {"type", "message", "hint"?, "diagnostics"?}}``.
     """
     if diagnostics:
         for diagnostic in diagnostics:
@@ -106,7 +106,12 @@ def fail_usage(
 def fail_error(exc: TideflowError) -> typer.Exit:
     """``fail_usage`` for a tideflow error: its class names the type, diagnostics kept."""
     diagnostics = exc.diagnostics if isinstance(exc, DefinitionError) else ()
-    return fail_usage(one_line(exc.message), type=type(exc).__name__, diagnostics=diagnostics)
+    message = one_line(exc.message)
+    if diagnostics:  # the first problem, not every one run together (they are all listed)
+        message = diagnostics[0].format().splitlines()[0]
+        if len(diagnostics) > 1:
+            message += f" (and {len(diagnostics) - 1} more)"
+    return fail_usage(message, type=type(exc).__name__, diagnostics=diagnostics)
 
 
 def json_requested() -> bool:
