@@ -67,6 +67,12 @@ def json_mode(value: bool) -> bool:
     return value
 
 
+def format_mode(value: str) -> str:
+    """The callback of a ``--format`` option: ``json`` reports errors as JSON too."""
+    json_mode(value == "json")
+    return value
+
+
 JsonOption = Annotated[
     bool, typer.Option("--json", help="Print one JSON object.", callback=json_mode)
 ]
@@ -423,6 +429,7 @@ __all__ = [
     "err",
     "fail_error",
     "fail_usage",
+    "format_mode",
     "interrupted_message",
     "iso",
     "json_mode",

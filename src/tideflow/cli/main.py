@@ -29,6 +29,7 @@ from tideflow.cli.common import (
     err,
     fail_error,
     fail_usage,
+    format_mode,
     interrupted_message,
     json_mode,
     opened_runtime,
@@ -109,7 +110,9 @@ def validate_cmd(
     files: Annotated[
         list[Path], typer.Argument(help="Definition files (YAML or JSON).", show_default=False)
     ],
-    format: Annotated[str, typer.Option("--format", help="text or json.")] = "text",
+    format: Annotated[
+        str, typer.Option("--format", help="text or json.", callback=format_mode)
+    ] = "text",
 ) -> None:
     """Check definitions without running them.
 

@@ -95,3 +95,15 @@ def test_version_prints_the_installed_version(workdir: Workdir) -> None:
         done = tideflow(workdir.path, flag)
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == expected
+
+
+def test_validate_format_json_reports_an_unreadable_file_as_json(workdir: Workdir) -> None:
+    done = tideflow(workdir.path, "validate", "--format", "json", "missing.yaml")
+
+    assert done.returncode == 2
+    assert stdout_json(done) == {
+        "error": {
+            "type": "UsageError",
+            "message": "cannot read missing.yaml: No such file or directory",
+        }
+    }
