@@ -338,6 +338,7 @@ def map_item_done(d: Decider, st: StepState, scope: ScopeState) -> None:
         progress.outputs[index] = child.output
     elif child.status is not StepStatus.SKIPPED:
         progress.failures += 1
+        progress.outputs[index] = failed_item(child, index)
     if st.status is not _RUNNING:
         return
     tolerated = d.plan.specs[st.step_id].map
@@ -358,6 +359,16 @@ def map_item_done(d: Decider, st: StepState, scope: ScopeState) -> None:
         d.succeed(st, list(progress.outputs), f"all {progress.total} items finished")
     else:
         _launch_items(d, st)
+
+
+def failed_item(child: StepState, index: int) -> dict[str, Any]:
+    """What a failed (or cancelled) item puts in the map's output: an entry that a next
+    step can tell from an item whose output is null."""
+    if child.error is not None:
+        error = {"type": child.error.type, "message": child.error.message}
+    else:
+        error = {"type": "Cancelled", "message": f"item {index} was {child.status.value}"}
+    return {"error": error, "index": index}
 
 
 # -- loop -----------------------------------------------------------------------

@@ -56,13 +56,15 @@ def error_to_data(error: ErrorInfo | None) -> dict[str, Any] | None:
         return None
     data = asdict(error)
     data["classes"] = list(error.classes)
+    data["causes"] = [dict(cause) for cause in error.causes]
     return data
 
 
 def error_from_data(data: dict[str, Any] | None) -> ErrorInfo | None:
     if data is None:
         return None
-    return ErrorInfo(**{**data, "classes": tuple(data.get("classes") or ())})
+    causes = tuple(dict(cause) for cause in data.get("causes") or ())
+    return ErrorInfo(**{**data, "classes": tuple(data.get("classes") or ()), "causes": causes})
 
 
 def _step_to_data(st: StepState) -> dict[str, Any]:

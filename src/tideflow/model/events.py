@@ -27,11 +27,16 @@ class ErrorInfo:
     """Extra diagnostic text, such as a trimmed traceback."""
     retry_after: float | None = None
     """A lower bound for the next retry's delay that the failure asked for (HTTP 429)."""
+    causes: tuple[dict[str, Any], ...] = ()
+    """The errors this one aggregates (``JoinFailed``: one ``{step, type, message}`` per
+    failed dependency)."""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": self.type, "message": self.message}
         if self.details:
             out["details"] = self.details
+        if self.causes:
+            out["causes"] = [dict(cause) for cause in self.causes]
         return out
 
     def matches(self, names: tuple[str, ...]) -> bool:

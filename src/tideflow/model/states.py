@@ -45,8 +45,9 @@ class StepStatus(StrEnum):
     """A `wait` for a signal or a `sleep` timer."""
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    """Its last attempt failed, or its `any` / `at_least` join failed (``JoinFailed``)."""
     SKIPPED = "skipped"
-    """Its `when` was false, or its join can never be satisfied."""
+    """Its `when` was false, or its join can never be satisfied because of skips."""
     CANCELLED = "cancelled"
 
 
@@ -83,7 +84,7 @@ RUN_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
 }
 
 STEP_TRANSITIONS: dict[StepStatus, frozenset[StepStatus]] = {
-    _S.PENDING: frozenset({_S.READY, _S.SKIPPED, _S.CANCELLED}),
+    _S.PENDING: frozenset({_S.READY, _S.SKIPPED, _S.FAILED, _S.CANCELLED}),
     _S.READY: frozenset(
         {_S.RUNNING, _S.WAITING, _S.SUCCEEDED, _S.FAILED, _S.SKIPPED, _S.CANCELLED}
     ),

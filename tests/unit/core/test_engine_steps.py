@@ -130,7 +130,11 @@ def test_map_tolerates_failures_up_to_the_limit(harness):
     assert h.step_status("each") == "running"
     h.complete("each[1]", "b")
     h.complete("each[2]", "c")
-    assert h.state.output == [None, "b", "c"]
+    assert h.state.output == [
+        {"error": {"type": "RuntimeError", "message": "boom"}, "index": 0},
+        "b",
+        "c",
+    ]
     h = harness(MAP, {"items": [1, 2, 3]})
     h.fail("each[0]")
     h.fail("each[1]")
@@ -330,3 +334,14 @@ steps:
 def test_emit_keeps_subject(harness):
     h = harness(HEAD + "steps: [{id: e, type: emit, event: {type: t, subject: order-7}}]\n")
     assert h.emitted[0]["subject"] == "order-7"
+
+
+def test_map_failed_item_is_an_error_entry_a_real_null_stays_null(harness):
+    h = harness(MAP, {"items": [1, 2]})
+    h.complete("each[0]", None)
+    h.fail("each[1]", "ValueError", "bad item")
+    assert h.status == "succeeded"
+    assert h.state.output == [
+        None,
+        {"error": {"type": "ValueError", "message": "bad item"}, "index": 1},
+    ]
