@@ -201,7 +201,8 @@ class Decider:
         saga.start(self)
 
     def end_run_early(self, status: RunStatus, cause: str) -> None:
-        """Cancel or time out a run: stop everything that runs, then end it."""
+        """Cancel or time out a run: stop everything that runs, compensate what completed
+        (with ``on_failure: compensate``), then end it."""
         state = self.state
         if state.status not in (RunStatus.PENDING, RunStatus.RUNNING):
             return
@@ -210,7 +211,10 @@ class Decider:
         state.error = error_info(
             "Cancelled" if status is RunStatus.CANCELLED else "TimeoutError", cause
         )
-        self.finish_run(status, cause)
+        if self.plan.on_failure is OnError.COMPENSATE and state.compensable:
+            saga.start(self, ends=status)
+        else:
+            self.finish_run(status, cause)
 
     # -- step transitions -------------------------------------------------------
 

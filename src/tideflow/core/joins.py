@@ -46,7 +46,8 @@ def propagate(d: Decider, key: str) -> None:
                 dep_outcome = "skip"
             notify(d, state.steps[scope.prefix + dep_id], dep_outcome)
     if scope.remaining == 0 and not scope.closing:
-        d.scope_done(scope)
+        scope.closing = True  # done: a skip cascade can end several steps at once, and
+        d.scope_done(scope)  # each of them is propagated, but the scope ends only once
 
 
 def graph_of(plan: Plan, step_id: str) -> Graph:

@@ -94,7 +94,8 @@ class ScopeState:
     remaining: int = 0
     """How many of ``keys`` are not terminal yet."""
     closing: bool = False
-    """Set while the scope is being failed or cancelled: no further scheduling."""
+    """Set while the scope is being failed or cancelled, and once it is done: no further
+    scheduling."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -114,6 +115,9 @@ class CompensationState:
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Step key -> {status, attempts, error} of its compensation."""
     failed: list[str] = field(default_factory=list)
+    ends: str = "compensated"
+    """The run status once every compensation succeeded: ``compensated`` after a failure,
+    ``cancelled`` or ``timed_out`` when a cancel or the run timeout started it."""
 
     @property
     def current(self) -> str | None:

@@ -23,7 +23,8 @@ class RunStatus(StrEnum):
     TIMED_OUT = "timed_out"
     """The run-level `timeout` passed."""
     COMPENSATING = "compensating"
-    """The run failed and compensations are running in reverse completion order."""
+    """The run failed (or was cancelled or timed out under `on_failure: compensate`) and
+    compensations are running in reverse completion order."""
     COMPENSATED = "compensated"
     """Every compensation succeeded."""
     COMPENSATION_FAILED = "compensation_failed"
@@ -73,9 +74,11 @@ _S = StepStatus
 
 RUN_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
     _R.PENDING: frozenset({_R.RUNNING, _R.FAILED, _R.CANCELLED}),
-    _R.RUNNING: frozenset({_R.SUCCEEDED, _R.FAILED, _R.CANCELLED, _R.TIMED_OUT}),
+    _R.RUNNING: frozenset({_R.SUCCEEDED, _R.FAILED, _R.CANCELLED, _R.TIMED_OUT, _R.COMPENSATING}),
     _R.FAILED: frozenset({_R.COMPENSATING}),
-    _R.COMPENSATING: frozenset({_R.COMPENSATED, _R.COMPENSATION_FAILED}),
+    _R.COMPENSATING: frozenset(
+        {_R.COMPENSATED, _R.COMPENSATION_FAILED, _R.CANCELLED, _R.TIMED_OUT}
+    ),
     _R.SUCCEEDED: frozenset(),
     _R.CANCELLED: frozenset(),
     _R.TIMED_OUT: frozenset(),

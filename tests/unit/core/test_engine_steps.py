@@ -345,3 +345,22 @@ def test_map_failed_item_is_an_error_entry_a_real_null_stays_null(harness):
         None,
         {"error": {"type": "ValueError", "message": "bad item"}, "index": 1},
     ]
+
+
+def test_a_loop_iteration_ended_by_a_skip_cascade_starts_the_next_iteration_once(harness):
+    h = harness(
+        HEAD
+        + """
+steps:
+  - id: lp
+    type: loop
+    max_iterations: 3
+    until: "{{ iteration >= 1 }}"
+    steps:
+      - {id: a, type: set, values: {x: 1}, when: "{{ false }}"}
+      - {id: b, type: set, values: {x: 2}, depends_on: [a]}
+"""
+    )
+    assert h.status == "succeeded"
+    readied = [t.subject for t in h.transitions if t.new == "ready"]
+    assert readied.count("lp@1/a") == 1

@@ -72,6 +72,7 @@ def test_core_invariants_on_random_dags(definition: dict[str, Any], data: st.Dat
 
     h.on_decision = check
     h.start({})
+    cancelled_with: list[str] | None = None
     for _ in range(500):
         if h.state.status in RUN_TERMINAL:
             break
@@ -79,6 +80,10 @@ def test_core_invariants_on_random_dags(definition: dict[str, Any], data: st.Dat
         if not outstanding:
             assert h.timers, "a run with nothing outstanding and no timer is stuck"
             h.advance(min(h.timers.values()) - h.now)
+            continue
+        if data.draw(st.integers(0, 40)) == 0:
+            cancelled_with = list(h.state.compensable)
+            h.cancel()
             continue
         key = data.draw(st.sampled_from(outstanding))
         compensation = key.endswith(":compensate")
@@ -103,7 +108,11 @@ def test_core_invariants_on_random_dags(definition: dict[str, Any], data: st.Dat
         assert terminal_moves.get(step_id) == 1, step_id
     # compensations run exactly for the completed steps that declare one, newest first
     compensated = [t.step_key for t in h.dispatched if t.compensation and t.attempt == 1]
-    if h.state.status in (RunStatus.COMPENSATED, RunStatus.COMPENSATION_FAILED):
+    if cancelled_with is not None and h.state.status is RunStatus.CANCELLED:
+        # a cancel compensates (under on_failure: compensate) what had completed
+        expected = cancelled_with if plan.on_failure.value == "compensate" else []
+        assert compensated == list(reversed(expected))
+    elif h.state.status in (RunStatus.COMPENSATED, RunStatus.COMPENSATION_FAILED):
         completed = sorted(
             (
                 s
