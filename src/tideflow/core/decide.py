@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, NamedTuple
 
-from tideflow.core import joins, saga
+from tideflow.core import joins, reopen, saga
 from tideflow.core import steps as kinds
 from tideflow.core.retry import backoff_delay, may_retry
 from tideflow.core.scope import build_scope
@@ -37,6 +37,7 @@ from tideflow.model.events import (
     ChildRunFinished,
     ErrorInfo,
     Event,
+    RunRetried,
     RunStarted,
     SignalReceived,
     TaskCompleted,
@@ -117,6 +118,8 @@ class Decider:
             self._on_run_started(event)
         elif isinstance(event, CancelRequested):
             self.end_run_early(RunStatus.CANCELLED, event.reason)
+        elif isinstance(event, RunRetried):
+            reopen.retry_run(self, event)
         self._drain()
 
     def _drain(self) -> None:
@@ -328,6 +331,10 @@ class Decider:
             st = steps[key]
             if st.status not in STEP_TERMINAL:
                 self.cancel_step(st, cause)
+
+    def reopen_scope(self, scope: ScopeState) -> None:
+        """Run again the step instances of a scope that did not succeed (operator retry)."""
+        reopen.reopen_scope(self, scope)
 
     def cancel_step(self, st: StepState, cause: str) -> None:
         self.stop_inner_work(st, cause)

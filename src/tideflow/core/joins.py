@@ -87,7 +87,11 @@ def notify(d: Decider, st: StepState, outcome: str) -> None:
 
 
 def _satisfied(kind: str, needed: int) -> str:
-    return "a dependency succeeded (join: any)" if kind == "any" else f"{needed} dependencies succeeded"
+    return (
+        "a dependency succeeded (join: any)"
+        if kind == "any"
+        else f"{needed} dependencies succeeded"
+    )
 
 
 def _impossible(kind: str, needed: int) -> str:
@@ -106,9 +110,15 @@ def join_failed(d: Decider, st: StepState, needed: int) -> ErrorInfo:
         for dep in failed
         if dep.status is _FAILED
     )
-    what = "no dependency succeeded" if needed == 1 else f"fewer than {needed} dependencies can succeed"
+    what = (
+        "no dependency succeeded"
+        if needed == 1
+        else f"fewer than {needed} dependencies can succeed"
+    )
     listed = "; ".join(f"{c['step']}: {c['type']}: {c['message']}" for c in causes)
-    return ErrorInfo(type="JoinFailed", message=f"{what} ({listed})", retryable=False, causes=causes)
+    return ErrorInfo(
+        type="JoinFailed", message=f"{what} ({listed})", retryable=False, causes=causes
+    )
 
 
 _NO_ERROR = {"type": "Failed", "message": "no error recorded"}

@@ -244,6 +244,8 @@ def _start_subflow(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, A
     child_input = sub.input.render(scope)
     st.input = child_input
     child_id = f"{state.run_id}.{re.sub(r'[^A-Za-z0-9_.-]', '_', st.key)}"
+    if state.retries:  # an operator retry starts a new child run
+        child_id += f".retry{state.retries}"
     st.child_run_id = child_id
     sync = sub.mode == "sync"
     d.commands.append(
@@ -310,6 +312,9 @@ def _launch_items(d: Decider, st: StepState) -> None:
     assert spec.map is not None and progress is not None
     items = progress.items
     limit = spec.map.max_concurrency or progress.total
+    while progress.retry and progress.running < limit:
+        progress.running += 1
+        d.reopen_scope(d.state.scopes[f"{st.key}[{progress.retry.pop(0)}]/"])
     while progress.next_index < progress.total and progress.running < limit:
         index = progress.next_index
         progress.next_index += 1
@@ -369,6 +374,50 @@ def failed_item(child: StepState, index: int) -> dict[str, Any]:
     else:
         error = {"type": "Cancelled", "message": f"item {index} was {child.status.value}"}
     return {"error": error, "index": index}
+
+
+# -- operator retry: loops and maps go on where they stopped ----------------------
+
+
+def resumable(d: Decider, st: StepState) -> bool:
+    """Whether a retry resumes ``st`` (a loop or map that had started) rather than
+    starting it afresh."""
+    spec = d.plan.specs[st.step_id]
+    if spec.loop is not None:
+        return f"{st.key}@{st.iteration}/" in d.state.scopes
+    return spec.map is not None and st.map is not None
+
+
+def resume(d: Decider, st: StepState) -> None:
+    spec = d.plan.specs[st.step_id]
+    if spec.loop is not None:
+        d.set_step(st, _RUNNING, f"retried: iteration {st.iteration} goes on")
+        _arm_step_timeout(d, st, spec)
+        d.reopen_scope(d.state.scopes[f"{st.key}@{st.iteration}/"])
+        return
+    progress = st.map
+    assert progress is not None
+    steps = d.state.steps
+    progress.retry = [
+        i
+        for i in range(progress.next_index)
+        if steps[f"{st.key}[{i}]"].status not in (_SUCCEEDED, StepStatus.SKIPPED)
+    ]
+    for index in progress.retry:
+        progress.outputs[index] = None
+    progress.running = progress.failures = 0
+    progress.done = progress.next_index - len(progress.retry)
+    d.set_step(st, _RUNNING, f"retried: {len(progress.retry)} item(s) run again")
+    _arm_step_timeout(d, st, spec)
+    if progress.done == progress.total:
+        d.succeed(st, list(progress.outputs), f"all {progress.total} items finished")
+    else:
+        _launch_items(d, st)
+
+
+def _arm_step_timeout(d: Decider, st: StepState, spec: StepSpec) -> None:
+    if spec.timeout is not None:
+        d.arm("step_timeout", st, d.now + spec.timeout)
 
 
 # -- loop -----------------------------------------------------------------------

@@ -111,6 +111,7 @@ def state_to_data(state: RunState) -> dict[str, Any]:
         "compensable": state.compensable,
         "compensate_requested": state.compensate_requested,
         "compensation": asdict(comp) if comp is not None else None,
+        "retries": state.retries,
     }
 
 
@@ -156,6 +157,7 @@ def _build(data: dict[str, Any]) -> RunState:
         compensable=list(data["compensable"]),
         compensate_requested=data["compensate_requested"],
         compensation=CompensationState(**comp) if comp is not None else None,
+        retries=data.get("retries", 0),
     )
 
 

@@ -103,6 +103,13 @@ class CancelRequested(Event):
     reason: str = "cancelled on request"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunRetried(Event):
+    """An operator re-opens a failed or timed-out run from its steps that did not succeed."""
+
+    reason: str = "retried on request"
+
+
 EventKind = Literal[
     "run_started",
     "task_completed",
@@ -111,6 +118,7 @@ EventKind = Literal[
     "signal_received",
     "child_run_finished",
     "cancel_requested",
+    "run_retried",
 ]
 
 EVENT_KINDS: dict[type[Event], str] = {
@@ -121,6 +129,7 @@ EVENT_KINDS: dict[type[Event], str] = {
     SignalReceived: "signal_received",
     ChildRunFinished: "child_run_finished",
     CancelRequested: "cancel_requested",
+    RunRetried: "run_retried",
 }
 EVENT_TYPES: dict[str, type[Event]] = {v: k for k, v in EVENT_KINDS.items()}
 

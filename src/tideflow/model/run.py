@@ -51,6 +51,8 @@ class MapProgress:
     done: int = 0
     failures: int = 0
     outputs: list[Any] = field(default_factory=list)
+    retry: list[int] = field(default_factory=list)
+    """Indices of items an operator retry runs again, before ``next_index`` goes on."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -152,6 +154,8 @@ class RunState:
     """Keys of succeeded steps that declare `compensate`, in completion order."""
     compensate_requested: bool = False
     compensation: CompensationState | None = None
+    retries: int = 0
+    """How many times an operator retried the run (``RunRetried``)."""
 
     @property
     def is_terminal(self) -> bool:

@@ -62,7 +62,8 @@ RUN_TERMINAL = frozenset(
         RunStatus.COMPENSATION_FAILED,
     }
 )
-"""Run states that never change again (FAILED can still move to COMPENSATING in the same step)."""
+"""Run states that end a run: nothing happens to it any more, unless FAILED moves on to
+COMPENSATING in the same step, or an operator retries a FAILED or TIMED_OUT run."""
 
 STEP_TERMINAL = frozenset(
     {StepStatus.SUCCEEDED, StepStatus.FAILED, StepStatus.SKIPPED, StepStatus.CANCELLED}
@@ -73,15 +74,16 @@ _R = RunStatus
 _S = StepStatus
 
 RUN_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
+    # FAILED and TIMED_OUT -> RUNNING: an operator retry (RunRetried)
     _R.PENDING: frozenset({_R.RUNNING, _R.FAILED, _R.CANCELLED}),
     _R.RUNNING: frozenset({_R.SUCCEEDED, _R.FAILED, _R.CANCELLED, _R.TIMED_OUT, _R.COMPENSATING}),
-    _R.FAILED: frozenset({_R.COMPENSATING}),
+    _R.FAILED: frozenset({_R.COMPENSATING, _R.RUNNING}),
     _R.COMPENSATING: frozenset(
         {_R.COMPENSATED, _R.COMPENSATION_FAILED, _R.CANCELLED, _R.TIMED_OUT}
     ),
     _R.SUCCEEDED: frozenset(),
     _R.CANCELLED: frozenset(),
-    _R.TIMED_OUT: frozenset(),
+    _R.TIMED_OUT: frozenset({_R.RUNNING}),
     _R.COMPENSATED: frozenset(),
     _R.COMPENSATION_FAILED: frozenset(),
 }
@@ -94,10 +96,11 @@ STEP_TRANSITIONS: dict[StepStatus, frozenset[StepStatus]] = {
     _S.RUNNING: frozenset({_S.SUCCEEDED, _S.FAILED, _S.RETRYING, _S.CANCELLED}),
     _S.RETRYING: frozenset({_S.RUNNING, _S.FAILED, _S.CANCELLED}),
     _S.WAITING: frozenset({_S.SUCCEEDED, _S.FAILED, _S.CANCELLED}),
+    # an operator retry runs again what did not succeed; a loop or map goes on running
     _S.SUCCEEDED: frozenset(),
-    _S.FAILED: frozenset(),
-    _S.SKIPPED: frozenset(),
-    _S.CANCELLED: frozenset(),
+    _S.FAILED: frozenset({_S.PENDING, _S.RUNNING}),
+    _S.SKIPPED: frozenset({_S.PENDING}),
+    _S.CANCELLED: frozenset({_S.PENDING, _S.RUNNING}),
 }
 
 

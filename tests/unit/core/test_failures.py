@@ -356,7 +356,9 @@ def test_cancel_with_nothing_completed_to_undo_just_ends_cancelled(harness):
 
 
 def test_run_timeout_with_on_failure_compensate_compensates_then_ends_timed_out(harness):
-    h = harness(SAGA.replace("on_failure: compensate", "on_failure: compensate\ntimeout: 1m"), {"sku": "X"})
+    h = harness(
+        SAGA.replace("on_failure: compensate", "on_failure: compensate\ntimeout: 1m"), {"sku": "X"}
+    )
     h.complete("reserve", {"hold": "H1"})
     h.advance(60)
     assert h.status == "compensating"

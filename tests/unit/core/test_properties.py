@@ -159,3 +159,45 @@ def test_state_survives_serialisation_between_every_event(
             else:
                 h.fail(key.removesuffix(":compensate"), compensation=comp)
     assert live.state.status in RUN_TERMINAL
+
+
+def _drive(h: CoreHarness, data: st.DataObject) -> None:
+    """Complete or fail outstanding tasks at random until the run ends."""
+    for _ in range(500):
+        if h.state.status in RUN_TERMINAL:
+            return
+        outstanding = sorted(h.outstanding())
+        if not outstanding:
+            h.advance(min(h.timers.values()) - h.now)
+            continue
+        key = data.draw(st.sampled_from(outstanding))
+        comp = key.endswith(":compensate")
+        if data.draw(st.booleans()):
+            h.complete(key.removesuffix(":compensate"), {"v": 1}, compensation=comp)
+        else:
+            h.fail(key.removesuffix(":compensate"), retryable=False, compensation=comp)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(definition=definitions(), data=st.data())
+def test_a_retried_run_runs_again_only_what_did_not_succeed(
+    definition: dict[str, Any], data: st.DataObject
+) -> None:
+    plan = compile_definition(definition)
+    h = CoreHarness(plan)
+    h.start({})
+    _drive(h, data)
+    if h.state.status is not RunStatus.FAILED:
+        assert not h.retry().changed
+        return
+    kept = {key for key, s in h.state.steps.items() if s.status is StepStatus.SUCCEEDED}
+    outputs = {key: h.state.steps[key].output for key in kept}
+    before = len(h.dispatched)
+    assert h.retry().changed
+    _drive(h, data)
+    assert h.state.status in RUN_TERMINAL
+    rerun = {t.step_key for t in h.dispatched[before:] if not t.compensation}
+    assert not rerun & kept
+    assert {key: h.state.steps[key].output for key in kept} == outputs
+    assert all(s.status in STEP_TERMINAL for s in h.state.steps.values())
+    assert not h.state.timers
