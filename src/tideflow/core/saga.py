@@ -94,7 +94,7 @@ def compensation_task(
     spec = plan.specs[st.step_id]
     action = spec.compensate
     assert action is not None
-    scope = build_scope(state, st.scope, now)
+    scope = build_scope(state, st.scope, now, instance=f"{key}:compensate")
     secrets = sorted(action.config.secret_references() | action.input.secret_references())
     return DispatchTask(
         run_id=state.run_id,

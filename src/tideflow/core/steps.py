@@ -11,13 +11,13 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from tideflow.core.scope import build_scope, iso
+from tideflow.core.scope import build_scope, iso, redraw
 from tideflow.errors import ExpressionEvaluationError
 from tideflow.model.commands import DispatchTask, EmitEvent, StartChildRun
 from tideflow.model.events import ErrorInfo
 from tideflow.model.expressions import Expression
 from tideflow.model.plan import Plan, StepSpec
-from tideflow.model.run import MapProgress, ScopeState, StepState
+from tideflow.model.run import MapProgress, RunState, ScopeState, StepState
 from tideflow.model.states import STEP_TERMINAL, StepStatus
 
 if TYPE_CHECKING:
@@ -34,7 +34,9 @@ def _error(type_: str, message: str) -> ErrorInfo:
 
 def start_step(d: Decider, st: StepState, spec: StepSpec) -> None:
     """Start a READY step: evaluate ``when``, resolve ``input``, then act by type."""
-    scope = _EMPTY if _constant_action(spec) else build_scope(d.state, st.scope, d.now)
+    scope = (
+        _EMPTY if _constant_action(spec) else build_scope(d.state, st.scope, d.now, instance=st.key)
+    )
     if spec.when is not None and not spec.when.evaluate(scope):
         d.skip(st, f"when is false: {spec.when.source}")
         return
@@ -64,9 +66,7 @@ def _constant_action(spec: StepSpec) -> bool:
 def dispatch(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, Any] | None) -> None:
     """Send the next attempt of an action step to a worker."""
     state = d.state
-    if scope is None:
-        scope = build_scope(state, st.scope, d.now)
-    config = spec.config.render(scope) if spec.config is not None else {}
+    config = render_config(d.plan, state, st, d.now, scope)
     st.attempts += 1
     if st.attempts == 1 and spec.deadline is not None:
         st.deadline_at = d.now + spec.deadline
@@ -75,6 +75,22 @@ def dispatch(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, Any] | 
     d.commands.append(action_task(d.plan, state.run_id, st, config))
     if spec.timeout is not None:
         d.arm("attempt_timeout", st, d.now + spec.timeout, st.attempts)
+
+
+def render_config(
+    plan: Plan, state: RunState, st: StepState, now: float, scope: dict[str, Any] | None = None
+) -> Any:
+    """An action's config for its current attempt; it draws from a stream of its own, so
+    every attempt, and a re-dispatch on recovery, renders the same ``uuid()``s."""
+    config = plan.specs[st.step_id].config
+    if config is None:
+        return {}
+    if config.is_constant:
+        return config.render(_EMPTY)
+    instance = f"{st.key}:config"
+    if scope is None:
+        return config.render(build_scope(state, st.scope, now, instance=instance))
+    return config.render(redraw(scope, state.run_id, instance))
 
 
 def action_task(plan: Plan, run_id: str, st: StepState, config: Any) -> DispatchTask:
@@ -165,7 +181,8 @@ def _matches(d: Decider, st: StepState, payload: Any) -> bool:
     if wait.match is None:
         return True
     try:
-        return bool(wait.match.evaluate(build_scope(d.state, st.scope, d.now, signal=payload)))
+        scope = build_scope(d.state, st.scope, d.now, instance=f"{st.key}:match", signal=payload)
+        return bool(wait.match.evaluate(scope))
     except ExpressionEvaluationError:
         return False
 
@@ -434,7 +451,9 @@ def start_iteration(d: Decider, st: StepState, iteration: int) -> None:
     assert loop is not None
     if loop.while_ is not None:
         previous = f"{st.key}@{iteration - 1}/" if iteration else st.scope
-        scope = build_scope(d.state, previous, d.now, iteration=iteration)
+        scope = build_scope(
+            d.state, previous, d.now, instance=f"{st.key}@{iteration}:while", iteration=iteration
+        )
         holds = _condition(d, st, loop.while_, scope)
         if holds is None:
             return
@@ -479,7 +498,8 @@ def loop_iteration_done(d: Decider, st: StepState, scope: ScopeState) -> None:
     steps = d.state.steps
     st.output = {step_id: steps[scope.prefix + step_id].output for step_id in loop.body.steps}
     if loop.until is not None:
-        holds = _condition(d, st, loop.until, build_scope(d.state, scope.prefix, d.now))
+        until = build_scope(d.state, scope.prefix, d.now, instance=f"{scope.prefix}:until")
+        holds = _condition(d, st, loop.until, until)
         if holds is None:
             return
         if holds:

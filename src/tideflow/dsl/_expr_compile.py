@@ -25,11 +25,15 @@ from tideflow.dsl._expr_functions import (
     a_kind,
     add,
     call_default,
+    check_random_int_bounds,
     is_number,
     kind,
     multiply,
     now,
     numeric,
+    random,
+    random_int,
+    uuid,
 )
 
 Scope = Mapping[str, Any]
@@ -435,13 +439,19 @@ def _function_name(node: ast.Call) -> str:
     return func.id
 
 
+_SCOPE_FUNCTIONS: dict[str, Evaluator] = {"now": now, "uuid": uuid, "random": random}
+
+
 def _call(node: ast.Call) -> Evaluator:
     name = _function_name(node)
     args = [compile_node(arg) for arg in node.args]
     if name == "default":
         return call_default(args[0], args[1])
-    if name == "now":
-        return now
+    if name in _SCOPE_FUNCTIONS:
+        return _SCOPE_FUNCTIONS[name]
+    if name == "random_int":
+        _check_literal_bounds(node)
+        return random_int(args[0], args[1], lambda: _text(node))
     function = FUNCTIONS[name].function
 
     def call(scope: Scope) -> Any:
@@ -452,6 +462,36 @@ def _call(node: ast.Call) -> Evaluator:
             raise EvalFailure(f"{name}(): {exc} in `{_text(node)}`") from None
 
     return call
+
+
+_UNKNOWN = object()
+
+
+def _literal(node: ast.expr) -> Any:
+    """The value of a literal argument (``5``, ``-5``, ``'x'``), else ``_UNKNOWN``."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name) and node.id in _LITERAL_NAMES:
+        return _LITERAL_NAMES[node.id]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        value = _literal(node.operand)
+        if is_number(value):
+            return -value
+    return _UNKNOWN
+
+
+def _check_literal_bounds(node: ast.Call) -> None:
+    """``random_int`` bounds written as literals are checked when the definition compiles."""
+    low, high = (_literal(arg) for arg in node.args)
+    known = [value for value in (low, high) if value is not _UNKNOWN]
+    for value in known:  # one literal bound can already be of the wrong kind
+        problem = check_random_int_bounds(value, value)
+        if problem is not None:
+            raise Rejected(problem, "write random_int(low, high) with integers", node)
+    if len(known) == 2:
+        problem = check_random_int_bounds(low, high)
+        if problem is not None:
+            raise Rejected(problem, f"swap them: random_int({high}, {low})", node)
 
 
 # --- dispatch -----------------------------------------------------------------------------

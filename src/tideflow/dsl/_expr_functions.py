@@ -9,12 +9,15 @@ turns into an evaluation error naming the expression.
 
 from __future__ import annotations
 
+import uuid as _uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
+
+from tideflow.model.expressions import DRAWS_KEY, Draws
 
 Scope = Mapping[str, Any]
 Evaluator = Callable[[Scope], Any]
@@ -210,6 +213,56 @@ def now(scope: Scope) -> str:
         raise EvalFailure(f"now(): {NOW_KEY!r} is not a valid time: {exc}") from None
 
 
+# --- replay-safe randomness ------------------------------------------------------------
+
+RANDOM_INT_LIMIT = 2**63
+"""``random_int`` bounds lie in [-2**63, 2**63 - 1] (the range of a 64-bit integer)."""
+
+
+def _draw(scope: Scope, name: str) -> bytes:
+    draws = scope.get(DRAWS_KEY)
+    if not isinstance(draws, Draws):
+        raise EvalFailure(f"{name}() is only available while a run evaluates the expression")
+    return draws.next()
+
+
+def uuid(scope: Scope) -> str:
+    """A version-4 UUID drawn from the run's replay-safe stream (see ``Draws``)."""
+    return str(_uuid.UUID(bytes=_draw(scope, "uuid")[:16], version=4))
+
+
+def random(scope: Scope) -> float:
+    """A float in [0, 1) from 53 random bits of the run's replay-safe stream."""
+    return (int.from_bytes(_draw(scope, "random")[:8], "big") >> 11) / 2**53
+
+
+def check_random_int_bounds(low: Any, high: Any) -> str | None:
+    """Why ``random_int(low, high)`` cannot draw, or None when it can."""
+    for bound in (low, high):
+        if isinstance(bound, bool) or not isinstance(bound, int):
+            shown = "" if bound is None or isinstance(bound, bool) else f" ({_show(bound)})"
+            return f"random_int() takes two integers, got {a_kind(bound)}{shown}"
+        if not -RANDOM_INT_LIMIT <= bound < RANDOM_INT_LIMIT:
+            return f"random_int() bounds must lie between -2**63 and 2**63 - 1, got {bound}"
+    if low > high:
+        return f"random_int({low}, {high}): the low bound is above the high bound"
+    return None
+
+
+def random_int(low: Evaluator, high: Evaluator, where: Callable[[], str]) -> Evaluator:
+    """``random_int(a, b)``: an integer with a <= n <= b (both included)."""
+
+    def evaluate(scope: Scope) -> int:
+        a, b = low(scope), high(scope)
+        problem = check_random_int_bounds(a, b)
+        if problem is not None:
+            raise EvalFailure(f"{problem} in `{where()}`")
+        # 256 random bits over a span of at most 2**64 values: the bias is below 2**-190
+        return int(a + int.from_bytes(_draw(scope, "random_int"), "big") % (b - a + 1))
+
+    return evaluate
+
+
 def call_default(value: Evaluator, fallback: Evaluator) -> Evaluator:
     """``default(x, fallback)``: ``x`` is evaluated inside a try, ``fallback`` only if needed.
 
@@ -328,4 +381,7 @@ FUNCTIONS: dict[str, Function] = {
     "values": Function(_values, (1, 1)),
     "now": Function(_scope_only, (0, 0)),
     "default": Function(_scope_only, (2, 2)),
+    "uuid": Function(_scope_only, (0, 0)),
+    "random": Function(_scope_only, (0, 0)),
+    "random_int": Function(_scope_only, (2, 2)),
 }
