@@ -25,16 +25,13 @@ from tideflow.dsl._expr_functions import (
     a_kind,
     add,
     call_default,
-    check_random_int_bounds,
     is_number,
     kind,
     multiply,
     now,
     numeric,
-    random,
-    random_int,
-    uuid,
 )
+from tideflow.dsl._expr_random import literal_bounds_problem, random, random_int, uuid
 
 Scope = Mapping[str, Any]
 Evaluator = Callable[[Scope], Any]
@@ -450,7 +447,9 @@ def _call(node: ast.Call) -> Evaluator:
     if name in _SCOPE_FUNCTIONS:
         return _SCOPE_FUNCTIONS[name]
     if name == "random_int":
-        _check_literal_bounds(node)
+        problem = literal_bounds_problem(node, _LITERAL_NAMES)
+        if problem is not None:
+            raise Rejected(*problem, node)
         return random_int(args[0], args[1], lambda: _text(node))
     function = FUNCTIONS[name].function
 
@@ -462,36 +461,6 @@ def _call(node: ast.Call) -> Evaluator:
             raise EvalFailure(f"{name}(): {exc} in `{_text(node)}`") from None
 
     return call
-
-
-_UNKNOWN = object()
-
-
-def _literal(node: ast.expr) -> Any:
-    """The value of a literal argument (``5``, ``-5``, ``'x'``), else ``_UNKNOWN``."""
-    if isinstance(node, ast.Constant):
-        return node.value
-    if isinstance(node, ast.Name) and node.id in _LITERAL_NAMES:
-        return _LITERAL_NAMES[node.id]
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        value = _literal(node.operand)
-        if is_number(value):
-            return -value
-    return _UNKNOWN
-
-
-def _check_literal_bounds(node: ast.Call) -> None:
-    """``random_int`` bounds written as literals are checked when the definition compiles."""
-    low, high = (_literal(arg) for arg in node.args)
-    known = [value for value in (low, high) if value is not _UNKNOWN]
-    for value in known:  # one literal bound can already be of the wrong kind
-        problem = check_random_int_bounds(value, value)
-        if problem is not None:
-            raise Rejected(problem, "write random_int(low, high) with integers", node)
-    if len(known) == 2:
-        problem = check_random_int_bounds(low, high)
-        if problem is not None:
-            raise Rejected(problem, f"swap them: random_int({high}, {low})", node)
 
 
 # --- dispatch -----------------------------------------------------------------------------

@@ -9,15 +9,12 @@ turns into an evaluation error naming the expression.
 
 from __future__ import annotations
 
-import uuid as _uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-
-from tideflow.model.expressions import DRAWS_KEY, Draws
 
 Scope = Mapping[str, Any]
 Evaluator = Callable[[Scope], Any]
@@ -67,7 +64,7 @@ def a_kind(value: Any) -> str:
     return f"an {word}" if word[0] in "aeiou" else f"a {word}"
 
 
-def _show(value: Any) -> str:
+def shown(value: Any) -> str:
     """A value for an error message, cut short: messages are stored in the run history."""
     text = repr(value)
     return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 3] + "..."
@@ -132,7 +129,7 @@ def _int(value: Any) -> int:
     try:
         return int(value)
     except ValueError:
-        raise ValueError(f"cannot convert {_show(value)} to an integer") from None
+        raise ValueError(f"cannot convert {shown(value)} to an integer") from None
 
 
 def _float(value: Any) -> float:
@@ -140,7 +137,7 @@ def _float(value: Any) -> float:
     try:
         return float(value)
     except ValueError:
-        raise ValueError(f"cannot convert {_show(value)} to a number") from None
+        raise ValueError(f"cannot convert {shown(value)} to a number") from None
 
 
 def _round(value: Any, digits: Any = None) -> Any:
@@ -148,7 +145,7 @@ def _round(value: Any, digits: Any = None) -> Any:
     if digits is None:
         return round(value)
     if isinstance(digits, bool) or not isinstance(digits, int) or abs(digits) > _MAX_ROUND_DIGITS:
-        raise ValueError(f"digits must be an integer between -100 and 100, got {_show(digits)}")
+        raise ValueError(f"digits must be an integer between -100 and 100, got {shown(digits)}")
     return round(value, digits)
 
 
@@ -173,7 +170,7 @@ def _max(*args: Any) -> Any:
 def _sum(values: Any) -> Any:
     _need(_is_list, values, "a list of numbers")
     if not all(is_number(v) for v in values):
-        raise TypeError(f"expects a list of numbers, got {_show(list(values))}")
+        raise TypeError(f"expects a list of numbers, got {shown(list(values))}")
     return sum(values)
 
 
@@ -211,56 +208,6 @@ def now(scope: Scope) -> str:
         return datetime.fromtimestamp(seconds, UTC).isoformat()
     except (OverflowError, ValueError, OSError) as exc:
         raise EvalFailure(f"now(): {NOW_KEY!r} is not a valid time: {exc}") from None
-
-
-# --- replay-safe randomness ------------------------------------------------------------
-
-RANDOM_INT_LIMIT = 2**63
-"""``random_int`` bounds lie in [-2**63, 2**63 - 1] (the range of a 64-bit integer)."""
-
-
-def _draw(scope: Scope, name: str) -> bytes:
-    draws = scope.get(DRAWS_KEY)
-    if not isinstance(draws, Draws):
-        raise EvalFailure(f"{name}() is only available while a run evaluates the expression")
-    return draws.next()
-
-
-def uuid(scope: Scope) -> str:
-    """A version-4 UUID drawn from the run's replay-safe stream (see ``Draws``)."""
-    return str(_uuid.UUID(bytes=_draw(scope, "uuid")[:16], version=4))
-
-
-def random(scope: Scope) -> float:
-    """A float in [0, 1) from 53 random bits of the run's replay-safe stream."""
-    return (int.from_bytes(_draw(scope, "random")[:8], "big") >> 11) / 2**53
-
-
-def check_random_int_bounds(low: Any, high: Any) -> str | None:
-    """Why ``random_int(low, high)`` cannot draw, or None when it can."""
-    for bound in (low, high):
-        if isinstance(bound, bool) or not isinstance(bound, int):
-            shown = "" if bound is None or isinstance(bound, bool) else f" ({_show(bound)})"
-            return f"random_int() takes two integers, got {a_kind(bound)}{shown}"
-        if not -RANDOM_INT_LIMIT <= bound < RANDOM_INT_LIMIT:
-            return f"random_int() bounds must lie between -2**63 and 2**63 - 1, got {bound}"
-    if low > high:
-        return f"random_int({low}, {high}): the low bound is above the high bound"
-    return None
-
-
-def random_int(low: Evaluator, high: Evaluator, where: Callable[[], str]) -> Evaluator:
-    """``random_int(a, b)``: an integer with a <= n <= b (both included)."""
-
-    def evaluate(scope: Scope) -> int:
-        a, b = low(scope), high(scope)
-        problem = check_random_int_bounds(a, b)
-        if problem is not None:
-            raise EvalFailure(f"{problem} in `{where()}`")
-        # 256 random bits over a span of at most 2**64 values: the bias is below 2**-190
-        return int(a + int.from_bytes(_draw(scope, "random_int"), "big") % (b - a + 1))
-
-    return evaluate
 
 
 def call_default(value: Evaluator, fallback: Evaluator) -> Evaluator:
