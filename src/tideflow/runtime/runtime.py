@@ -296,6 +296,7 @@ class Runtime:
         event = RunRetried(
             event_id=self.new_event_id(), run_id=run_id, time=self.clock.now(), reason=reason
         )
+        self._workers.forget_cancels(run_id)
         await self._scheduler.apply([event])
         return (await self._state(run_id)).status
 

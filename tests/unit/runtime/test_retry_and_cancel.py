@@ -142,3 +142,14 @@ async def test_cancel_compensates_completed_steps_and_reports_the_outcome() -> N
     assert CALLS == ["reserve", "release:H1"]
     run_moves = [t["new"] for e in history for t in e.transitions if t["subject"] == "run"]
     assert run_moves == ["running", "compensating", "cancelled"]
+
+
+async def test_a_retried_step_runs_even_if_its_cancelled_attempt_was_remembered() -> None:
+    async with Runtime() as rt:
+        failed = await rt.run(FLAKY)
+        # the race the pool remembers: a cancel for an attempt that had already finished
+        rt._workers.cancel(failed.run_id, "charge", 1)
+        BROKEN["charge"] = False
+        await rt.retry(failed.run_id)
+        done = await rt.wait(failed.run_id, timeout=10)
+    assert done.status == "succeeded"
