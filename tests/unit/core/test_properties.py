@@ -57,6 +57,25 @@ def _join_satisfied(h: CoreHarness, key: str) -> bool:
     return ok >= spec.join.at_least
 
 
+def _join_end_problem(h: CoreHarness, key: str, new: str) -> str | None:
+    """An `any` / `at_least` join fails when it became unreachable with a failed dependency,
+    and is skipped only when skips alone made it unreachable."""
+    spec = h.plan.specs[key]
+    if spec.join.kind == "all" or new not in ("failed", "skipped"):
+        return None
+    deps = [h.state.steps[d].status for d in spec.depends_on]
+    failed = deps.count(StepStatus.FAILED)
+    needed = 1 if spec.join.kind == "any" else spec.join.at_least
+    reachable = deps.count(StepStatus.SUCCEEDED) + sum(s not in STEP_TERMINAL for s in deps)
+    if reachable >= needed:
+        return f"{key} ended {new} while its join could still be met"
+    if new == "failed" and not failed:
+        return f"{key} failed its join without a failed dependency"
+    if new == "skipped" and failed:
+        return f"{key} was skipped although a dependency failed"
+    return None
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(definition=definitions(), data=st.data())
 def test_core_invariants_on_random_dags(definition: dict[str, Any], data: st.DataObject) -> None:
@@ -69,6 +88,10 @@ def test_core_invariants_on_random_dags(definition: dict[str, Any], data: st.Dat
             started = tr.subject in plan.specs and tr.old == "ready" and tr.new == "running"
             if started and not _join_satisfied(h, tr.subject):
                 violations.append(f"{tr.subject} started before its join held")
+            if tr.subject in plan.specs and tr.old == "pending":
+                problem = _join_end_problem(h, tr.subject, tr.new)
+                if problem:
+                    violations.append(problem)
 
     h.on_decision = check
     h.start({})
