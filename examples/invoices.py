@@ -97,9 +97,11 @@ async def send_invoice(
         _in_flight -= 1
 
 
-def summarise(invoices: list[Invoice], results: list[dict[str, Any] | None]) -> dict[str, Any]:
-    """Which invoices went out and which need a person to look at them."""
-    sent = [r["invoice_id"] for r in results if r is not None]
-    failed = [inv["invoice_id"] for inv, r in zip(invoices, results, strict=True) if r is None]
-    total = sum(inv["amount"] for inv, r in zip(invoices, results, strict=True) if r is not None)
+def summarise(invoices: list[Invoice], results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Which invoices went out and which need a person to look at them (a failed item's
+    slot holds ``{"error": {type, message}, "index": i}``)."""
+    ok = [inv for inv, r in zip(invoices, results, strict=True) if "error" not in r]
+    sent = [r["invoice_id"] for r in results if "error" not in r]
+    failed = [invoices[r["index"]]["invoice_id"] for r in results if "error" in r]
+    total = sum(inv["amount"] for inv in ok)
     return {"sent": sent, "failed": failed, "amount_sent": round(total, 2)}

@@ -8,6 +8,7 @@
     ├── InputValidationError       run input does not fit the definition's `input` schema
     ├── IllegalTransition          a state change that the transition table forbids
     ├── NotFound                   an unknown run, definition or step
+    ├── RunNotRetryable            a retry of a run that is not failed or timed out
     ├── DefinitionConflict         (name, version) already registered with other content
     ├── UnknownSignal              a signal no wait step of the run's workflow waits for
     └── StepError                  raised *inside* a step; recorded in the run, not thrown out
@@ -101,6 +102,10 @@ class IllegalTransition(TideflowError):
 
 class NotFound(TideflowError):
     """The requested object does not exist."""
+
+
+class RunNotRetryable(TideflowError):
+    """Only a failed or timed-out run can be retried."""
 
 
 class DefinitionConflict(TideflowError):

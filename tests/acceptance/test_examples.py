@@ -495,7 +495,8 @@ async def test_map_sends_three_at_a_time_and_tolerates_one_failure(rt: Runtime) 
     assert result.status == "succeeded", result.error
     assert invoices.peak_in_flight() == 3
     outputs = result.steps["send"].output
-    assert [o and o["invoice_id"] for o in outputs] == ["I-0", "I-1", None, "I-3", "I-4", "I-5"]
+    assert [o.get("invoice_id") for o in outputs] == ["I-0", "I-1", None, "I-3", "I-4", "I-5"]
+    assert outputs[2]["index"] == 2 and outputs[2]["error"]["type"] == "InvalidRecipient"
     assert result.steps["send[2]"].status == "failed"
     assert result.steps["send[2]"].error is not None
     assert result.steps["send[2]"].error["type"] == "InvalidRecipient"

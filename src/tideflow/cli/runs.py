@@ -1,16 +1,16 @@
 """`tideflow runs …`: the runs kept in a store.
 
 Reading commands (list, show, history) never start workers or resume anything.
-`cancel` and `signal` apply their event to the store and return: the work the
-event unlocks runs on the next `tideflow resume` or `tideflow runs resume RUN`
-(both in cli/resume.py).
+`cancel`, `signal` and `retry` apply their event to the store and return: the
+work the event unlocks runs on the next `tideflow resume` or `tideflow runs
+resume RUN` (both in cli/resume.py).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.markup import escape
@@ -44,7 +44,8 @@ from tideflow.cli.render import (
 )
 from tideflow.cli.resume import resume_run_cmd
 from tideflow.cli.waits import waits_of
-from tideflow.model.events import CancelRequested, Event, SignalReceived
+from tideflow.core.reopen import RETRYABLE
+from tideflow.model.events import Event, SignalReceived
 from tideflow.model.states import RunStatus
 from tideflow.runtime.result import RunResult
 from tideflow.runtime.runtime import Runtime
@@ -52,7 +53,7 @@ from tideflow.runtime.signals import refuse_undeclared_signal
 from tideflow.store.base import HistoryEntry, RunFilter, RunPage, RunSummary
 
 runs_app = typer.Typer(
-    help="List, inspect, cancel, signal and resume the runs kept in a store.",
+    help="List, inspect, cancel, signal, retry and resume the runs kept in a store.",
     no_args_is_help=True,
 )
 
@@ -200,24 +201,33 @@ def cancel_cmd(
 ) -> None:
     """Cancel a run: record the cancellation in the store and return.
 
-    Running steps are cancelled and compensations (if any) run on the next
-    `tideflow resume` or `tideflow runs resume RUN`. Exit 1 when the run had
-    already ended.
+    Running steps are cancelled at once. With `on_failure: compensate` the steps
+    that completed are compensated, newest first, on the next `tideflow resume`
+    or `tideflow runs resume RUN`; the run then ends `cancelled` (or
+    `compensation_failed`). Exit 1, changing nothing, when the run had already
+    ended or is compensating.
 
     Examples:
       tideflow runs cancel 3f2a9c...
       tideflow runs cancel 3f2a9c... --reason "duplicate order"
     """
     status = run_async(
-        _apply(store, run_id, lambda rt: _cancel_event(rt, run_id, reason), "cancel")
+        _apply(
+            store,
+            run_id,
+            lambda rt: _cancel_event(rt, run_id, reason),
+            "cancel",
+            CANCELLABLE,
+        )
     )
     _report_applied(store, run_id, status)
 
 
 async def _cancel_event(rt: Runtime, run_id: str, reason: str) -> Event:
-    return CancelRequested(
-        event_id=rt.new_event_id(), run_id=run_id, time=rt.clock.now(), reason=reason
-    )
+    return rt.cancel_event(run_id, reason)
+
+
+CANCELLABLE = frozenset({RunStatus.PENDING.value, RunStatus.RUNNING.value})
 
 
 @runs_app.command("signal")
@@ -246,9 +256,18 @@ def signal_cmd(
     """
     value = parse_json_option(payload, "--payload")
     status = run_async(
-        _apply(store, run_id, lambda rt: _signal_event(rt, run_id, name, value), "signal")
+        _apply(
+            store,
+            run_id,
+            lambda rt: _signal_event(rt, run_id, name, value),
+            "signal",
+            SIGNALLABLE,
+        )
     )
     _report_applied(store, run_id, status)
+
+
+SIGNALLABLE = frozenset(status.value for status in RunStatus) - TERMINAL_STATUSES
 
 
 async def _signal_event(rt: Runtime, run_id: str, name: str, payload: Any) -> Event:
@@ -260,19 +279,71 @@ async def _signal_event(rt: Runtime, run_id: str, name: str, payload: Any) -> Ev
 
 
 async def _apply(
-    url: str, run_id: str, make: Callable[[Runtime], Awaitable[Event]], action: str
+    url: str,
+    run_id: str,
+    make: Callable[[Runtime], Awaitable[Event]],
+    action: str,
+    allowed: frozenset[str],
 ) -> str:
-    """Apply one event to a run without workers; return the run's status after it."""
+    """Apply one event to a run without workers; return the run's status after it.
+    A run whose status is not ``allowed`` is left alone: exit 1."""
     async with opened_runtime(url, recover=False, workers=0) as rt:
         summary = await known_run(rt.store, run_id, url)
-        if summary.status in TERMINAL_STATUSES:
+        if summary.status not in allowed:
+            _nothing_to_do(run_id, summary.status, action)
+        await rt.apply_now(await make(rt))
+        return (await rt.store.get_run(run_id)).status
+
+
+def _nothing_to_do(run_id: str, status: str, action: str) -> NoReturn:
+    where = f"has already ended ({status})" if status in TERMINAL_STATUSES else f"is {status}"
+    err.print(f"run {run_id} {where}: nothing to {action}", markup=False)
+    raise typer.Exit(EXIT_FAILED)
+
+
+# -- runs retry -----------------------------------------------------------------------------
+
+
+@runs_app.command("retry")
+def retry_cmd(
+    run_id: RunArgument,
+    reason: Annotated[
+        str, typer.Option("--reason", help="Recorded in the run's history.")
+    ] = "retried with tideflow runs retry",
+    store: StoreOption = DEFAULT_STORE,
+) -> None:
+    """Retry a failed or timed-out run from the steps that did not succeed: record
+    the retry in the store and return.
+
+    Steps that succeeded keep their outputs and do not run again; failed,
+    cancelled and skipped steps are decided again, each with a fresh attempt
+    count. They run on the next `tideflow resume` or `tideflow runs resume RUN`.
+    Exit 1, changing nothing, when the run is not failed or timed out.
+
+    Examples:
+      tideflow runs retry 3f2a9c...
+      tideflow runs retry 3f2a9c... --reason "payment service is back"
+      tideflow runs resume 3f2a9c...
+    """
+    status = run_async(_retry(store, run_id, reason))
+    _report_applied(store, run_id, status)
+
+
+async def _retry(url: str, run_id: str, reason: str) -> str:
+    async with opened_runtime(url, recover=False, workers=0) as rt:
+        summary = await known_run(rt.store, run_id, url)
+        if summary.status not in RETRYABLE_STATUSES:
             err.print(
-                f"run {run_id} has already ended ({summary.status}): nothing to {action}",
+                f"run {run_id} is {summary.status}: only a failed or timed-out run can be "
+                "retried; nothing to retry",
                 markup=False,
             )
             raise typer.Exit(EXIT_FAILED)
-        await rt.apply_now(await make(rt))
+        await rt.retry(run_id, reason)
         return (await rt.store.get_run(run_id)).status
+
+
+RETRYABLE_STATUSES = frozenset(status.value for status in RETRYABLE)
 
 
 def _report_applied(url: str, run_id: str, status: str) -> None:

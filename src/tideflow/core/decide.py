@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, NamedTuple
 
-from tideflow.core import joins, saga
+from tideflow.core import joins, reopen, saga
 from tideflow.core import steps as kinds
 from tideflow.core.retry import backoff_delay, may_retry
 from tideflow.core.scope import build_scope
@@ -37,6 +37,7 @@ from tideflow.model.events import (
     ChildRunFinished,
     ErrorInfo,
     Event,
+    RunRetried,
     RunStarted,
     SignalReceived,
     TaskCompleted,
@@ -117,6 +118,8 @@ class Decider:
             self._on_run_started(event)
         elif isinstance(event, CancelRequested):
             self.end_run_early(RunStatus.CANCELLED, event.reason)
+        elif isinstance(event, RunRetried):
+            reopen.retry_run(self, event)
         self._drain()
 
     def _drain(self) -> None:
@@ -201,7 +204,8 @@ class Decider:
         saga.start(self)
 
     def end_run_early(self, status: RunStatus, cause: str) -> None:
-        """Cancel or time out a run: stop everything that runs, then end it."""
+        """Cancel or time out a run: stop everything that runs, compensate what completed
+        (with ``on_failure: compensate``), then end it."""
         state = self.state
         if state.status not in (RunStatus.PENDING, RunStatus.RUNNING):
             return
@@ -210,7 +214,10 @@ class Decider:
         state.error = error_info(
             "Cancelled" if status is RunStatus.CANCELLED else "TimeoutError", cause
         )
-        self.finish_run(status, cause)
+        if self.plan.on_failure is OnError.COMPENSATE and state.compensable:
+            saga.start(self, ends=status)
+        else:
+            self.finish_run(status, cause)
 
     # -- step transitions -------------------------------------------------------
 
@@ -324,6 +331,10 @@ class Decider:
             st = steps[key]
             if st.status not in STEP_TERMINAL:
                 self.cancel_step(st, cause)
+
+    def reopen_scope(self, scope: ScopeState) -> None:
+        """Run again the step instances of a scope that did not succeed (operator retry)."""
+        reopen.reopen_scope(self, scope)
 
     def cancel_step(self, st: StepState, cause: str) -> None:
         self.stop_inner_work(st, cause)

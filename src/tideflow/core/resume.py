@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from tideflow.core import saga
 from tideflow.core import steps as kinds
-from tideflow.core.scope import build_scope
 from tideflow.errors import ExpressionEvaluationError
 from tideflow.model.commands import Command, StartChildRun, StartTimer
 from tideflow.model.plan import Plan
@@ -32,9 +31,7 @@ def resume_commands(plan: Plan, state: RunState, now: float) -> list[Command]:
         spec = plan.specs[st.step_id]
         if spec.is_action:
             try:
-                config = (
-                    spec.config.render(build_scope(state, st.scope, now)) if spec.config else {}
-                )
+                config = kinds.render_config(plan, state, st, now)
             except ExpressionEvaluationError:
                 config = {}
             out.append(kinds.action_task(plan, state.run_id, st, config))

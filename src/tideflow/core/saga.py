@@ -1,7 +1,8 @@
 """Saga compensation: undo completed steps in reverse completion order.
 
 When a run fails with compensation requested (run ``on_failure: compensate`` or a
-step's ``on_error: compensate``), every step instance that *succeeded* and
+step's ``on_error: compensate``), or is cancelled or times out under run
+``on_failure: compensate``, every step instance that *succeeded* and
 declares ``compensate`` is undone, one at a time, most recent first. Each
 compensation has its own retry policy and timeout, and sees the step it undoes
 as ``steps.<id>`` (its input and output). A compensation that exhausts its
@@ -31,9 +32,14 @@ def subject(key: str) -> str:
     return f"{key}:compensate"
 
 
-def start(d: Decider) -> None:
+def start(d: Decider, ends: RunStatus = RunStatus.COMPENSATED) -> None:
+    """Compensate every completed step; the run then ends ``ends`` (``compensated`` after
+    a failure, ``cancelled`` / ``timed_out`` after a cancel or timeout), or
+    ``compensation_failed`` when a compensation gave up."""
     d.set_run(RunStatus.COMPENSATING, f"compensating {len(d.state.compensable)} completed step(s)")
-    d.state.compensation = CompensationState(queue=list(reversed(d.state.compensable)))
+    d.state.compensation = CompensationState(
+        queue=list(reversed(d.state.compensable)), ends=ends.value
+    )
     _next(d)
 
 
@@ -88,7 +94,7 @@ def compensation_task(
     spec = plan.specs[st.step_id]
     action = spec.compensate
     assert action is not None
-    scope = build_scope(state, st.scope, now)
+    scope = build_scope(state, st.scope, now, instance=f"{key}:compensate")
     secrets = sorted(action.config.secret_references() | action.input.secret_references())
     return DispatchTask(
         run_id=state.run_id,
@@ -216,4 +222,4 @@ def _finish(d: Decider) -> None:
             f"compensation failed for: {', '.join(comp.failed)} (an operator must look)",
         )
     else:
-        d.finish_run(RunStatus.COMPENSATED, f"{len(comp.queue)} compensation(s) succeeded")
+        d.finish_run(RunStatus(comp.ends), f"{len(comp.queue)} compensation(s) succeeded")

@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from tideflow.model.expressions import DRAWS_KEY, Draws
 from tideflow.model.run import RunState, StepState
 from tideflow.model.secrets import SecretMarkers
 
@@ -121,8 +122,11 @@ def scope_chain(state: RunState, prefix: str) -> tuple[tuple[str, ...], dict[str
     return tuple(chain), variables
 
 
-def build_scope(state: RunState, prefix: str, now: float, **extra: Any) -> dict[str, Any]:
-    """The expression scope for a step (or loop condition) living in scope ``prefix``."""
+def build_scope(
+    state: RunState, prefix: str, now: float, *, instance: str | None = None, **extra: Any
+) -> dict[str, Any]:
+    """The expression scope for a step (or loop condition) living in scope ``prefix``;
+    ``instance`` (default: the prefix) names what ``uuid()`` / ``random()`` draw for."""
     chain, variables = scope_chain(state, prefix)
     scope: dict[str, Any] = {
         "inputs": state.input,
@@ -130,7 +134,14 @@ def build_scope(state: RunState, prefix: str, now: float, **extra: Any) -> dict[
         "run": RunView(state),
         "secrets": _SECRETS,
         "__now__": now,
+        DRAWS_KEY: Draws(state.run_id, prefix if instance is None else instance),
     }
     scope.update(variables)
     scope.update(extra)
     return scope
+
+
+def redraw(scope: dict[str, Any], run_id: str, instance: str) -> dict[str, Any]:
+    """``scope`` with a draw stream of its own for ``instance`` (an action's config is
+    rendered again on every attempt and on recovery: it must draw the same each time)."""
+    return {**scope, DRAWS_KEY: Draws(run_id, instance)}

@@ -11,13 +11,14 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from tideflow.core.scope import build_scope, iso
+from tideflow.core.maps import arm_step_timeout, map_item_done, resume_map, start_map
+from tideflow.core.scope import build_scope, iso, redraw
 from tideflow.errors import ExpressionEvaluationError
 from tideflow.model.commands import DispatchTask, EmitEvent, StartChildRun
 from tideflow.model.events import ErrorInfo
 from tideflow.model.expressions import Expression
 from tideflow.model.plan import Plan, StepSpec
-from tideflow.model.run import MapProgress, ScopeState, StepState
+from tideflow.model.run import RunState, ScopeState, StepState
 from tideflow.model.states import STEP_TERMINAL, StepStatus
 
 if TYPE_CHECKING:
@@ -34,7 +35,9 @@ def _error(type_: str, message: str) -> ErrorInfo:
 
 def start_step(d: Decider, st: StepState, spec: StepSpec) -> None:
     """Start a READY step: evaluate ``when``, resolve ``input``, then act by type."""
-    scope = _EMPTY if _constant_action(spec) else build_scope(d.state, st.scope, d.now)
+    scope = (
+        _EMPTY if _constant_action(spec) else build_scope(d.state, st.scope, d.now, instance=st.key)
+    )
     if spec.when is not None and not spec.when.evaluate(scope):
         d.skip(st, f"when is false: {spec.when.source}")
         return
@@ -64,9 +67,7 @@ def _constant_action(spec: StepSpec) -> bool:
 def dispatch(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, Any] | None) -> None:
     """Send the next attempt of an action step to a worker."""
     state = d.state
-    if scope is None:
-        scope = build_scope(state, st.scope, d.now)
-    config = spec.config.render(scope) if spec.config is not None else {}
+    config = render_config(d.plan, state, st, d.now, scope)
     st.attempts += 1
     if st.attempts == 1 and spec.deadline is not None:
         st.deadline_at = d.now + spec.deadline
@@ -75,6 +76,22 @@ def dispatch(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, Any] | 
     d.commands.append(action_task(d.plan, state.run_id, st, config))
     if spec.timeout is not None:
         d.arm("attempt_timeout", st, d.now + spec.timeout, st.attempts)
+
+
+def render_config(
+    plan: Plan, state: RunState, st: StepState, now: float, scope: dict[str, Any] | None = None
+) -> Any:
+    """An action's config for its current attempt; it draws from a stream of its own, so
+    every attempt, and a re-dispatch on recovery, renders the same ``uuid()``s."""
+    config = plan.specs[st.step_id].config
+    if config is None:
+        return {}
+    if config.is_constant:
+        return config.render(_EMPTY)
+    instance = f"{st.key}:config"
+    if scope is None:
+        return config.render(build_scope(state, st.scope, now, instance=instance))
+    return config.render(redraw(scope, state.run_id, instance))
 
 
 def action_task(plan: Plan, run_id: str, st: StepState, config: Any) -> DispatchTask:
@@ -165,7 +182,8 @@ def _matches(d: Decider, st: StepState, payload: Any) -> bool:
     if wait.match is None:
         return True
     try:
-        return bool(wait.match.evaluate(build_scope(d.state, st.scope, d.now, signal=payload)))
+        scope = build_scope(d.state, st.scope, d.now, instance=f"{st.key}:match", signal=payload)
+        return bool(wait.match.evaluate(scope))
     except ExpressionEvaluationError:
         return False
 
@@ -244,6 +262,8 @@ def _start_subflow(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, A
     child_input = sub.input.render(scope)
     st.input = child_input
     child_id = f"{state.run_id}.{re.sub(r'[^A-Za-z0-9_.-]', '_', st.key)}"
+    if state.retries:  # an operator retry starts a new child run
+        child_id += f".retry{state.retries}"
     st.child_run_id = child_id
     sync = sub.mode == "sync"
     d.commands.append(
@@ -285,79 +305,25 @@ def _start_emit(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, Any]
     d.succeed(st, event, f"event {event['type']} emitted")
 
 
-# -- map ------------------------------------------------------------------------
+# -- operator retry: loops and maps go on where they stopped ----------------------
 
 
-def _start_map(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, Any]) -> None:
-    assert spec.map is not None
-    items = spec.map.items.render(scope)
-    if not isinstance(items, list):
-        d.fail_step(
-            st, _error("InvalidItems", f"map `items` must be a list, got {type(items).__name__}")
-        )
-        return
-    st.map = MapProgress(total=len(items), items=items, outputs=[None] * len(items))
-    if not items:
-        d.succeed(st, [], "no items")
-        return
-    d.set_step(st, _RUNNING, f"mapping over {len(items)} items")
-    _launch_items(d, st)
-
-
-def _launch_items(d: Decider, st: StepState) -> None:
+def resumable(d: Decider, st: StepState) -> bool:
+    """Whether a retry resumes ``st`` (a loop or map that had started) rather than
+    starting it afresh."""
     spec = d.plan.specs[st.step_id]
-    progress = st.map
-    assert spec.map is not None and progress is not None
-    items = progress.items
-    limit = spec.map.max_concurrency or progress.total
-    while progress.next_index < progress.total and progress.running < limit:
-        index = progress.next_index
-        progress.next_index += 1
-        progress.running += 1
-        key = f"{st.key}[{index}]"
-        child = StepState(key=key, step_id=spec.map.template, scope=key + "/")
-        d.open_scope(
-            key + "/",
-            st.scope,
-            st.key,
-            "map_item",
-            {"item": items[index], "index": index},
-            None,
-            child,
-        )
+    if spec.loop is not None:
+        return f"{st.key}@{st.iteration}/" in d.state.scopes
+    return spec.map is not None and st.map is not None
 
 
-def map_item_done(d: Decider, st: StepState, scope: ScopeState) -> None:
-    progress = st.map
-    assert progress is not None
-    index = scope.vars["index"]
-    child = d.state.steps[scope.keys[0]]
-    progress.running -= 1
-    progress.done += 1
-    if child.status is _SUCCEEDED:
-        progress.outputs[index] = child.output
-    elif child.status is not StepStatus.SKIPPED:
-        progress.failures += 1
-    if st.status is not _RUNNING:
+def resume(d: Decider, st: StepState) -> None:
+    if d.plan.specs[st.step_id].map is not None:
+        resume_map(d, st)
         return
-    tolerated = d.plan.specs[st.step_id].map
-    assert tolerated is not None
-    if progress.failures > tolerated.tolerated_failures:
-        d.cancel_map_items(st, "the map failed")
-        detail = f"{child.error.type}: {child.error.message}" if child.error else child.status.value
-        d.fail_step(
-            st,
-            _error(
-                "TooManyFailures",
-                f"{progress.failures} item(s) failed, {tolerated.tolerated_failures} tolerated "
-                f"(item {index}: {detail})",
-            ),
-        )
-        return
-    if progress.done == progress.total:
-        d.succeed(st, list(progress.outputs), f"all {progress.total} items finished")
-    else:
-        _launch_items(d, st)
+    d.set_step(st, _RUNNING, f"retried: iteration {st.iteration} goes on")
+    arm_step_timeout(d, st)
+    d.reopen_scope(d.state.scopes[f"{st.key}@{st.iteration}/"])
 
 
 # -- loop -----------------------------------------------------------------------
@@ -374,7 +340,9 @@ def start_iteration(d: Decider, st: StepState, iteration: int) -> None:
     assert loop is not None
     if loop.while_ is not None:
         previous = f"{st.key}@{iteration - 1}/" if iteration else st.scope
-        scope = build_scope(d.state, previous, d.now, iteration=iteration)
+        scope = build_scope(
+            d.state, previous, d.now, instance=f"{st.key}@{iteration}:while", iteration=iteration
+        )
         holds = _condition(d, st, loop.while_, scope)
         if holds is None:
             return
@@ -419,7 +387,8 @@ def loop_iteration_done(d: Decider, st: StepState, scope: ScopeState) -> None:
     steps = d.state.steps
     st.output = {step_id: steps[scope.prefix + step_id].output for step_id in loop.body.steps}
     if loop.until is not None:
-        holds = _condition(d, st, loop.until, build_scope(d.state, scope.prefix, d.now))
+        until = build_scope(d.state, scope.prefix, d.now, instance=f"{scope.prefix}:until")
+        holds = _condition(d, st, loop.until, until)
         if holds is None:
             return
         if holds:
@@ -439,10 +408,10 @@ _ENGINE_STARTERS = {
     "switch": _start_switch,
     "wait": _start_wait,
     "sleep": _start_sleep,
-    "map": _start_map,
+    "map": start_map,
     "loop": _start_loop,
     "subflow": _start_subflow,
     "emit": _start_emit,
 }
 
-__all__ = ["STEP_TERMINAL", "deliver_signal", "dispatch", "start_step"]
+__all__ = ["STEP_TERMINAL", "deliver_signal", "dispatch", "map_item_done", "start_step"]

@@ -31,6 +31,7 @@ from tideflow.dsl._expr_functions import (
     now,
     numeric,
 )
+from tideflow.dsl._expr_random import literal_bounds_problem, random, random_int, uuid
 
 Scope = Mapping[str, Any]
 Evaluator = Callable[[Scope], Any]
@@ -435,13 +436,21 @@ def _function_name(node: ast.Call) -> str:
     return func.id
 
 
+_SCOPE_FUNCTIONS: dict[str, Evaluator] = {"now": now, "uuid": uuid, "random": random}
+
+
 def _call(node: ast.Call) -> Evaluator:
     name = _function_name(node)
     args = [compile_node(arg) for arg in node.args]
     if name == "default":
         return call_default(args[0], args[1])
-    if name == "now":
-        return now
+    if name in _SCOPE_FUNCTIONS:
+        return _SCOPE_FUNCTIONS[name]
+    if name == "random_int":
+        problem = literal_bounds_problem(node, _LITERAL_NAMES)
+        if problem is not None:
+            raise Rejected(*problem, node)
+        return random_int(args[0], args[1], lambda: _text(node))
     function = FUNCTIONS[name].function
 
     def call(scope: Scope) -> Any:

@@ -64,7 +64,7 @@ def a_kind(value: Any) -> str:
     return f"an {word}" if word[0] in "aeiou" else f"a {word}"
 
 
-def _show(value: Any) -> str:
+def shown(value: Any) -> str:
     """A value for an error message, cut short: messages are stored in the run history."""
     text = repr(value)
     return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 3] + "..."
@@ -129,7 +129,7 @@ def _int(value: Any) -> int:
     try:
         return int(value)
     except ValueError:
-        raise ValueError(f"cannot convert {_show(value)} to an integer") from None
+        raise ValueError(f"cannot convert {shown(value)} to an integer") from None
 
 
 def _float(value: Any) -> float:
@@ -137,7 +137,7 @@ def _float(value: Any) -> float:
     try:
         return float(value)
     except ValueError:
-        raise ValueError(f"cannot convert {_show(value)} to a number") from None
+        raise ValueError(f"cannot convert {shown(value)} to a number") from None
 
 
 def _round(value: Any, digits: Any = None) -> Any:
@@ -145,7 +145,7 @@ def _round(value: Any, digits: Any = None) -> Any:
     if digits is None:
         return round(value)
     if isinstance(digits, bool) or not isinstance(digits, int) or abs(digits) > _MAX_ROUND_DIGITS:
-        raise ValueError(f"digits must be an integer between -100 and 100, got {_show(digits)}")
+        raise ValueError(f"digits must be an integer between -100 and 100, got {shown(digits)}")
     return round(value, digits)
 
 
@@ -170,7 +170,7 @@ def _max(*args: Any) -> Any:
 def _sum(values: Any) -> Any:
     _need(_is_list, values, "a list of numbers")
     if not all(is_number(v) for v in values):
-        raise TypeError(f"expects a list of numbers, got {_show(list(values))}")
+        raise TypeError(f"expects a list of numbers, got {shown(list(values))}")
     return sum(values)
 
 
@@ -328,4 +328,7 @@ FUNCTIONS: dict[str, Function] = {
     "values": Function(_values, (1, 1)),
     "now": Function(_scope_only, (0, 0)),
     "default": Function(_scope_only, (2, 2)),
+    "uuid": Function(_scope_only, (0, 0)),
+    "random": Function(_scope_only, (0, 0)),
+    "random_int": Function(_scope_only, (2, 2)),
 }

@@ -56,13 +56,15 @@ def error_to_data(error: ErrorInfo | None) -> dict[str, Any] | None:
         return None
     data = asdict(error)
     data["classes"] = list(error.classes)
+    data["causes"] = [dict(cause) for cause in error.causes]
     return data
 
 
 def error_from_data(data: dict[str, Any] | None) -> ErrorInfo | None:
     if data is None:
         return None
-    return ErrorInfo(**{**data, "classes": tuple(data.get("classes") or ())})
+    causes = tuple(dict(cause) for cause in data.get("causes") or ())
+    return ErrorInfo(**{**data, "classes": tuple(data.get("classes") or ()), "causes": causes})
 
 
 def _step_to_data(st: StepState) -> dict[str, Any]:
@@ -109,6 +111,7 @@ def state_to_data(state: RunState) -> dict[str, Any]:
         "compensable": state.compensable,
         "compensate_requested": state.compensate_requested,
         "compensation": asdict(comp) if comp is not None else None,
+        "retries": state.retries,
     }
 
 
@@ -154,6 +157,7 @@ def _build(data: dict[str, Any]) -> RunState:
         compensable=list(data["compensable"]),
         compensate_requested=data["compensate_requested"],
         compensation=CompensationState(**comp) if comp is not None else None,
+        retries=data.get("retries", 0),
     )
 
 

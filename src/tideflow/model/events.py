@@ -27,11 +27,16 @@ class ErrorInfo:
     """Extra diagnostic text, such as a trimmed traceback."""
     retry_after: float | None = None
     """A lower bound for the next retry's delay that the failure asked for (HTTP 429)."""
+    causes: tuple[dict[str, Any], ...] = ()
+    """The errors this one aggregates (``JoinFailed``: one ``{step, type, message}`` per
+    failed dependency)."""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": self.type, "message": self.message}
         if self.details:
             out["details"] = self.details
+        if self.causes:
+            out["causes"] = [dict(cause) for cause in self.causes]
         return out
 
     def matches(self, names: tuple[str, ...]) -> bool:
@@ -98,6 +103,13 @@ class CancelRequested(Event):
     reason: str = "cancelled on request"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunRetried(Event):
+    """An operator re-opens a failed or timed-out run from its steps that did not succeed."""
+
+    reason: str = "retried on request"
+
+
 EventKind = Literal[
     "run_started",
     "task_completed",
@@ -106,6 +118,7 @@ EventKind = Literal[
     "signal_received",
     "child_run_finished",
     "cancel_requested",
+    "run_retried",
 ]
 
 EVENT_KINDS: dict[type[Event], str] = {
@@ -116,6 +129,7 @@ EVENT_KINDS: dict[type[Event], str] = {
     SignalReceived: "signal_received",
     ChildRunFinished: "child_run_finished",
     CancelRequested: "cancel_requested",
+    RunRetried: "run_retried",
 }
 EVENT_TYPES: dict[str, type[Event]] = {v: k for k, v in EVENT_KINDS.items()}
 

@@ -51,6 +51,8 @@ class MapProgress:
     done: int = 0
     failures: int = 0
     outputs: list[Any] = field(default_factory=list)
+    retry: list[int] = field(default_factory=list)
+    """Indices of items an operator retry runs again, before ``next_index`` goes on."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -94,7 +96,8 @@ class ScopeState:
     remaining: int = 0
     """How many of ``keys`` are not terminal yet."""
     closing: bool = False
-    """Set while the scope is being failed or cancelled: no further scheduling."""
+    """Set while the scope is being failed or cancelled, and once it is done: no further
+    scheduling."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -114,6 +117,9 @@ class CompensationState:
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Step key -> {status, attempts, error} of its compensation."""
     failed: list[str] = field(default_factory=list)
+    ends: str = "compensated"
+    """The run status once every compensation succeeded: ``compensated`` after a failure,
+    ``cancelled`` or ``timed_out`` when a cancel or the run timeout started it."""
 
     @property
     def current(self) -> str | None:
@@ -148,6 +154,8 @@ class RunState:
     """Keys of succeeded steps that declare `compensate`, in completion order."""
     compensate_requested: bool = False
     compensation: CompensationState | None = None
+    retries: int = 0
+    """How many times an operator retried the run (``RunRetried``)."""
 
     @property
     def is_terminal(self) -> bool:

@@ -23,7 +23,8 @@ class RunStatus(StrEnum):
     TIMED_OUT = "timed_out"
     """The run-level `timeout` passed."""
     COMPENSATING = "compensating"
-    """The run failed and compensations are running in reverse completion order."""
+    """The run failed (or was cancelled or timed out under `on_failure: compensate`) and
+    compensations are running in reverse completion order."""
     COMPENSATED = "compensated"
     """Every compensation succeeded."""
     COMPENSATION_FAILED = "compensation_failed"
@@ -45,8 +46,9 @@ class StepStatus(StrEnum):
     """A `wait` for a signal or a `sleep` timer."""
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    """Its last attempt failed, or its `any` / `at_least` join failed (``JoinFailed``)."""
     SKIPPED = "skipped"
-    """Its `when` was false, or its join can never be satisfied."""
+    """Its `when` was false, or its join can never be satisfied because of skips."""
     CANCELLED = "cancelled"
 
 
@@ -60,7 +62,8 @@ RUN_TERMINAL = frozenset(
         RunStatus.COMPENSATION_FAILED,
     }
 )
-"""Run states that never change again (FAILED can still move to COMPENSATING in the same step)."""
+"""Run states that end a run: nothing happens to it any more, unless FAILED moves on to
+COMPENSATING in the same step, or an operator retries a FAILED or TIMED_OUT run."""
 
 STEP_TERMINAL = frozenset(
     {StepStatus.SUCCEEDED, StepStatus.FAILED, StepStatus.SKIPPED, StepStatus.CANCELLED}
@@ -71,29 +74,33 @@ _R = RunStatus
 _S = StepStatus
 
 RUN_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
+    # FAILED and TIMED_OUT -> RUNNING: an operator retry (RunRetried)
     _R.PENDING: frozenset({_R.RUNNING, _R.FAILED, _R.CANCELLED}),
-    _R.RUNNING: frozenset({_R.SUCCEEDED, _R.FAILED, _R.CANCELLED, _R.TIMED_OUT}),
-    _R.FAILED: frozenset({_R.COMPENSATING}),
-    _R.COMPENSATING: frozenset({_R.COMPENSATED, _R.COMPENSATION_FAILED}),
+    _R.RUNNING: frozenset({_R.SUCCEEDED, _R.FAILED, _R.CANCELLED, _R.TIMED_OUT, _R.COMPENSATING}),
+    _R.FAILED: frozenset({_R.COMPENSATING, _R.RUNNING}),
+    _R.COMPENSATING: frozenset(
+        {_R.COMPENSATED, _R.COMPENSATION_FAILED, _R.CANCELLED, _R.TIMED_OUT}
+    ),
     _R.SUCCEEDED: frozenset(),
     _R.CANCELLED: frozenset(),
-    _R.TIMED_OUT: frozenset(),
+    _R.TIMED_OUT: frozenset({_R.RUNNING}),
     _R.COMPENSATED: frozenset(),
     _R.COMPENSATION_FAILED: frozenset(),
 }
 
 STEP_TRANSITIONS: dict[StepStatus, frozenset[StepStatus]] = {
-    _S.PENDING: frozenset({_S.READY, _S.SKIPPED, _S.CANCELLED}),
+    _S.PENDING: frozenset({_S.READY, _S.SKIPPED, _S.FAILED, _S.CANCELLED}),
     _S.READY: frozenset(
         {_S.RUNNING, _S.WAITING, _S.SUCCEEDED, _S.FAILED, _S.SKIPPED, _S.CANCELLED}
     ),
     _S.RUNNING: frozenset({_S.SUCCEEDED, _S.FAILED, _S.RETRYING, _S.CANCELLED}),
     _S.RETRYING: frozenset({_S.RUNNING, _S.FAILED, _S.CANCELLED}),
     _S.WAITING: frozenset({_S.SUCCEEDED, _S.FAILED, _S.CANCELLED}),
+    # an operator retry runs again what did not succeed; a loop or map goes on running
     _S.SUCCEEDED: frozenset(),
-    _S.FAILED: frozenset(),
-    _S.SKIPPED: frozenset(),
-    _S.CANCELLED: frozenset(),
+    _S.FAILED: frozenset({_S.PENDING, _S.RUNNING}),
+    _S.SKIPPED: frozenset({_S.PENDING}),
+    _S.CANCELLED: frozenset({_S.PENDING, _S.RUNNING}),
 }
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
+from tideflow.model.states import RunStatus
 from tideflow.worker.secrets import redact_fields
 
 
@@ -38,19 +39,25 @@ class RunResult:
     """``{"type", "message"}`` or None."""
     steps: dict[str, StepResult] = field(default_factory=dict)
     """Keyed by step key: the step id, or ``loop@2/inner`` / ``map[3]`` for nested instances."""
+    compensation: dict[str, Any] | None = None
+    """When compensations ran: ``{"outcome": "compensating" | "compensated" |
+    "compensation_failed", "steps": {step key: {status, attempts, error}}}``, newest first."""
 
     @property
     def succeeded(self) -> bool:
         return self.status == "succeeded"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "run_id": self.run_id,
             "status": self.status,
             "output": self.output,
             "error": self.error,
             "steps": {key: step.to_dict() for key, step in self.steps.items()},
         }
+        if self.compensation is not None:
+            out["compensation"] = self.compensation
+        return out
 
 
 def result_of(state: RunState, plan: Plan | None = None) -> RunResult:
@@ -89,4 +96,17 @@ def _result(state: RunState) -> RunResult:
             )
             for key, st in state.steps.items()
         },
+        compensation=_compensation(state),
     )
+
+
+def _compensation(state: RunState) -> dict[str, Any] | None:
+    comp = state.compensation
+    if comp is None:
+        return None
+    if state.status is RunStatus.COMPENSATING:
+        outcome = "compensating"
+    else:
+        outcome = "compensation_failed" if comp.failed else "compensated"
+    steps = {key: dict(comp.results[key]) for key in comp.queue if key in comp.results}
+    return {"outcome": outcome, "steps": steps}

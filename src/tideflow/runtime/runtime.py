@@ -27,8 +27,9 @@ from typing import Any
 
 from tideflow.bus.backends.local import LocalBus
 from tideflow.bus.base import Bus
+from tideflow.core.reopen import RETRYABLE
 from tideflow.core.resume import resume_commands
-from tideflow.errors import NotFound, TideflowError
+from tideflow.errors import NotFound, RunNotRetryable, TideflowError
 from tideflow.model.commands import (
     CancelChildRun,
     CancelTask,
@@ -45,12 +46,14 @@ from tideflow.model.events import (
     ChildRunFinished,
     ErrorInfo,
     Event,
+    RunRetried,
     RunStarted,
     SignalReceived,
     TimerFired,
 )
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState, new_run_state
+from tideflow.model.states import RunStatus
 from tideflow.runtime.clock import Clock, SystemClock
 from tideflow.runtime.definitions import DefinitionSource, coerce_plan
 from tideflow.runtime.result import RunResult, result_of
@@ -261,18 +264,46 @@ class Runtime:
             ]
         )
 
-    async def cancel(self, run_id: str, reason: str = "cancelled on request") -> None:
-        await self._state(run_id)
-        await self.bus.publish_events(
-            [
-                CancelRequested(
-                    event_id=self.new_event_id(),
-                    run_id=run_id,
-                    time=self.clock.now(),
-                    reason=reason,
-                )
-            ]
+    async def cancel(self, run_id: str, reason: str = "cancelled on request") -> RunStatus:
+        """Ask a pending or running run to stop; return its status as it was asked.
+
+        Running steps are cancelled; with `on_failure: compensate` the steps that completed
+        are compensated before the run ends `cancelled` (or `compensation_failed`). A run
+        that has ended, or is compensating already, is left as it is: nothing is recorded
+        and its status is returned.
+        """
+        state = await self._state(run_id)
+        if state.status not in (RunStatus.PENDING, RunStatus.RUNNING):
+            return state.status
+        await self.bus.publish_events([self.cancel_event(run_id, reason)])
+        return state.status
+
+    def cancel_event(self, run_id: str, reason: str) -> CancelRequested:
+        return CancelRequested(
+            event_id=self.new_event_id(), run_id=run_id, time=self.clock.now(), reason=reason
         )
+
+    async def retry(self, run_id: str, reason: str = "retried on request") -> RunStatus:
+        """Re-open a failed or timed-out run from the steps that did not succeed, and
+        return its status once that is committed (``running``, or already ended when only
+        engine steps were left).
+
+        Succeeded steps keep their outputs and do not run again; failed, cancelled and
+        skipped ones are decided again, each with a fresh attempt count; the history
+        records a ``run_retried`` event. Raises ``RunNotRetryable`` for any other run.
+        """
+        state = await self._state(run_id)
+        if state.status not in RETRYABLE:
+            raise RunNotRetryable(
+                f"run {run_id} is {state.status.value}: only a failed or timed-out run can "
+                "be retried"
+            )
+        event = RunRetried(
+            event_id=self.new_event_id(), run_id=run_id, time=self.clock.now(), reason=reason
+        )
+        self._workers.forget_cancels(run_id)
+        await self._scheduler.apply([event])
+        return (await self._state(run_id)).status
 
     async def apply_now(self, event: Event) -> None:
         """Apply one event and commit it before returning (for tools that act on a store

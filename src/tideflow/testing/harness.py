@@ -35,6 +35,7 @@ from tideflow.model.events import (
     ChildRunFinished,
     ErrorInfo,
     Event,
+    RunRetried,
     RunStarted,
     SignalReceived,
     TaskCompleted,
@@ -136,6 +137,10 @@ class CoreHarness:
 
     def cancel(self) -> Decision:
         return self.apply(CancelRequested(**self._common()))
+
+    def retry(self, reason: str = "retried on request") -> Decision:
+        """An operator retry of a failed or timed-out run."""
+        return self.apply(RunRetried(**self._common(), reason=reason))
 
     def child_finished(
         self,

@@ -81,6 +81,12 @@ class WorkerPool:
         if len(self._cancelled) > _MAX_REMEMBERED_CANCELS:
             del self._cancelled[next(iter(self._cancelled))]
 
+    def forget_cancels(self, run_id: str) -> None:
+        """Forget the cancels remembered for a run's attempts (an operator retry numbers
+        its attempts from 1 again: they are new work, not the cancelled attempts)."""
+        for key in [key for key in self._cancelled if key[0] == run_id]:
+            del self._cancelled[key]
+
     async def _loop(self) -> None:
         bus = self._bus
         while True:

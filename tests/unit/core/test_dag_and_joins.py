@@ -260,3 +260,115 @@ def test_every_transition_is_recorded_with_time_and_cause(harness):
         ("run", "running", "succeeded"),
     ]
     assert all(t.cause and t.time == h.now for t in h.transitions)
+
+
+def test_join_any_whose_dependencies_all_failed_fails_the_run(harness):
+    h = harness(
+        HEAD
+        + """
+steps:
+  - {id: a, type: noop, on_error: continue}
+  - {id: b, type: noop, on_error: continue}
+  - {id: c, type: noop, depends_on: [a, b], join: any}
+"""
+    )
+    h.fail("a", "RuntimeError", "mirror a down")
+    assert h.step_status("c") == "pending"
+    h.fail("b", "ValueError", "mirror b refused")
+    assert h.step_status("c") == "failed"
+    assert h.status == "failed"
+    error = h.state.error
+    assert error.type == "JoinFailed"
+    assert "a: RuntimeError: mirror a down" in error.message
+    assert "b: ValueError: mirror b refused" in error.message
+    assert error.to_dict()["causes"] == [
+        {"step": "a", "type": "RuntimeError", "message": "mirror a down"},
+        {"step": "b", "type": "ValueError", "message": "mirror b refused"},
+    ]
+
+
+def test_join_any_with_one_failed_and_one_succeeded_runs(harness):
+    h = harness(
+        HEAD
+        + """
+steps:
+  - {id: a, type: noop, on_error: continue}
+  - {id: b, type: noop, on_error: continue}
+  - {id: c, type: noop, depends_on: [a, b], join: any}
+"""
+    )
+    h.fail("a")
+    h.complete("b", "copy")
+    h.complete("c")
+    assert h.status == "succeeded"
+
+
+def test_join_any_only_skipped_is_still_skipped(harness):
+    h = harness(
+        HEAD
+        + """
+steps:
+  - {id: a, type: noop, when: "{{ false }}"}
+  - {id: b, type: noop, when: "{{ false }}"}
+  - {id: c, type: noop, depends_on: [a, b], join: any}
+"""
+    )
+    assert h.step_status("c") == "skipped"
+    assert h.status == "succeeded"
+
+
+def test_join_at_least_fails_as_soon_as_it_cannot_be_reached(harness):
+    h = harness(
+        HEAD
+        + """
+steps:
+  - {id: a, type: noop, on_error: continue}
+  - {id: b, type: noop, on_error: continue}
+  - {id: c, type: noop}
+  - {id: d, type: noop, depends_on: [a, b, c], join: {at_least: 2}}
+"""
+    )
+    h.fail("a")
+    assert h.step_status("d") == "pending"
+    h.fail("b", "KeyError", "k")
+    # c is still running: 2 successes are out of reach already
+    assert h.step_status("d") == "failed"
+    assert h.status == "failed"
+    assert h.state.error.type == "JoinFailed"
+    assert "fewer than 2" in h.state.error.message
+    assert ("c", 1) in h.cancelled_tasks
+
+
+def test_failed_join_respects_its_own_on_error_continue(harness):
+    h = harness(
+        HEAD
+        + """
+steps:
+  - {id: a, type: noop, on_error: continue}
+  - {id: b, type: noop, on_error: continue}
+  - {id: c, type: noop, depends_on: [a, b], join: any, on_error: continue}
+  - {id: report, type: noop, depends_on: [c], input: {why: "{{ steps.c.error.causes }}"}}
+"""
+    )
+    h.fail("a")
+    h.fail("b")
+    assert h.step_status("c") == "failed"
+    assert [cause["step"] for cause in h.tasks["report"].input["why"]] == ["a", "b"]
+    h.complete("report")
+    assert h.status == "succeeded"
+
+
+def test_join_branch_with_on_error_fail_still_fails_the_scope_at_once(harness):
+    h = harness(
+        HEAD
+        + """
+steps:
+  - {id: a, type: noop}
+  - {id: b, type: noop}
+  - {id: c, type: noop, depends_on: [a, b], join: any}
+"""
+    )
+    h.fail("a", "RuntimeError", "down")
+    assert h.status == "failed"
+    assert h.state.error.type == "RuntimeError"
+    assert h.step_status("b") == "cancelled"

@@ -130,7 +130,11 @@ def test_map_tolerates_failures_up_to_the_limit(harness):
     assert h.step_status("each") == "running"
     h.complete("each[1]", "b")
     h.complete("each[2]", "c")
-    assert h.state.output == [None, "b", "c"]
+    assert h.state.output == [
+        {"error": {"type": "RuntimeError", "message": "boom"}, "index": 0},
+        "b",
+        "c",
+    ]
     h = harness(MAP, {"items": [1, 2, 3]})
     h.fail("each[0]")
     h.fail("each[1]")
@@ -330,3 +334,33 @@ steps:
 def test_emit_keeps_subject(harness):
     h = harness(HEAD + "steps: [{id: e, type: emit, event: {type: t, subject: order-7}}]\n")
     assert h.emitted[0]["subject"] == "order-7"
+
+
+def test_map_failed_item_is_an_error_entry_a_real_null_stays_null(harness):
+    h = harness(MAP, {"items": [1, 2]})
+    h.complete("each[0]", None)
+    h.fail("each[1]", "ValueError", "bad item")
+    assert h.status == "succeeded"
+    assert h.state.output == [
+        None,
+        {"error": {"type": "ValueError", "message": "bad item"}, "index": 1},
+    ]
+
+
+def test_a_loop_iteration_ended_by_a_skip_cascade_starts_the_next_iteration_once(harness):
+    h = harness(
+        HEAD
+        + """
+steps:
+  - id: lp
+    type: loop
+    max_iterations: 3
+    until: "{{ iteration >= 1 }}"
+    steps:
+      - {id: a, type: set, values: {x: 1}, when: "{{ false }}"}
+      - {id: b, type: set, values: {x: 2}, depends_on: [a]}
+"""
+    )
+    assert h.status == "succeeded"
+    readied = [t.subject for t in h.transitions if t.new == "ready"]
+    assert readied.count("lp@1/a") == 1

@@ -302,3 +302,66 @@ def test_a_step_that_succeeds_after_retries_reports_no_error(harness):
     h.complete("a", 1)
     assert h.state.steps["a"].error is None
     assert any("ValueError" in t.cause for t in h.transitions if t.subject == "a")
+
+
+def test_cancel_with_on_failure_compensate_undoes_completed_steps_then_ends_cancelled(harness):
+    h = harness(SAGA, {"sku": "X"})
+    h.complete("reserve", {"hold": "H1"})
+    h.complete("charge", "P1")
+    h.cancel()
+    assert h.status == "compensating"
+    assert h.step_status("audit") == "cancelled"
+    assert ("audit", 1) in h.cancelled_tasks
+    assert h.outstanding() == ["charge:compensate"]
+    h.fail("charge", compensation=True)  # its own retry policy: 2 attempts, 1s apart
+    h.advance(1)
+    h.complete("charge", compensation=True)
+    assert h.outstanding() == ["reserve:compensate"]
+    h.complete("reserve", compensation=True)
+    assert h.status == "cancelled"
+    assert h.state.error.type == "Cancelled"
+    assert h.finished[-1].status == "cancelled"
+    assert h.state.compensation.results["charge"]["attempts"] == 2
+    assert [t.new for t in h.transitions if t.subject == "run"] == [
+        "running",
+        "compensating",
+        "cancelled",
+    ]
+    assert h.cancel().transitions == []
+
+
+def test_cancel_whose_compensation_gives_up_ends_compensation_failed(harness):
+    h = harness(SAGA, {"sku": "X"})
+    h.complete("reserve", {"hold": "H1"})
+    h.cancel()
+    h.fail("reserve", compensation=True, retryable=False)
+    assert h.status == "compensation_failed"
+    assert h.state.error.type == "Cancelled"
+
+
+def test_cancel_while_compensating_changes_nothing(harness):
+    h = harness(SAGA, {"sku": "X"})
+    h.complete("reserve", {"hold": "H1"})
+    h.cancel()
+    assert h.status == "compensating"
+    decision = h.cancel()
+    assert decision.transitions == [] and decision.commands == [] and not decision.changed
+
+
+def test_cancel_with_nothing_completed_to_undo_just_ends_cancelled(harness):
+    h = harness(SAGA, {"sku": "X"})
+    h.cancel()
+    assert h.status == "cancelled"
+    assert h.state.compensation is None
+
+
+def test_run_timeout_with_on_failure_compensate_compensates_then_ends_timed_out(harness):
+    h = harness(
+        SAGA.replace("on_failure: compensate", "on_failure: compensate\ntimeout: 1m"), {"sku": "X"}
+    )
+    h.complete("reserve", {"hold": "H1"})
+    h.advance(60)
+    assert h.status == "compensating"
+    h.complete("reserve", compensation=True)
+    assert h.status == "timed_out"
+    assert h.state.error.type == "TimeoutError"

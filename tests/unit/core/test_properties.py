@@ -57,6 +57,25 @@ def _join_satisfied(h: CoreHarness, key: str) -> bool:
     return ok >= spec.join.at_least
 
 
+def _join_end_problem(h: CoreHarness, key: str, new: str) -> str | None:
+    """An `any` / `at_least` join fails when it became unreachable with a failed dependency,
+    and is skipped only when skips alone made it unreachable."""
+    spec = h.plan.specs[key]
+    if spec.join.kind == "all" or new not in ("failed", "skipped"):
+        return None
+    deps = [h.state.steps[d].status for d in spec.depends_on]
+    failed = deps.count(StepStatus.FAILED)
+    needed = 1 if spec.join.kind == "any" else spec.join.at_least
+    reachable = deps.count(StepStatus.SUCCEEDED) + sum(s not in STEP_TERMINAL for s in deps)
+    if reachable >= needed:
+        return f"{key} ended {new} while its join could still be met"
+    if new == "failed" and not failed:
+        return f"{key} failed its join without a failed dependency"
+    if new == "skipped" and failed:
+        return f"{key} was skipped although a dependency failed"
+    return None
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(definition=definitions(), data=st.data())
 def test_core_invariants_on_random_dags(definition: dict[str, Any], data: st.DataObject) -> None:
@@ -69,9 +88,14 @@ def test_core_invariants_on_random_dags(definition: dict[str, Any], data: st.Dat
             started = tr.subject in plan.specs and tr.old == "ready" and tr.new == "running"
             if started and not _join_satisfied(h, tr.subject):
                 violations.append(f"{tr.subject} started before its join held")
+            if tr.subject in plan.specs and tr.old == "pending":
+                problem = _join_end_problem(h, tr.subject, tr.new)
+                if problem:
+                    violations.append(problem)
 
     h.on_decision = check
     h.start({})
+    cancelled_with: list[str] | None = None
     for _ in range(500):
         if h.state.status in RUN_TERMINAL:
             break
@@ -79,6 +103,10 @@ def test_core_invariants_on_random_dags(definition: dict[str, Any], data: st.Dat
         if not outstanding:
             assert h.timers, "a run with nothing outstanding and no timer is stuck"
             h.advance(min(h.timers.values()) - h.now)
+            continue
+        if data.draw(st.integers(0, 40)) == 0:
+            cancelled_with = list(h.state.compensable)
+            h.cancel()
             continue
         key = data.draw(st.sampled_from(outstanding))
         compensation = key.endswith(":compensate")
@@ -103,7 +131,11 @@ def test_core_invariants_on_random_dags(definition: dict[str, Any], data: st.Dat
         assert terminal_moves.get(step_id) == 1, step_id
     # compensations run exactly for the completed steps that declare one, newest first
     compensated = [t.step_key for t in h.dispatched if t.compensation and t.attempt == 1]
-    if h.state.status in (RunStatus.COMPENSATED, RunStatus.COMPENSATION_FAILED):
+    if cancelled_with is not None and h.state.status is RunStatus.CANCELLED:
+        # a cancel compensates (under on_failure: compensate) what had completed
+        expected = cancelled_with if plan.on_failure.value == "compensate" else []
+        assert compensated == list(reversed(expected))
+    elif h.state.status in (RunStatus.COMPENSATED, RunStatus.COMPENSATION_FAILED):
         completed = sorted(
             (
                 s
@@ -150,3 +182,45 @@ def test_state_survives_serialisation_between_every_event(
             else:
                 h.fail(key.removesuffix(":compensate"), compensation=comp)
     assert live.state.status in RUN_TERMINAL
+
+
+def _drive(h: CoreHarness, data: st.DataObject) -> None:
+    """Complete or fail outstanding tasks at random until the run ends."""
+    for _ in range(500):
+        if h.state.status in RUN_TERMINAL:
+            return
+        outstanding = sorted(h.outstanding())
+        if not outstanding:
+            h.advance(min(h.timers.values()) - h.now)
+            continue
+        key = data.draw(st.sampled_from(outstanding))
+        comp = key.endswith(":compensate")
+        if data.draw(st.booleans()):
+            h.complete(key.removesuffix(":compensate"), {"v": 1}, compensation=comp)
+        else:
+            h.fail(key.removesuffix(":compensate"), retryable=False, compensation=comp)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(definition=definitions(), data=st.data())
+def test_a_retried_run_runs_again_only_what_did_not_succeed(
+    definition: dict[str, Any], data: st.DataObject
+) -> None:
+    plan = compile_definition(definition)
+    h = CoreHarness(plan)
+    h.start({})
+    _drive(h, data)
+    if h.state.status is not RunStatus.FAILED:
+        assert not h.retry().changed
+        return
+    kept = {key for key, s in h.state.steps.items() if s.status is StepStatus.SUCCEEDED}
+    outputs = {key: h.state.steps[key].output for key in kept}
+    before = len(h.dispatched)
+    assert h.retry().changed
+    _drive(h, data)
+    assert h.state.status in RUN_TERMINAL
+    rerun = {t.step_key for t in h.dispatched[before:] if not t.compensation}
+    assert not rerun & kept
+    assert {key: h.state.steps[key].output for key in kept} == outputs
+    assert all(s.status in STEP_TERMINAL for s in h.state.steps.values())
+    assert not h.state.timers

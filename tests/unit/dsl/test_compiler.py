@@ -845,3 +845,27 @@ def test_validate_input_without_schema_accepts_anything() -> None:
     from tideflow.dsl import validate_input
 
     validate_input(compile_definition(steps("- {id: a, type: noop}\n")), [1, "anything"])
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        ("random_int(6, 1)", "random_int(6, 1): the low bound is above the high bound"),
+        ("random_int(1.5, 3)", "random_int() takes two integers, got a number (1.5)"),
+        ("random_int('a', x)", "random_int() takes two integers, got a string"),
+        ("random_int(1)", "random_int() takes 2 argument(s), got 1"),
+        ("uuid(1)", "uuid() takes 0 argument(s), got 1"),
+        ("random(1, 2)", "random() takes 0 argument(s), got 2"),
+    ],
+)
+def test_replay_safe_random_functions_check_their_arguments(call: str, message: str) -> None:
+    error = one(errors(steps(f'- {{id: a, type: noop, input: {{n: "{{{{ {call} }}}}"}}}}\n')))
+    assert error.message.startswith(message)
+    assert (error.line, error.step_id) == (4, "a")
+    assert error.column is not None
+
+
+def test_random_int_with_bounds_known_at_run_time_compiles() -> None:
+    compile_definition(
+        steps('- {id: a, type: noop, input: {n: "{{ random_int(-3, inputs.n) }}"}}\n')
+    )

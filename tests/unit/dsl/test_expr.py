@@ -961,3 +961,27 @@ def test_interpolation_keeps_the_surrounding_text(before: str, after: str) -> No
 def _python(source: str) -> Any:
     """The reference result: Python's own evaluation of a pure-literal arithmetic string."""
     return eval(compile(ast.parse(source, mode="eval"), "<test>", "eval"), {"__builtins__": {}})
+
+
+def test_replay_safe_random_functions_need_the_runs_draws() -> None:
+    from tideflow.model.expressions import DRAWS_KEY, Draws
+
+    for source in ("uuid()", "random()", "random_int(1, 2)"):
+        with pytest.raises(ExpressionEvaluationError, match="only available while a run"):
+            compile_expression(source).evaluate({})
+    scope = {DRAWS_KEY: Draws("r", "a")}
+    expr = compile_expression("[random_int(0, 1), random_int(7, 7), random_int(-2, -2)]")
+    low, seven, minus_two = expr.evaluate(scope)
+    assert low in (0, 1) and seven == 7 and minus_two == -2
+
+
+def test_random_int_bounds_are_checked_when_they_come_from_the_scope() -> None:
+    from tideflow.model.expressions import DRAWS_KEY, Draws
+
+    expr = compile_expression("random_int(inputs.a, inputs.b)")
+    scope: dict[str, Any] = {DRAWS_KEY: Draws("r", "a"), "inputs": {"a": 3, "b": 1}}
+    with pytest.raises(ExpressionEvaluationError, match="the low bound is above the high bound"):
+        expr.evaluate(scope)
+    scope["inputs"] = {"a": 0, "b": 2**64}
+    with pytest.raises(ExpressionEvaluationError, match="between -2\\*\\*63 and 2\\*\\*63 - 1"):
+        expr.evaluate(scope)

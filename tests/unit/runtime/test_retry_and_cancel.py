@@ -1,0 +1,155 @@
+"""`Runtime.retry` and `Runtime.cancel` on a real runtime: workers, store, history."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tideflow.dsl import compile_definition
+from tideflow.errors import RunNotRetryable
+from tideflow.runtime.runtime import Runtime
+from tideflow.testing.waiting import step_is, wait_until
+from tideflow.worker.executors.functions import register, unregister
+
+CALLS: list[str] = []
+BROKEN = {"charge": True}
+
+
+@pytest.fixture(autouse=True)
+def functions() -> Iterator[None]:
+    CALLS.clear()
+    BROKEN["charge"] = True
+
+    @register("rc.reserve")
+    def reserve() -> dict[str, str]:
+        CALLS.append("reserve")
+        return {"hold": "H1"}
+
+    @register("rc.charge")
+    def charge() -> str:
+        CALLS.append("charge")
+        if BROKEN["charge"]:
+            raise ConnectionError("payments down")
+        return "C1"
+
+    @register("rc.release")
+    def release(hold: str) -> None:
+        CALLS.append(f"release:{hold}")
+
+    yield
+    for name in ("rc.reserve", "rc.charge", "rc.release"):
+        unregister(name)
+
+
+FLAKY = compile_definition(
+    textwrap.dedent(
+        """
+        name: flaky
+        version: "1"
+        steps:
+          - {id: reserve, type: python, function: rc.reserve}
+          - {id: charge, type: python, function: rc.charge, depends_on: [reserve]}
+          - {id: after, type: set, values: {done: true}, depends_on: [charge]}
+        output: "{{ steps.charge.output }}"
+        """
+    )
+)
+
+SAGA = compile_definition(
+    textwrap.dedent(
+        """
+        name: saga
+        version: "1"
+        on_failure: compensate
+        steps:
+          - id: reserve
+            type: python
+            function: rc.reserve
+            compensate:
+              type: python
+              function: rc.release
+              input: {hold: "{{ steps.reserve.output.hold }}"}
+          - {id: ask, type: wait, signal: go, depends_on: [reserve]}
+        """
+    )
+)
+
+
+async def test_retry_reruns_the_failed_step_only_and_is_in_the_history() -> None:
+    async with Runtime() as rt:
+        failed = await rt.run(FLAKY)
+        assert failed.status == "failed"
+        BROKEN["charge"] = False
+        status = await rt.retry(failed.run_id, "payments are back")
+        assert status == "running"
+        done = await rt.wait(failed.run_id, timeout=10)
+        history = await rt.history(failed.run_id)
+    assert done.status == "succeeded"
+    assert done.output == "C1"
+    assert done.steps["after"].status == "succeeded"
+    assert CALLS == ["reserve", "charge", "charge"]
+    retried = [e for e in history if e.kind == "run_retried"]
+    assert len(retried) == 1
+    assert any(t["old"] == "failed" and t["new"] == "running" for t in retried[0].transitions)
+
+
+async def test_retry_of_a_run_that_did_not_fail_is_a_clear_error() -> None:
+    async with Runtime() as rt:
+        BROKEN["charge"] = False
+        result = await rt.run(FLAKY)
+        before = len(await rt.history(result.run_id))
+        with pytest.raises(RunNotRetryable, match="is succeeded: only a failed or timed-out"):
+            await rt.retry(result.run_id)
+        assert len(await rt.history(result.run_id)) == before
+
+
+async def test_a_run_failed_in_one_runtime_is_retried_by_another_on_sqlite(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    async with Runtime(store=store) as first:
+        failed = await first.run(FLAKY)
+    assert failed.status == "failed"
+    BROKEN["charge"] = False
+    async with Runtime(store=store) as second:
+        await second.retry(failed.run_id)
+        done = await second.wait(failed.run_id, timeout=10)
+    assert done.status == "succeeded"
+    async with Runtime(store=store, workers=0) as third:  # replayed from the store
+        again = await third.result(failed.run_id)
+    assert again.status == "succeeded" and again.output == "C1"
+    assert CALLS == ["reserve", "charge", "charge"]
+
+
+async def test_cancel_compensates_completed_steps_and_reports_the_outcome() -> None:
+    async with Runtime() as rt:
+        run_id = await rt.start_run(SAGA)
+        await wait_until(rt, run_id, step_is("ask", "waiting"))
+        assert await rt.cancel(run_id, "order withdrawn") == "running"
+        result = await rt.wait(run_id, timeout=10)
+        history = await rt.history(run_id)
+        # a cancel of a run that has ended returns its status and records nothing
+        assert await rt.cancel(run_id) == "cancelled"
+        assert len(await rt.history(run_id)) == len(history)
+    assert result.status == "cancelled"
+    assert result.error is not None and "order withdrawn" in result.error["message"]
+    assert result.compensation == {
+        "outcome": "compensated",
+        "steps": {"reserve": {"status": "succeeded", "attempts": 1, "error": None}},
+    }
+    assert result.to_dict()["compensation"]["outcome"] == "compensated"
+    assert CALLS == ["reserve", "release:H1"]
+    run_moves = [t["new"] for e in history for t in e.transitions if t["subject"] == "run"]
+    assert run_moves == ["running", "compensating", "cancelled"]
+
+
+async def test_a_retried_step_runs_even_if_its_cancelled_attempt_was_remembered() -> None:
+    async with Runtime() as rt:
+        failed = await rt.run(FLAKY)
+        # the race the pool remembers: a cancel for an attempt that had already finished
+        rt._workers.cancel(failed.run_id, "charge", 1)
+        BROKEN["charge"] = False
+        await rt.retry(failed.run_id)
+        done = await rt.wait(failed.run_id, timeout=10)
+    assert done.status == "succeeded"
