@@ -50,4 +50,5 @@ def test_the_changelog_lists_every_command() -> None:
     for command in _commands():
         first, _, sub = command.partition(" ")
         assert f"`{first}" in text, command
-        assert not sub or re.search(rf"`{first} [a-z|]*\b{sub}\b", text), command
+        listed = re.search(rf"`{first} [a-z|]*\b{sub}\b", text)
+        assert not sub or listed or f"{command}`" in changelog, command
