@@ -27,6 +27,9 @@ class ErrorInfo:
     """Extra diagnostic text, such as a trimmed traceback."""
     retry_after: float | None = None
     """A lower bound for the next retry's delay that the failure asked for (HTTP 429)."""
+    only_if_named: bool = False
+    """Retried only by a policy whose ``retry_on`` names it (``StepOutcomeUnknown``): a
+    retry that could repeat a side effect must be asked for, never a default."""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": self.type, "message": self.message}
@@ -50,6 +53,29 @@ class RunStarted(Event):
     input: Any = None
     parent_run_id: str | None = None
     parent_step_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskStarted(Event):
+    """A worker began executing an attempt (``time`` is when): its ``timeout`` counts from
+    here. A duplicate, or one for an attempt that is no longer current, changes nothing."""
+
+    step_key: str
+    attempt: int
+    worker: str = ""
+    """Which worker took it (``host/pid``), for the history."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskLost(Event):
+    """The execution of an attempt is gone without an outcome (the process that ran it
+    stopped). An attempt that never started, or of an idempotent step, is dispatched
+    again; a started attempt of an ``idempotent: false`` step fails with
+    ``StepOutcomeUnknown``."""
+
+    step_key: str
+    attempt: int
+    reason: str = "its worker stopped"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,6 +126,8 @@ class CancelRequested(Event):
 
 EventKind = Literal[
     "run_started",
+    "task_started",
+    "task_lost",
     "task_completed",
     "task_failed",
     "timer_fired",
@@ -110,6 +138,8 @@ EventKind = Literal[
 
 EVENT_KINDS: dict[type[Event], str] = {
     RunStarted: "run_started",
+    TaskStarted: "task_started",
+    TaskLost: "task_lost",
     TaskCompleted: "task_completed",
     TaskFailed: "task_failed",
     TimerFired: "timer_fired",

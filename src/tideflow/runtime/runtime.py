@@ -27,7 +27,7 @@ from typing import Any
 
 from tideflow.bus.backends.local import LocalBus
 from tideflow.bus.base import Bus
-from tideflow.core.resume import resume_commands
+from tideflow.core.resume import lost_events, resume_commands
 from tideflow.errors import NotFound, TideflowError
 from tideflow.model.commands import (
     CancelChildRun,
@@ -47,6 +47,7 @@ from tideflow.model.events import (
     Event,
     RunStarted,
     SignalReceived,
+    TaskStarted,
     TimerFired,
 )
 from tideflow.model.plan import Plan
@@ -114,6 +115,7 @@ class Runtime:
             clock=self.clock.now,
             new_event_id=self.new_event_id,
             secrets=secrets,
+            start_durably=self._start_durably,
         )
         self._scheduler = Scheduler(
             store=self.store,
@@ -274,6 +276,11 @@ class Runtime:
         without running its workers: what the event dispatches runs on the next resume)."""
         await self._scheduler.apply([event])
 
+    async def _start_durably(self, event: TaskStarted) -> bool:
+        """Commit a worker's TaskStarted now (an ``idempotent: false`` step runs only after
+        its start is recorded); False when it started nothing (stale or a duplicate)."""
+        return event.event_id in await self._scheduler.apply([event])
+
     async def unfinished(self) -> list[str]:
         """Ids of the runs in the store that have not ended."""
         return await self.store.unfinished_runs()
@@ -349,6 +356,9 @@ class Runtime:
                 log.error("run %s cannot be resumed: %s", run_id, exc)
                 continue
             await self._relay(resume_commands(plan, state, self.clock.now()))
+            lost = lost_events(plan, state, self.clock.now())  # started, never finished
+            if lost:
+                await self.bus.publish_events(lost)
 
     async def _relay(self, commands: Sequence[Command]) -> None:
         tasks: list[DispatchTask] = []

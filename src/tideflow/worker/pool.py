@@ -1,5 +1,11 @@
 """The worker pool: takes tasks from the bus, runs their executor, reports the result.
 
+Before it runs an attempt the pool reports its start (``TaskStarted``, published with
+the other events, which the scheduler applies in batches): the attempt's ``timeout``
+counts from there. For an ``idempotent: false`` step it waits until the start is
+committed (``start_durably``), so that an execution the engine does not know about
+never happens and a lost one is never repeated blindly.
+
 Each task runs as its own asyncio task so that the scheduler can cancel it (an
 attempt timeout, a cancelled run, ``cancel_others``). Executors that block run
 their blocking part in a bounded thread pool themselves; the pool never creates
@@ -11,15 +17,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
-from collections.abc import Callable
+import socket
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 
 from tideflow.bus.base import Bus
 from tideflow.model.commands import DispatchTask
-from tideflow.model.events import Event, TaskCompleted, TaskFailed
+from tideflow.model.events import Event, TaskCompleted, TaskFailed, TaskStarted
 from tideflow.runtime import faults
 from tideflow.worker.executors.base import StepContext
 from tideflow.worker.executors.errorinfo import error_info_from_exception
@@ -41,8 +49,12 @@ class WorkerPool:
         clock: Callable[[], float],
         new_event_id: Callable[[], str],
         secrets: SecretProvider | None = None,
+        start_durably: Callable[[TaskStarted], Awaitable[bool]] | None = None,
     ) -> None:
         self._bus = bus
+        self._start_durably = start_durably
+        """Commit a TaskStarted and say whether it started the attempt (False: stale)."""
+        self.worker = f"{socket.gethostname()}/{os.getpid()}"
         self._executors = executors
         self._concurrency = concurrency
         self._clock = clock
@@ -115,6 +127,8 @@ class WorkerPool:
         )
         redactor: Redactor | None = None
         try:
+            if not task.compensation and not await self._report_start(task):
+                return None  # the attempt is no longer wanted: it must not run
             executor = self._executors.get(task.type)
             config, inp = task.config, task.input
             if task.secrets:
@@ -154,6 +168,20 @@ class WorkerPool:
             output=output,
             compensation=task.compensation,
         )
+
+    async def _report_start(self, task: DispatchTask) -> bool:
+        started = TaskStarted(
+            event_id=self._new_id(),
+            run_id=task.run_id,
+            time=self._clock(),
+            step_key=task.step_key,
+            attempt=task.attempt,
+            worker=self.worker,
+        )
+        if task.idempotent or self._start_durably is None:
+            await self._bus.publish_events([started])
+            return True
+        return await self._start_durably(started)
 
 
 def _check_serialisable(output: Any) -> None:
