@@ -24,7 +24,7 @@ from tideflow.core.retry import stable_seed
 from tideflow.core.scope import build_scope
 from tideflow.errors import ExpressionEvaluationError
 from tideflow.model.commands import CancelTask, DispatchTask
-from tideflow.model.events import ErrorInfo, TaskLost, TaskStarted
+from tideflow.model.events import ErrorInfo, TaskCompleted, TaskFailed, TaskLost, TaskStarted
 from tideflow.model.plan import Plan, StepSpec
 from tideflow.model.run import StepState
 from tideflow.model.states import StepStatus
@@ -114,10 +114,19 @@ def dispatched(d: Decider, st: StepState) -> None:
         d.arm("schedule_to_start", st, d.now + limit, st.attempts)
 
 
-def ended(d: Decider, st: StepState) -> None:
-    """The current attempt has an outcome: stop both of its clocks."""
-    for timer_id in timer_ids(st):
-        d.disarm(st, timer_id)
+def ended(d: Decider, st: StepState, event: TaskCompleted | TaskFailed | None = None) -> None:
+    """The current attempt has an outcome: record the start it carries (one the worker did
+    not report on its own), stop both of the attempt's clocks."""
+    if event is not None and event.started_at is not None and st.attempt_started_at is None:
+        st.attempt_started_at = event.started_at
+        d.record_fact(st, _started_cause(st, event.worker))
+    if st.timers:
+        for timer_id in timer_ids(st):
+            d.disarm(st, timer_id)
+
+
+def _started_cause(st: StepState, worker: str) -> str:
+    return f"attempt {st.attempts} started" + (f" by {worker}" if worker else "")
 
 
 def _current(d: Decider, key: str, attempt: int) -> StepState | None:
@@ -136,8 +145,7 @@ def on_started(d: Decider, event: TaskStarted) -> None:
     st.attempt_started_at = d.now
     for timer_id in timer_ids(st):  # the timeout restarts now, even if armed at dispatch
         d.disarm(st, timer_id)
-    by = f" by {event.worker}" if event.worker else ""
-    d.record_fact(st, f"attempt {st.attempts} started{by}")
+    d.record_fact(st, _started_cause(st, event.worker))
     timeout = d.plan.specs[st.step_id].timeout
     if timeout is not None:
         d.arm("attempt_timeout", st, d.now + timeout, st.attempts)

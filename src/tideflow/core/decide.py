@@ -244,8 +244,19 @@ class Decider:
             self._finished.append(st.key)
 
     def record_fact(self, st: StepState, cause: str) -> None:
-        """Record a fact about the attempt in flight (``running -> running``)."""
-        self.set_step(st, _RUNNING, cause, st.attempts)
+        """Record a fact about the attempt in flight (``running -> running``, which the
+        table allows: no state changes, nothing to propagate)."""
+        assert st.status is _RUNNING
+        self.transitions.append(
+            Transition(
+                subject=st.key,
+                old=_RUNNING.value,
+                new=_RUNNING.value,
+                time=self.now,
+                cause=cause,
+                attempt=st.attempts,
+            )
+        )
 
     def succeed(self, st: StepState, output: Any, cause: str) -> None:
         state = self.state
@@ -388,7 +399,7 @@ class Decider:
         st = self.state.steps.get(event.step_key)
         if st is None or st.status is not _RUNNING or st.attempts != event.attempt:
             return
-        attempts.ended(self, st)
+        attempts.ended(self, st, event)
         self.succeed(st, event.output, "task completed")
 
     def _on_task_failed(self, event: TaskFailed) -> None:
@@ -398,7 +409,7 @@ class Decider:
         st = self.state.steps.get(event.step_key)
         if st is None or st.status is not _RUNNING or st.attempts != event.attempt:
             return
-        attempts.ended(self, st)
+        attempts.ended(self, st, event)
         self.attempt_failed(st, event.error, event.seed)
 
     def attempt_failed(self, st: StepState, error: ErrorInfo, seed: int) -> None:

@@ -84,6 +84,10 @@ class TaskCompleted(Event):
     attempt: int
     output: Any = None
     compensation: bool = False
+    started_at: float | None = None
+    """Set when the attempt ended before its ``TaskStarted`` was sent: its start, recorded
+    with the outcome (one event instead of two)."""
+    worker: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,6 +98,9 @@ class TaskFailed(Event):
     seed: int = 0
     """Random seed for retry jitter, chosen by the runtime so that decide stays pure."""
     compensation: bool = False
+    started_at: float | None = None
+    """As on `TaskCompleted`: the start, when it was not reported on its own."""
+    worker: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,10 +1,7 @@
 """The worker pool: takes tasks from the bus, runs their executor, reports the result.
 
-Before it runs an attempt the pool reports its start (``TaskStarted``, published with
-the other events, which the scheduler applies in batches): the attempt's ``timeout``
-counts from there. For an ``idempotent: false`` step it waits until the start is
-committed (``start_durably``), so that an execution the engine does not know about
-never happens and a lost one is never repeated blindly.
+Before it runs an attempt the pool reports its start (`starts`): the attempt's
+``timeout`` counts from there.
 
 Each task runs as its own asyncio task so that the scheduler can cancel it (an
 attempt timeout, a cancelled run, ``cancel_others``). Executors that block run
@@ -17,22 +14,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import random
-import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from tideflow.bus.base import Bus
 from tideflow.model.commands import DispatchTask
-from tideflow.model.events import Event, TaskCompleted, TaskFailed, TaskStarted
+from tideflow.model.events import Event, TaskCompleted, TaskFailed
 from tideflow.runtime import faults
 from tideflow.worker.executors.base import StepContext
 from tideflow.worker.executors.errorinfo import error_info_from_exception
 from tideflow.worker.executors.registry import ExecutorRegistry
 from tideflow.worker.secrets import Redactor, SecretProvider, default_provider, resolve_markers
+from tideflow.worker.starts import StartDurably, StartReports
 
 log = logging.getLogger("tideflow.worker")
 
@@ -49,12 +45,12 @@ class WorkerPool:
         clock: Callable[[], float],
         new_event_id: Callable[[], str],
         secrets: SecretProvider | None = None,
-        start_durably: Callable[[TaskStarted], Awaitable[bool]] | None = None,
+        start_durably: StartDurably | None = None,
     ) -> None:
         self._bus = bus
-        self._start_durably = start_durably
-        """Commit a TaskStarted and say whether it started the attempt (False: stale)."""
-        self.worker = f"{socket.gethostname()}/{os.getpid()}"
+        self._starts = StartReports(
+            bus, clock=clock, new_event_id=new_event_id, start_durably=start_durably
+        )
         self._executors = executors
         self._concurrency = concurrency
         self._clock = clock
@@ -114,6 +110,7 @@ class WorkerPool:
                 # The pool is shutting down: the attempt swallowed our cancellation.
                 raise asyncio.CancelledError
             if event is not None:
+                await self._starts.sent()
                 await bus.publish_events([event])
 
     async def _execute(self, task: DispatchTask) -> Event | None:
@@ -127,7 +124,7 @@ class WorkerPool:
         )
         redactor: Redactor | None = None
         try:
-            if not task.compensation and not await self._report_start(task):
+            if not task.compensation and not await self._starts.report(task):
                 return None  # the attempt is no longer wanted: it must not run
             executor = self._executors.get(task.type)
             config, inp = task.config, task.input
@@ -149,6 +146,7 @@ class WorkerPool:
             error = error_info_from_exception(exc)
             if redactor is not None:
                 error = redactor.redact_error(error)
+            started = self._starts.take((task.run_id, task.step_key, task.attempt))
             return TaskFailed(
                 event_id=self._new_id(),
                 run_id=task.run_id,
@@ -158,7 +156,10 @@ class WorkerPool:
                 error=error,
                 seed=self._random.getrandbits(32),
                 compensation=task.compensation,
+                started_at=started,
+                worker=self._starts.worker if started is not None else "",
             )
+        started = self._starts.take((task.run_id, task.step_key, task.attempt))
         return TaskCompleted(
             event_id=self._new_id(),
             run_id=task.run_id,
@@ -167,21 +168,9 @@ class WorkerPool:
             attempt=task.attempt,
             output=output,
             compensation=task.compensation,
+            started_at=started,
+            worker=self._starts.worker if started is not None else "",
         )
-
-    async def _report_start(self, task: DispatchTask) -> bool:
-        started = TaskStarted(
-            event_id=self._new_id(),
-            run_id=task.run_id,
-            time=self._clock(),
-            step_key=task.step_key,
-            attempt=task.attempt,
-            worker=self.worker,
-        )
-        if task.idempotent or self._start_durably is None:
-            await self._bus.publish_events([started])
-            return True
-        return await self._start_durably(started)
 
 
 def _check_serialisable(output: Any) -> None:
