@@ -224,3 +224,28 @@ def test_cancel_while_queued_cancels_the_task(harness):
     decision = h.cancel()
     assert CancelTask(run_id="run-1", step_key="a", attempt=1) in decision.commands
     assert h.timers == {}
+
+
+def test_an_outcome_that_carries_its_start_records_it(harness):
+    from tideflow.model.events import TaskCompleted
+
+    h = harness(HEAD + "steps: [{id: a, type: noop, timeout: 5s}]\n", auto_start=False)
+    decision = h.apply(
+        TaskCompleted(
+            event_id="done",
+            run_id="run-1",
+            time=h.now + 1,
+            step_key="a",
+            attempt=1,
+            output=3,
+            started_at=h.now + 0.5,
+            worker="w1",
+        )
+    )
+    moves = [(t.old, t.new, t.cause) for t in decision.transitions if t.subject == "a"]
+    assert moves[:2] == [
+        ("running", "running", "attempt 1 started by w1"),
+        ("running", "succeeded", "task completed"),
+    ]
+    assert h.state.steps["a"].attempt_started_at == h.now + 0.5
+    assert h.timers == {} and h.status == "succeeded"
