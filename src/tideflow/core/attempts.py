@@ -24,7 +24,14 @@ from tideflow.core.retry import stable_seed
 from tideflow.core.scope import build_scope
 from tideflow.errors import ExpressionEvaluationError
 from tideflow.model.commands import CancelTask, DispatchTask
-from tideflow.model.events import ErrorInfo, TaskCompleted, TaskFailed, TaskLost, TaskStarted
+from tideflow.model.events import (
+    ErrorInfo,
+    TaskCompleted,
+    TaskFailed,
+    TaskLost,
+    TaskStarted,
+    Transition,
+)
 from tideflow.model.plan import Plan, StepSpec
 from tideflow.model.run import StepState
 from tideflow.model.states import StepStatus
@@ -119,10 +126,26 @@ def ended(d: Decider, st: StepState, event: TaskCompleted | TaskFailed | None = 
     not report on its own), stop both of the attempt's clocks."""
     if event is not None and event.started_at is not None and st.attempt_started_at is None:
         st.attempt_started_at = event.started_at
-        d.record_fact(st, _started_cause(st, event.worker))
+        record_fact(d, st, _started_cause(st, event.worker))
     if st.timers:
         for timer_id in timer_ids(st):
             d.disarm(st, timer_id)
+
+
+def record_fact(d: Decider, st: StepState, cause: str) -> None:
+    """Record a fact about the attempt in flight: ``running -> running``, the one
+    self-transition the table allows (no state changes, nothing to propagate)."""
+    assert st.status is _RUNNING
+    d.transitions.append(
+        Transition(
+            subject=st.key,
+            old=_RUNNING.value,
+            new=_RUNNING.value,
+            time=d.now,
+            cause=cause,
+            attempt=st.attempts,
+        )
+    )
 
 
 def _started_cause(st: StepState, worker: str) -> str:
@@ -145,7 +168,7 @@ def on_started(d: Decider, event: TaskStarted) -> None:
     st.attempt_started_at = d.now
     for timer_id in timer_ids(st):  # the timeout restarts now, even if armed at dispatch
         d.disarm(st, timer_id)
-    d.record_fact(st, _started_cause(st, event.worker))
+    record_fact(d, st, _started_cause(st, event.worker))
     timeout = d.plan.specs[st.step_id].timeout
     if timeout is not None:
         d.arm("attempt_timeout", st, d.now + timeout, st.attempts)
@@ -168,9 +191,8 @@ def on_lost(d: Decider, event: TaskLost) -> None:
         )
         d.attempt_failed(st, error, stable_seed(d.state.run_id, st.key, "lost", str(st.attempts)))
         return
-    d.record_fact(
-        st, f"attempt {st.attempts} started but its execution was lost ({event.reason}): again"
-    )
+    cause = f"attempt {st.attempts} started but its execution was lost ({event.reason})"
+    record_fact(d, st, cause + ": dispatched again")
     try:
         redispatch(d, st)
     except ExpressionEvaluationError as exc:

@@ -243,21 +243,6 @@ class Decider:
             self.state.scopes[st.scope].remaining -= 1
             self._finished.append(st.key)
 
-    def record_fact(self, st: StepState, cause: str) -> None:
-        """Record a fact about the attempt in flight (``running -> running``, which the
-        table allows: no state changes, nothing to propagate)."""
-        assert st.status is _RUNNING
-        self.transitions.append(
-            Transition(
-                subject=st.key,
-                old=_RUNNING.value,
-                new=_RUNNING.value,
-                time=self.now,
-                cause=cause,
-                attempt=st.attempts,
-            )
-        )
-
     def succeed(self, st: StepState, output: Any, cause: str) -> None:
         state = self.state
         st.output = output

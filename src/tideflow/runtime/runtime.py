@@ -278,8 +278,9 @@ class Runtime:
 
     async def _start_durably(self, event: TaskStarted) -> bool:
         """Commit a worker's TaskStarted now (an ``idempotent: false`` step runs only after
-        its start is recorded); False when it started nothing (stale or a duplicate)."""
-        return event.event_id in await self._scheduler.apply([event])
+        its start is recorded); False when it started nothing (stale or a duplicate). A
+        cancelled attempt does not cut the commit short: the batch is shielded."""
+        return event.event_id in await asyncio.shield(self._scheduler.apply([event]))
 
     async def unfinished(self) -> list[str]:
         """Ids of the runs in the store that have not ended."""
