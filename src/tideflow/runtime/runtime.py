@@ -341,7 +341,9 @@ class Runtime:
     async def _recover(self) -> None:
         """Resume every unfinished run in the store: relay effects still in the outbox,
         start runs that were created but not started, re-arm timers, re-dispatch tasks
-        whose result was never recorded (same attempt, same idempotency key)."""
+        whose result was never recorded (same attempt, same idempotency key); an attempt
+        that a worker had started goes through the core as a ``TaskLost`` (dispatched
+        again, or ``StepOutcomeUnknown`` for an ``idempotent: false`` step)."""
         pending = await self.store.pending_outbox()
         await self._relay([item.command for item in pending])
         self._scheduler.relayed([item.id for item in pending])
