@@ -326,8 +326,12 @@ async def test_prune_removes_only_old_finished_runs(store: Store) -> None:
     for item in archived:
         assert set(item) == {"run", "history"}
         assert item["run"]["status"] == "succeeded"
-        assert [e["seq"] for e in item["history"]] == [1, 2]
-        assert item["history"][0]["kind"] == "run_started"
+        assert [e["seq"] for e in item["history"]] == [1, 2, 3]
+        assert [e["kind"] for e in item["history"]] == [
+            "run_started",
+            "task_started",
+            "task_completed",
+        ]
     for h in old:
         with pytest.raises(NotFound):
             await store.get_run(h.run_id)

@@ -307,8 +307,13 @@ async def opened_runtime(
     ``recover=True`` resumes every unfinished run of the store on start; ``workers=0``
     executes no task (what a command dispatches then runs on the next resume).
     """
+    from tideflow.runtime.clock import clock_from_environment
     from tideflow.runtime.runtime import Runtime
 
+    try:
+        clock = clock_from_environment(os.environ)
+    except ValueError as exc:
+        raise fail_usage(str(exc)) from None
     store = build_store(url, create=create, upgrade=upgrade)
     rt = Runtime(
         store=store,
@@ -316,6 +321,7 @@ async def opened_runtime(
         workers=workers,
         recover=recover,
         definitions_dir=definitions_dir,
+        clock=clock,
     )
     for listener in listeners:
         rt.add_listener(listener)

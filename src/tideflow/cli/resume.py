@@ -123,7 +123,9 @@ def resume_cmd(
     """Resume every unfinished run in the store and wait until they all end.
 
     Recovery relays outbox entries not yet relayed, re-arms timers and
-    re-dispatches tasks whose result was never recorded (same idempotency key).
+    re-dispatches tasks whose result was never recorded (same idempotency key);
+    a started attempt of an `idempotent: false` step fails with
+    StepOutcomeUnknown instead of running again.
     --json prints {"runs": [...]}, each element shaped like `run --json`.
 
     A run that cannot be loaded (a damaged history row, a definition that no

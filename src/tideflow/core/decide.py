@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, NamedTuple
 
-from tideflow.core import joins, reopen, saga
+from tideflow.core import attempts, joins, reopen, saga
 from tideflow.core import steps as kinds
 from tideflow.core.retry import backoff_delay, may_retry
 from tideflow.core.scope import build_scope
@@ -42,6 +42,8 @@ from tideflow.model.events import (
     SignalReceived,
     TaskCompleted,
     TaskFailed,
+    TaskLost,
+    TaskStarted,
     TimerFired,
     Transition,
 )
@@ -104,10 +106,14 @@ class Decider:
     # -- dispatch on the event ------------------------------------------------
 
     def apply(self, event: Event) -> None:
-        if isinstance(event, TaskCompleted):
+        if isinstance(event, TaskStarted):
+            attempts.on_started(self, event)
+        elif isinstance(event, TaskCompleted):
             self._on_task_completed(event)
         elif isinstance(event, TaskFailed):
             self._on_task_failed(event)
+        elif isinstance(event, TaskLost):
+            attempts.on_lost(self, event)
         elif isinstance(event, TimerFired):
             self._on_timer(event)
         elif isinstance(event, SignalReceived):
@@ -389,7 +395,7 @@ class Decider:
         st = self.state.steps.get(event.step_key)
         if st is None or st.status is not _RUNNING or st.attempts != event.attempt:
             return
-        self.disarm(st, f"attempt_timeout:{st.key}:{st.attempts}")
+        attempts.ended(self, st, event)
         self.succeed(st, event.output, "task completed")
 
     def _on_task_failed(self, event: TaskFailed) -> None:
@@ -399,7 +405,7 @@ class Decider:
         st = self.state.steps.get(event.step_key)
         if st is None or st.status is not _RUNNING or st.attempts != event.attempt:
             return
-        self.disarm(st, f"attempt_timeout:{st.key}:{st.attempts}")
+        attempts.ended(self, st, event)
         self.attempt_failed(st, event.error, event.seed)
 
     def attempt_failed(self, st: StepState, error: ErrorInfo, seed: int) -> None:

@@ -1,40 +1,82 @@
 """What to redo for a run that a process was driving when it stopped.
 
 Pure like ``decide``: from the durable state alone it lists the commands that
-put the run back in motion — every armed timer, every attempt whose result was
-never recorded (re-dispatched with the same attempt number and idempotency
-key), a running compensation, a sync child run (started again idempotently),
+put the run back in motion — every armed timer, every attempt that was dispatched
+but never started (re-dispatched with the same attempt number and idempotency
+key; its ``schedule_to_start`` counts again from now, its ``timeout`` from its new
+start), a running compensation, a sync child run (started again idempotently),
 and the start of a run that was created but never started.
+
+An attempt that a worker *started* but whose outcome was never recorded is not
+re-dispatched here: ``lost_attempts`` names it, and the runtime applies a
+``TaskLost`` event for it, so that ``decide`` records what happens next (dispatched
+again, or ``StepOutcomeUnknown`` for an ``idempotent: false`` step).
 """
 
 from __future__ import annotations
 
-from tideflow.core import saga
-from tideflow.core import steps as kinds
+from tideflow.core import attempts, saga
 from tideflow.errors import ExpressionEvaluationError
 from tideflow.model.commands import Command, StartChildRun, StartTimer
+from tideflow.model.events import TaskLost
 from tideflow.model.plan import Plan
-from tideflow.model.run import RunState
+from tideflow.model.run import RunState, StepState
 from tideflow.model.states import StepStatus
+
+
+def lost_attempts(plan: Plan, state: RunState) -> list[StepState]:
+    """The step instances whose current attempt a worker started but that have no outcome."""
+    if state.is_terminal:
+        return []
+    return [
+        st
+        for st in state.steps.values()
+        if st.status is StepStatus.RUNNING
+        and st.attempt_started_at is not None
+        and plan.specs[st.step_id].is_action
+    ]
+
+
+def lost_events(plan: Plan, state: RunState, now: float) -> list[TaskLost]:
+    """A ``TaskLost`` for each of ``lost_attempts``. The id names the start it follows, so
+    a second recovery before the first one's event is applied reports the same loss."""
+    return [
+        TaskLost(
+            event_id=f"{state.run_id}:{st.key}:{st.attempts}:lost@{st.attempt_started_at!r}",
+            run_id=state.run_id,
+            time=now,
+            step_key=st.key,
+            attempt=st.attempts,
+            reason="the process running it stopped before reporting an outcome",
+        )
+        for st in lost_attempts(plan, state)
+    ]
 
 
 def resume_commands(plan: Plan, state: RunState, now: float) -> list[Command]:
     if state.is_terminal:
         return []
-    out: list[Command] = [
-        StartTimer(run_id=state.run_id, timer_id=timer_id, fire_at=ref.fire_at)
-        for timer_id, ref in state.timers.items()
-    ]
+    lost = {f"attempt_timeout:{st.key}:{st.attempts}" for st in lost_attempts(plan, state)}
+    timers = {tid: ref.fire_at for tid, ref in state.timers.items() if tid not in lost}
+    out: list[Command] = []
     for st in state.steps.values():
         if st.status is not StepStatus.RUNNING:
             continue
         spec = plan.specs[st.step_id]
+        if spec.is_action and st.attempt_started_at is not None:
+            continue  # lost: see lost_attempts
         if spec.is_action:
+            queued = f"schedule_to_start:{st.key}:{st.attempts}"
+            if queued in timers and spec.schedule_to_start is not None:
+                timers[queued] = now + spec.schedule_to_start  # queued again from now
+            # the timeout counts from the start (a state written before TaskStarted existed
+            # may hold one armed at dispatch)
+            timers.pop(f"attempt_timeout:{st.key}:{st.attempts}", None)
             try:
-                config = kinds.render_config(plan, state, st, now)
+                config = attempts.render_config(plan, state, st, now)
             except ExpressionEvaluationError:
                 config = {}
-            out.append(kinds.action_task(plan, state.run_id, st, config))
+            out.append(attempts.action_task(plan, state.run_id, st, config))
         elif spec.subflow is not None and st.child_run_id and spec.subflow.mode == "sync":
             out.append(
                 StartChildRun(
@@ -50,4 +92,8 @@ def resume_commands(plan: Plan, state: RunState, now: float) -> list[Command]:
     task = saga.running_compensation(plan, state, now)
     if task is not None:
         out.append(task)
-    return out
+    armed: list[Command] = [
+        StartTimer(run_id=state.run_id, timer_id=timer_id, fire_at=fire_at)
+        for timer_id, fire_at in timers.items()
+    ]
+    return armed + out

@@ -10,9 +10,14 @@ from tideflow.model.plan import Backoff, RetryPolicy
 
 
 def may_retry(policy: RetryPolicy, error: ErrorInfo, attempts: int) -> bool:
-    """True when the policy allows another attempt after ``attempts`` failed ones."""
+    """True when the policy allows another attempt after ``attempts`` failed ones.
+
+    An error marked ``only_if_named`` (``StepOutcomeUnknown``) needs a ``retry_on`` that
+    names it: an empty ``retry_on`` ("every retryable error") is not enough."""
     if not error.retryable or attempts >= policy.max_attempts:
         return False
+    if error.only_if_named:
+        return error.matches(policy.retry_on)
     return not policy.retry_on or error.matches(policy.retry_on)
 
 

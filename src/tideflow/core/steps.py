@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from tideflow.core.attempts import action_task, dispatch, secret_names
 from tideflow.core.maps import arm_step_timeout, map_item_done, resume_map, start_map
-from tideflow.core.scope import build_scope, iso, redraw
+from tideflow.core.scope import build_scope, iso
 from tideflow.errors import ExpressionEvaluationError
-from tideflow.model.commands import DispatchTask, EmitEvent, StartChildRun
+from tideflow.model.commands import EmitEvent, StartChildRun
 from tideflow.model.events import ErrorInfo
 from tideflow.model.expressions import Expression
-from tideflow.model.plan import Plan, StepSpec
-from tideflow.model.run import RunState, ScopeState, StepState
+from tideflow.model.plan import StepSpec
+from tideflow.model.run import ScopeState, StepState
 from tideflow.model.states import STEP_TERMINAL, StepStatus
 
 if TYPE_CHECKING:
@@ -62,71 +62,6 @@ def _constant_action(spec: StepSpec) -> bool:
         and (spec.input is None or spec.input.is_constant)
         and (spec.config is None or spec.config.is_constant)
     )
-
-
-def dispatch(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, Any] | None) -> None:
-    """Send the next attempt of an action step to a worker."""
-    state = d.state
-    config = render_config(d.plan, state, st, d.now, scope)
-    st.attempts += 1
-    if st.attempts == 1 and spec.deadline is not None:
-        st.deadline_at = d.now + spec.deadline
-        d.arm("deadline", st, st.deadline_at)
-    d.set_step(st, _RUNNING, f"attempt {st.attempts} dispatched", st.attempts)
-    d.commands.append(action_task(d.plan, state.run_id, st, config))
-    if spec.timeout is not None:
-        d.arm("attempt_timeout", st, d.now + spec.timeout, st.attempts)
-
-
-def render_config(
-    plan: Plan, state: RunState, st: StepState, now: float, scope: dict[str, Any] | None = None
-) -> Any:
-    """An action's config for its current attempt; it draws from a stream of its own, so
-    every attempt, and a re-dispatch on recovery, renders the same ``uuid()``s."""
-    config = plan.specs[st.step_id].config
-    if config is None:
-        return {}
-    if config.is_constant:
-        return config.render(_EMPTY)
-    instance = f"{st.key}:config"
-    if scope is None:
-        return config.render(build_scope(state, st.scope, now, instance=instance))
-    return config.render(redraw(scope, state.run_id, instance))
-
-
-def action_task(plan: Plan, run_id: str, st: StepState, config: Any) -> DispatchTask:
-    """The task message for the current attempt of action step instance ``st``."""
-    spec = plan.specs[st.step_id]
-    return DispatchTask(
-        run_id=run_id,
-        step_key=st.key,
-        step_id=st.step_id,
-        type=spec.type,
-        config=config,
-        input=st.input,
-        attempt=st.attempts,
-        idempotency_key=f"{run_id}:{st.key}",
-        timeout=spec.timeout,
-        queue=spec.queue,
-        priority=spec.priority,
-        sensitive=spec.sensitive,
-        secrets=secret_names(plan, spec.id),
-    )
-
-
-@lru_cache(maxsize=4096)
-def _secret_names_cached(plan: Plan, step_id: str) -> tuple[str, ...]:
-    spec = plan.specs[step_id]
-    names: set[str] = set()
-    for template in (spec.config, spec.input):
-        if template is not None:
-            names |= template.secret_references()
-    return tuple(sorted(names))
-
-
-def secret_names(plan: Plan, step_id: str) -> tuple[str, ...]:
-    """Secret names the step's config and input templates reference."""
-    return _secret_names_cached(plan, step_id)
 
 
 # -- engine steps ---------------------------------------------------------------
@@ -414,4 +349,12 @@ _ENGINE_STARTERS = {
     "emit": _start_emit,
 }
 
-__all__ = ["STEP_TERMINAL", "deliver_signal", "dispatch", "map_item_done", "start_step"]
+__all__ = [
+    "STEP_TERMINAL",
+    "action_task",
+    "deliver_signal",
+    "dispatch",
+    "map_item_done",
+    "secret_names",
+    "start_step",
+]

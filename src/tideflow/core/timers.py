@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tideflow.core import attempts
 from tideflow.core import steps as kinds
 from tideflow.core.retry import stable_seed
 from tideflow.core.scope import iso
@@ -27,13 +28,16 @@ def error_info(type_: str, message: str) -> ErrorInfo:
 def fire_step_timer(d: Decider, st: StepState, ref: TimerRef) -> None:
     kind = ref.kind
     if kind == "retry" and st.status is _RETRYING:
-        kinds.dispatch(d, st, d.plan.specs[st.step_id], None)
+        attempts.dispatch(d, st, d.plan.specs[st.step_id], None)
+    elif kind == "schedule_to_start" and st.status is _RUNNING and st.attempts == ref.attempt:
+        attempts.schedule_to_start_passed(d, st)
     elif kind == "attempt_timeout" and st.status is _RUNNING and st.attempts == ref.attempt:
         d.commands.append(CancelTask(run_id=d.state.run_id, step_key=st.key, attempt=st.attempts))
         timeout = d.plan.specs[st.step_id].timeout
         error = ErrorInfo(
             type="TimeoutError",
-            message=f"attempt {st.attempts} exceeded its timeout of {timeout}s",
+            message=f"attempt {st.attempts} exceeded its timeout of {timeout}s (counted from "
+            "when a worker started it)",
         )
         d.attempt_failed(st, error, stable_seed(d.state.run_id, st.key, str(st.attempts)))
     elif kind == "deadline" and st.status in (_RUNNING, _RETRYING):

@@ -445,6 +445,8 @@ def _spec(
         when=parts.get("when"),
         retry=_retry_policy(data.get("retry")),
         timeout=None if kind == "wait" else data.get("timeout"),
+        schedule_to_start=data.get("schedule_to_start"),
+        idempotent=data.get("idempotent", True),
         deadline=data.get("deadline"),
         queue=data.get("queue", "default"),
         priority=_PRIORITIES[data.get("priority", "normal")],

@@ -50,6 +50,9 @@ _RETRY_DEFAULTS: Mapping[str, Any] = {
     "retry_on": [],
 }
 _INHERITED = ("timeout", "queue", "priority")
+_ACTION_INHERITED = ("schedule_to_start",)
+"""Inherited from ``defaults`` by action steps, not by compensations."""
+_DURATIONS = frozenset({"timeout", "schedule_to_start"})
 _OMITTED_DEFAULTS: Mapping[str, Any] = {
     "queue": "default",
     "priority": "normal",
@@ -60,6 +63,7 @@ _OMITTED_DEFAULTS: Mapping[str, Any] = {
     "mode": "sync",
     "tolerated_failures": 0,
     "delay": 0.0,
+    "idempotent": True,
 }
 
 
@@ -129,14 +133,14 @@ class _Normaliser:
     def common(
         self, raw: Mapping[str, Any], path: DataPath, out: dict[str, Any], *, action: bool
     ) -> None:
-        for key in ("description", "join", "cancel_others", "on_error", "input"):
+        for key in ("description", "join", "cancel_others", "on_error", "input", "idempotent"):
             if key in raw:
                 out[key] = raw[key]
         if "when" in raw:
             out["when"] = canonical_expression(raw["when"])
         if "deadline" in raw:
             out["deadline"] = parse_duration(raw["deadline"])
-        for key in _INHERITED:
+        for key in (*_INHERITED, *_ACTION_INHERITED):
             self.inherit(raw, path, out, key, action=action)
         retry = self.retry(raw, path, inherit=action)
         if retry is not None:
@@ -156,7 +160,7 @@ class _Normaliser:
             self.links[(*path, key)] = ("defaults", key)
         else:
             return
-        out[key] = parse_duration(value) if key == "timeout" else value
+        out[key] = parse_duration(value) if key in _DURATIONS else value
 
     def retry(
         self, raw: Mapping[str, Any], path: DataPath, *, inherit: bool

@@ -472,6 +472,8 @@ def _step_type(check: Check, kind: Any, path: DataPath, present: bool) -> str | 
 def _cross_checks(
     check: Check, raw: Mapping[str, Any], path: DataPath, kind: str, template_of: str | None
 ) -> None:
+    if kind in ENGINE_TYPES:
+        _action_only_keys(check, raw, path, kind)
     if raw.get("cancel_others") is True and raw.get("join", "all") == "all":
         check.error(
             (*path, "cancel_others"),
@@ -499,6 +501,18 @@ def _cross_checks(
         check_step(check, raw["step"], (*path, "step"), template_of=map_id)
     if kind not in ENGINE_TYPES:
         _action_config(check, raw, path, kind, COMMON_STEP_KEYS)
+
+
+def _action_only_keys(check: Check, raw: Mapping[str, Any], path: DataPath, kind: str) -> None:
+    for key, why in ACTION_ONLY_KEYS.items():
+        if key in raw:
+            check.error(
+                (*path, key),
+                f"'{key}' applies to action steps only ({why}); {_a(kind)} step runs in "
+                "the engine, without a worker",
+                f"remove '{key}' from this step",
+                at_key=True,
+            )
 
 
 def _loop_condition(check: Check, raw: Mapping[str, Any], path: DataPath) -> None:
@@ -580,6 +594,8 @@ _COMMON_FIELDS: Mapping[str, Validator] = {
     "when": _expression,
     "retry": _retry,
     "timeout": _positive_duration,
+    "schedule_to_start": _positive_duration,
+    "idempotent": _bool,
     "deadline": _positive_duration,
     "queue": _nonempty_string,
     "priority": _enum("high", "normal", "low"),
@@ -596,8 +612,14 @@ _COMPENSATE_FIELDS: Mapping[str, Validator] = {
     "timeout": _positive_duration,
 }
 _DEFAULTS_FIELDS: Mapping[str, Validator] = {
-    key: _COMMON_FIELDS[key] for key in ("retry", "timeout", "queue", "priority")
+    key: _COMMON_FIELDS[key]
+    for key in ("retry", "timeout", "schedule_to_start", "queue", "priority")
 }
+ACTION_ONLY_KEYS: Mapping[str, str] = {
+    "schedule_to_start": "it bounds how long a task waits for a worker",
+    "idempotent": "it says whether a worker may run an attempt again",
+}
+"""Common keys that mean something only for action steps, and why (for the message)."""
 _TYPE_FIELDS: Mapping[str, Mapping[str, Validator]] = {
     "set": {"values": _mapping},
     "switch": {"cases": _cases, "default": _switch_default},

@@ -36,6 +36,9 @@ class DispatchTask(Command):
     sensitive: tuple[str, ...] = ()
     secrets: tuple[str, ...] = ()
     """Secret names the step's templates reference; the worker resolves only these markers."""
+    idempotent: bool = True
+    """False for ``idempotent: false`` steps: the worker records the start durably before it
+    runs the attempt, so that a lost execution is never repeated blindly."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

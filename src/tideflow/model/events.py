@@ -30,6 +30,9 @@ class ErrorInfo:
     causes: tuple[dict[str, Any], ...] = ()
     """The errors this one aggregates (``JoinFailed``: one ``{step, type, message}`` per
     failed dependency)."""
+    only_if_named: bool = False
+    """Retried only by a policy whose ``retry_on`` names it (``StepOutcomeUnknown``): a
+    retry that could repeat a side effect must be asked for, never a default."""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": self.type, "message": self.message}
@@ -58,11 +61,38 @@ class RunStarted(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TaskStarted(Event):
+    """A worker began executing an attempt (``time`` is when): its ``timeout`` counts from
+    here. A duplicate, or one for an attempt that is no longer current, changes nothing."""
+
+    step_key: str
+    attempt: int
+    worker: str = ""
+    """Which worker took it (``host/pid``), for the history."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskLost(Event):
+    """The execution of an attempt is gone without an outcome (the process that ran it
+    stopped). An attempt that never started, or of an idempotent step, is dispatched
+    again; a started attempt of an ``idempotent: false`` step fails with
+    ``StepOutcomeUnknown``."""
+
+    step_key: str
+    attempt: int
+    reason: str = "its worker stopped"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TaskCompleted(Event):
     step_key: str
     attempt: int
     output: Any = None
     compensation: bool = False
+    started_at: float | None = None
+    """Set when the attempt ended before its ``TaskStarted`` was sent: its start, recorded
+    with the outcome (one event instead of two)."""
+    worker: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,6 +103,9 @@ class TaskFailed(Event):
     seed: int = 0
     """Random seed for retry jitter, chosen by the runtime so that decide stays pure."""
     compensation: bool = False
+    started_at: float | None = None
+    """As on `TaskCompleted`: the start, when it was not reported on its own."""
+    worker: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,6 +145,8 @@ class RunRetried(Event):
 
 EventKind = Literal[
     "run_started",
+    "task_started",
+    "task_lost",
     "task_completed",
     "task_failed",
     "timer_fired",
@@ -123,6 +158,8 @@ EventKind = Literal[
 
 EVENT_KINDS: dict[type[Event], str] = {
     RunStarted: "run_started",
+    TaskStarted: "task_started",
+    TaskLost: "task_lost",
     TaskCompleted: "task_completed",
     TaskFailed: "task_failed",
     TimerFired: "timer_fired",

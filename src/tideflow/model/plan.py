@@ -154,6 +154,11 @@ class StepSpec:
     when: Expression | None = None
     retry: RetryPolicy = NO_RETRY
     timeout: float | None = None
+    """Per attempt of an action step, counted from when a worker starts it."""
+    schedule_to_start: float | None = None
+    """How long an attempt of an action step may wait for a worker to start it."""
+    idempotent: bool = True
+    """False: a started attempt whose outcome was lost is not run again blindly."""
     deadline: float | None = None
     queue: str = "default"
     priority: Priority = Priority.NORMAL

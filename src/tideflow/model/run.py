@@ -23,6 +23,7 @@ from tideflow.model.states import RunStatus, StepStatus
 TimerKind = Literal[
     "run_timeout",
     "attempt_timeout",
+    "schedule_to_start",
     "step_timeout",
     "deadline",
     "retry",
@@ -64,6 +65,9 @@ class StepState:
     status: StepStatus = StepStatus.PENDING
     attempts: int = 0
     """Executions of the step's action so far (the current attempt's number)."""
+    attempt_started_at: float | None = None
+    """When a worker started the current attempt (``TaskStarted``); None while it is only
+    dispatched. Its ``timeout`` counts from here."""
     input: Any = None
     output: Any = None
     error: ErrorInfo | None = None

@@ -39,7 +39,9 @@ class StepStatus(StrEnum):
     READY = "ready"
     """Its join is satisfied; about to start."""
     RUNNING = "running"
-    """An attempt is executing (or a map, loop or subflow is in progress)."""
+    """An attempt is in flight: dispatched, and started once a worker reports it (a fact
+    recorded on the running attempt, ``StepState.attempt_started_at``, not a state of its
+    own); or a map, loop or subflow is in progress."""
     RETRYING = "retrying"
     """An attempt failed; the next one starts after the backoff delay."""
     WAITING = "waiting"
@@ -93,7 +95,9 @@ STEP_TRANSITIONS: dict[StepStatus, frozenset[StepStatus]] = {
     _S.READY: frozenset(
         {_S.RUNNING, _S.WAITING, _S.SUCCEEDED, _S.FAILED, _S.SKIPPED, _S.CANCELLED}
     ),
-    _S.RUNNING: frozenset({_S.SUCCEEDED, _S.FAILED, _S.RETRYING, _S.CANCELLED}),
+    # running -> running records a fact about the attempt in flight (a worker started it,
+    # or its execution was lost and it is dispatched again), not a change of state.
+    _S.RUNNING: frozenset({_S.RUNNING, _S.SUCCEEDED, _S.FAILED, _S.RETRYING, _S.CANCELLED}),
     _S.RETRYING: frozenset({_S.RUNNING, _S.FAILED, _S.CANCELLED}),
     _S.WAITING: frozenset({_S.SUCCEEDED, _S.FAILED, _S.CANCELLED}),
     # an operator retry runs again what did not succeed; a loop or map goes on running

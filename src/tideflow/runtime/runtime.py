@@ -28,7 +28,7 @@ from typing import Any
 from tideflow.bus.backends.local import LocalBus
 from tideflow.bus.base import Bus
 from tideflow.core.reopen import RETRYABLE
-from tideflow.core.resume import resume_commands
+from tideflow.core.resume import lost_events, resume_commands
 from tideflow.errors import NotFound, RunNotRetryable, TideflowError
 from tideflow.model.commands import (
     CancelChildRun,
@@ -49,6 +49,7 @@ from tideflow.model.events import (
     RunRetried,
     RunStarted,
     SignalReceived,
+    TaskStarted,
     TimerFired,
 )
 from tideflow.model.plan import Plan
@@ -118,6 +119,7 @@ class Runtime:
             clock=self.clock.now,
             new_event_id=self.new_event_id,
             secrets=secrets,
+            start_durably=self._start_durably,
         )
         self._scheduler = Scheduler(
             store=self.store,
@@ -310,6 +312,12 @@ class Runtime:
         without running its workers: what the event dispatches runs on the next resume)."""
         await self._scheduler.apply([event])
 
+    async def _start_durably(self, event: TaskStarted) -> bool:
+        """Commit a worker's TaskStarted now (an ``idempotent: false`` step runs only after
+        its start is recorded); False when it started nothing (stale or a duplicate). A
+        cancelled attempt does not cut the commit short: the batch is shielded."""
+        return event.event_id in await asyncio.shield(self._scheduler.apply([event]))
+
     async def unfinished(self) -> list[str]:
         """Ids of the runs in the store that have not ended."""
         return await self.store.unfinished_runs()
@@ -369,7 +377,9 @@ class Runtime:
     async def _recover(self) -> None:
         """Resume every unfinished run in the store: relay effects still in the outbox,
         start runs that were created but not started, re-arm timers, re-dispatch tasks
-        whose result was never recorded (same attempt, same idempotency key)."""
+        whose result was never recorded (same attempt, same idempotency key); an attempt
+        that a worker had started goes through the core as a ``TaskLost`` (dispatched
+        again, or ``StepOutcomeUnknown`` for an ``idempotent: false`` step)."""
         pending = await self.store.pending_outbox()
         await self._relay([item.command for item in pending])
         self._scheduler.relayed([item.id for item in pending])
@@ -385,6 +395,9 @@ class Runtime:
                 log.error("run %s cannot be resumed: %s", run_id, exc)
                 continue
             await self._relay(resume_commands(plan, state, self.clock.now()))
+            lost = lost_events(plan, state, self.clock.now())  # started, never finished
+            if lost:
+                await self.bus.publish_events(lost)
 
     async def _relay(self, commands: Sequence[Command]) -> None:
         tasks: list[DispatchTask] = []

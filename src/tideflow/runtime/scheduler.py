@@ -88,19 +88,20 @@ class Scheduler:
             except Exception:
                 log.exception("scheduler batch failed; its events are delivered again")
 
-    async def apply(self, events: list[Event]) -> None:
-        """Apply, commit and relay one batch. Nothing a caller sees counts a run as ended
-        before the batch that ended it is committed."""
+    async def apply(self, events: list[Event]) -> set[str]:
+        """Apply, commit and relay one batch; return the ids of the events that changed a
+        run (the others were duplicates or stale). Nothing a caller sees counts a run as
+        ended before the batch that ended it is committed."""
         async with self._lock:
             try:
-                await self._apply_committed(events)
+                return await self._apply_committed(events)
             finally:
                 self._in_flight.clear()
 
-    async def _apply_committed(self, events: list[Event]) -> None:
+    async def _apply_committed(self, events: list[Event]) -> set[str]:
         batch = [applied for event in events if (applied := await self._apply(event))]
         if not batch:
-            return
+            return set()
         if faults.ARMED:
             faults.checkpoint("before_commit")
         try:
@@ -123,6 +124,7 @@ class Scheduler:
         await self._relay(commands)
         if faults.ARMED:
             faults.checkpoint("after_relay")
+        return {applied.event.event_id for applied in batch}
 
     async def _redeliver(self, events: list[Event]) -> None:
         await asyncio.sleep(self._retry_delay)

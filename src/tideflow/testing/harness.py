@@ -9,6 +9,12 @@ complete, fail, time out and signal steps in any order it likes::
     h.complete("reserve", {"ok": True})
     h.advance(5)                     # fires due timers
     assert h.state.status == "succeeded"
+
+By default a worker starts every task the moment it is dispatched (``TaskStarted`` is
+applied right after the decision that dispatched it), so an attempt's ``timeout``
+counts from its dispatch. ``CoreHarness(plan, auto_start=False)`` leaves tasks queued
+until the test calls ``h.started(key)``: that is how a test sees ``schedule_to_start``
+or a timeout that waits for the start.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ from tideflow.model.events import (
     SignalReceived,
     TaskCompleted,
     TaskFailed,
+    TaskLost,
+    TaskStarted,
     TimerFired,
     Transition,
 )
@@ -65,6 +73,8 @@ class CoreHarness:
     transitions: list[Transition] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     on_decision: Callable[[Event, Decision], None] | None = None
+    auto_start: bool = True
+    """Apply a ``TaskStarted`` for every task as soon as it is dispatched."""
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def __post_init__(self) -> None:
@@ -86,6 +96,10 @@ class CoreHarness:
             self._track(command)
         if self.on_decision is not None:
             self.on_decision(event, decision)
+        if self.auto_start:
+            for command in decision.commands:
+                if isinstance(command, DispatchTask) and not command.compensation:
+                    self.started(command.step_key)
         return decision
 
     def _common(self) -> dict[str, Any]:
@@ -93,6 +107,18 @@ class CoreHarness:
 
     def start(self, input: Any = None) -> Decision:
         return self.apply(RunStarted(**self._common(), input=input))
+
+    def started(self, key: str, worker: str = "test-worker") -> Decision:
+        """A worker starts the outstanding task of step instance ``key``."""
+        task = self._task(key, False)
+        return self.apply(
+            TaskStarted(**self._common(), step_key=key, attempt=task.attempt, worker=worker)
+        )
+
+    def lost(self, key: str) -> Decision:
+        """The execution of ``key``'s outstanding task is lost (its process stopped)."""
+        task = self._task(key, False)
+        return self.apply(TaskLost(**self._common(), step_key=key, attempt=task.attempt))
 
     def complete(self, key: str, output: Any = None, *, compensation: bool = False) -> Decision:
         task = self._task(key, compensation)

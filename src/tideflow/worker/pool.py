@@ -1,5 +1,8 @@
 """The worker pool: takes tasks from the bus, runs their executor, reports the result.
 
+Before it runs an attempt the pool reports its start (`starts`): the attempt's
+``timeout`` counts from there.
+
 Each task runs as its own asyncio task so that the scheduler can cancel it (an
 attempt timeout, a cancelled run, ``cancel_others``). Executors that block run
 their blocking part in a bounded thread pool themselves; the pool never creates
@@ -25,6 +28,7 @@ from tideflow.worker.executors.base import StepContext
 from tideflow.worker.executors.errorinfo import error_info_from_exception
 from tideflow.worker.executors.registry import ExecutorRegistry
 from tideflow.worker.secrets import Redactor, SecretProvider, default_provider, resolve_markers
+from tideflow.worker.starts import StartDurably, StartReports
 
 log = logging.getLogger("tideflow.worker")
 
@@ -41,8 +45,12 @@ class WorkerPool:
         clock: Callable[[], float],
         new_event_id: Callable[[], str],
         secrets: SecretProvider | None = None,
+        start_durably: StartDurably | None = None,
     ) -> None:
         self._bus = bus
+        self._starts = StartReports(
+            bus, clock=clock, new_event_id=new_event_id, start_durably=start_durably
+        )
         self._executors = executors
         self._concurrency = concurrency
         self._clock = clock
@@ -108,6 +116,7 @@ class WorkerPool:
                 # The pool is shutting down: the attempt swallowed our cancellation.
                 raise asyncio.CancelledError
             if event is not None:
+                await self._starts.sent()
                 await bus.publish_events([event])
 
     async def _execute(self, task: DispatchTask) -> Event | None:
@@ -121,6 +130,8 @@ class WorkerPool:
         )
         redactor: Redactor | None = None
         try:
+            if not task.compensation and not await self._starts.report(task):
+                return None  # the attempt is no longer wanted: it must not run
             executor = self._executors.get(task.type)
             config, inp = task.config, task.input
             if task.secrets:
@@ -141,6 +152,7 @@ class WorkerPool:
             error = error_info_from_exception(exc)
             if redactor is not None:
                 error = redactor.redact_error(error)
+            started = self._starts.take((task.run_id, task.step_key, task.attempt))
             return TaskFailed(
                 event_id=self._new_id(),
                 run_id=task.run_id,
@@ -150,7 +162,10 @@ class WorkerPool:
                 error=error,
                 seed=self._random.getrandbits(32),
                 compensation=task.compensation,
+                started_at=started,
+                worker=self._starts.worker if started is not None else "",
             )
+        started = self._starts.take((task.run_id, task.step_key, task.attempt))
         return TaskCompleted(
             event_id=self._new_id(),
             run_id=task.run_id,
@@ -159,6 +174,8 @@ class WorkerPool:
             attempt=task.attempt,
             output=output,
             compensation=task.compensation,
+            started_at=started,
+            worker=self._starts.worker if started is not None else "",
         )
 
 

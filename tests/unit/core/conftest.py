@@ -15,8 +15,10 @@ def plan_of(yaml_text: str):  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def harness() -> Callable[..., CoreHarness]:
-    def make(yaml_text: str, input: object = None, start: bool = True) -> CoreHarness:
-        h = CoreHarness(plan_of(yaml_text))
+    def make(
+        yaml_text: str, input: object = None, start: bool = True, auto_start: bool = True
+    ) -> CoreHarness:
+        h = CoreHarness(plan_of(yaml_text), auto_start=auto_start)
         if start:
             h.start(input)
         return h

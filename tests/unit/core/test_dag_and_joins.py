@@ -256,10 +256,12 @@ def test_every_transition_is_recorded_with_time_and_cause(harness):
         ("run", "pending", "running"),
         ("a", "pending", "ready"),
         ("a", "ready", "running"),
+        ("a", "running", "running"),  # the worker started attempt 1: a recorded fact
         ("a", "running", "succeeded"),
         ("run", "running", "succeeded"),
     ]
     assert all(t.cause and t.time == h.now for t in h.transitions)
+    assert h.transitions[3].cause == "attempt 1 started by test-worker"
 
 
 def test_join_any_whose_dependencies_all_failed_fails_the_run(harness):

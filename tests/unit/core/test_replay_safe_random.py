@@ -121,7 +121,14 @@ steps:
     h.advance(1)
     assert h.tasks["call"].attempt == 2
     assert h.tasks["call"].config["headers"]["X-Request-Id"] == first
-    restored = codec.loads(codec.dumps(h.state))
+    attempt_input = h.tasks["call"].input
+    # a started attempt lost in a crash is dispatched again with the same config
+    h.lost("call")
+    assert h.tasks["call"].config["headers"]["X-Request-Id"] == first
+    assert h.tasks["call"].input == attempt_input
+    # an attempt recovery finds queued (never started) is dispatched again from the stored state
+    queued = CoreHarness(plan_of(text), run_id="run-1", auto_start=False)
+    queued.start({})
+    restored = codec.loads(codec.dumps(queued.state))
     (task,) = [c for c in resume_commands(h.plan, restored, h.now) if isinstance(c, DispatchTask)]
     assert task.config["headers"]["X-Request-Id"] == first
-    assert task.input == h.tasks["call"].input

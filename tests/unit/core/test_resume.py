@@ -8,10 +8,11 @@ from tideflow.model.commands import DispatchTask, StartChildRun, StartTimer
 HEAD = 'name: t\nversion: "1"\n'
 
 
-def test_running_attempts_are_redispatched_with_the_same_attempt_and_key(harness):
+def test_attempts_not_started_are_redispatched_with_the_same_attempt_and_key(harness):
     h = harness(
         HEAD
-        + "steps: [{id: a, type: noop, retry: {max_attempts: 3, backoff: 1s}}, {id: b, type: noop}]\n"
+        + "steps: [{id: a, type: noop, retry: {max_attempts: 3, backoff: 1s}}, {id: b, type: noop}]\n",
+        auto_start=False,
     )
     h.fail("a")
     h.advance(1)

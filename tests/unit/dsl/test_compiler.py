@@ -869,3 +869,24 @@ def test_random_int_with_bounds_known_at_run_time_compiles() -> None:
     compile_definition(
         steps('- {id: a, type: noop, input: {n: "{{ random_int(-3, inputs.n) }}"}}\n')
     )
+
+
+def test_schedule_to_start_and_idempotent_compile_and_keep_existing_hashes() -> None:
+    from tideflow.dsl.compiler import compile_definition as compile_
+
+    head = 'name: t\nversion: "1"\n'
+    plan = compile_(
+        head
+        + "defaults: {schedule_to_start: 2m, timeout: 10s}\n"
+        + "steps:\n  - {id: a, type: noop, idempotent: false}\n"
+        + "  - {id: b, type: noop, schedule_to_start: 5s}\n"
+        + "  - {id: s, type: sleep, duration: 1s}\n"
+    )
+    a, b, s = plan.specs["a"], plan.specs["b"], plan.specs["s"]
+    assert (a.schedule_to_start, a.idempotent, a.timeout) == (120.0, False, 10.0)
+    assert (b.schedule_to_start, b.idempotent) == (5.0, True)
+    assert s.schedule_to_start is None  # defaults apply to action steps only
+    plain = compile_(head + "steps: [{id: a, type: noop}]\n")
+    explicit = compile_(head + "steps: [{id: a, type: noop, idempotent: true}]\n")
+    assert plain.hash == explicit.hash  # the default is left out of the normal form
+    assert "idempotent" not in plain.source["steps"][0]

@@ -503,3 +503,34 @@ def test_mappings_of_templates(key: str) -> None:
     error = one(steps_errors(f"- {{id: a, type: {kind}, {key}: [1]}}\n"))
     assert error.step_id == "a"
     assert error.line == 4
+
+
+def test_schedule_to_start_and_idempotent_are_checked_on_action_steps() -> None:
+    assert steps_errors("- {id: a, type: noop, schedule_to_start: 30s, idempotent: false}\n") == []
+    bad_bool = one(steps_errors("- {id: a, type: noop, idempotent: 'no'}\n"))
+    assert "idempotent must be true or false" in bad_bool.message
+    assert (bad_bool.step_id, bad_bool.line) == ("a", 4)
+    bad_duration = one(steps_errors("- {id: a, type: noop, schedule_to_start: soon}\n"))
+    assert "schedule_to_start is not a valid duration" in bad_duration.message
+    assert bad_duration.hint and "30s" in bad_duration.hint
+    zero = one(steps_errors("- {id: a, type: noop, schedule_to_start: 0s}\n"))
+    assert "greater than zero" in zero.message
+    typo = one(steps_errors("- {id: a, type: noop, idempotant: false}\n"))
+    assert typo.hint == "did you mean 'idempotent'?"
+
+
+def test_schedule_to_start_and_idempotent_are_refused_on_engine_steps() -> None:
+    found = steps_errors(
+        """\
+        - id: w
+          type: wait
+          signal: go
+          idempotent: false
+          schedule_to_start: 1m
+        """
+    )
+    assert sorted((d.line, d.step_id) for d in found) == [(7, "w"), (8, "w")]
+    (idempotent,) = [d for d in found if d.line == 7]
+    assert "'idempotent' applies to action steps only" in idempotent.message
+    assert "a wait step runs in the engine" in idempotent.message
+    assert idempotent.hint == "remove 'idempotent' from this step"

@@ -403,3 +403,33 @@ async def test_emit_reaches_a_wait_of_a_run_resumed_from_the_store(tmp_path: Pat
         again = await rt.run(emitter)  # nobody waits any more: delivered to no one
     assert result.output == 1
     assert again.status == "succeeded"
+
+
+async def test_a_non_idempotent_attempt_runs_only_once_its_start_is_committed():
+    store = MemoryStore()
+    seen: dict[str, list[str]] = {}
+
+    @register("rt.look")
+    async def look(ctx: Any) -> str:
+        seen[ctx.step_key] = [e.kind for e in await store.history(ctx.run_id)]
+        return "ok"
+
+    try:
+        p = plan(
+            """\
+            name: unsure
+            version: "1"
+            steps:
+              - {id: quick, type: python, function: rt.look}
+              - {id: pay, type: python, function: rt.look, idempotent: false, depends_on: [quick]}
+            """
+        )
+        async with Runtime(store=store) as rt:
+            result = await rt.run(p)
+        assert result.status == "succeeded"
+        assert seen["pay"][-1] == "task_started"  # committed before the function ran
+        history = await store.history(result.run_id)
+        assert [e.kind for e in history[-2:]] == ["task_started", "task_completed"]
+        assert history[-2].event["step_key"] == "pay"
+    finally:
+        unregister("rt.look")

@@ -1,0 +1,223 @@
+"""The life of one attempt of an action step: dispatched, started, finished or lost.
+
+An attempt is *dispatched* when its task is sent to the workers and *started* when a
+worker reports that it began executing it (``TaskStarted``). The two clocks an attempt
+has count from those moments: ``schedule_to_start`` bounds the time between dispatch
+and start (time spent queued), ``timeout`` the time from start to outcome. Being started
+is a fact recorded on the running attempt (``StepState.attempt_started_at`` and a
+``running -> running`` history entry), not a step state of its own.
+
+A started execution that is *lost* (``TaskLost``: the process running it stopped, found
+by recovery) is dispatched again under the same attempt number and idempotency key —
+unless the step is ``idempotent: false``: then nobody knows whether its effect happened,
+and the attempt fails with ``StepOutcomeUnknown`` (retried only when the step's
+``retry_on`` names it). An attempt that never started lost nothing: recovery simply
+dispatches it again, whatever the step's ``idempotent``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from tideflow.core.retry import stable_seed
+from tideflow.core.scope import build_scope, redraw
+from tideflow.errors import ExpressionEvaluationError
+from tideflow.model.commands import CancelTask, DispatchTask
+from tideflow.model.events import (
+    ErrorInfo,
+    TaskCompleted,
+    TaskFailed,
+    TaskLost,
+    TaskStarted,
+    Transition,
+)
+from tideflow.model.plan import Plan, StepSpec
+from tideflow.model.run import RunState, StepState
+from tideflow.model.states import StepStatus
+
+if TYPE_CHECKING:
+    from tideflow.core.decide import Decider
+
+_RUNNING = StepStatus.RUNNING
+
+
+def dispatch(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, Any] | None) -> None:
+    """Send the next attempt of an action step to a worker (its timeout waits for the
+    worker's start)."""
+    config = render_config(d.plan, d.state, st, d.now, scope)
+    st.attempts += 1
+    if st.attempts == 1 and spec.deadline is not None:
+        st.deadline_at = d.now + spec.deadline
+        d.arm("deadline", st, st.deadline_at)
+    d.set_step(st, _RUNNING, f"attempt {st.attempts} dispatched", st.attempts)
+    d.commands.append(action_task(d.plan, d.state.run_id, st, config))
+    dispatched(d, st)
+
+
+def redispatch(d: Decider, st: StepState) -> None:
+    """Send the current attempt again, same number and idempotency key (its execution was
+    lost before it reported an outcome)."""
+    config = render_config(d.plan, d.state, st, d.now)
+    d.commands.append(action_task(d.plan, d.state.run_id, st, config))
+    dispatched(d, st)
+
+
+def render_config(
+    plan: Plan, state: RunState, st: StepState, now: float, scope: dict[str, Any] | None = None
+) -> Any:
+    """An action's config for its current attempt; it draws from a stream of its own, so
+    every attempt, and a re-dispatch on recovery, renders the same ``uuid()``s."""
+    config = plan.specs[st.step_id].config
+    if config is None:
+        return {}
+    if config.is_constant:
+        return config.render(_EMPTY)
+    instance = f"{st.key}:config"
+    if scope is None:
+        return config.render(build_scope(state, st.scope, now, instance=instance))
+    return config.render(redraw(scope, state.run_id, instance))
+
+
+_EMPTY: dict[str, Any] = {}
+
+
+def action_task(plan: Plan, run_id: str, st: StepState, config: Any) -> DispatchTask:
+    """The task message for the current attempt of action step instance ``st``."""
+    spec = plan.specs[st.step_id]
+    return DispatchTask(
+        run_id=run_id,
+        step_key=st.key,
+        step_id=st.step_id,
+        type=spec.type,
+        config=config,
+        input=st.input,
+        attempt=st.attempts,
+        idempotency_key=f"{run_id}:{st.key}",
+        timeout=spec.timeout,
+        queue=spec.queue,
+        priority=spec.priority,
+        sensitive=spec.sensitive,
+        secrets=secret_names(plan, spec.id),
+        idempotent=spec.idempotent,
+    )
+
+
+@lru_cache(maxsize=4096)
+def _secret_names_cached(plan: Plan, step_id: str) -> tuple[str, ...]:
+    spec = plan.specs[step_id]
+    names: set[str] = set()
+    for template in (spec.config, spec.input):
+        if template is not None:
+            names |= template.secret_references()
+    return tuple(sorted(names))
+
+
+def secret_names(plan: Plan, step_id: str) -> tuple[str, ...]:
+    """Secret names the step's config and input templates reference."""
+    return _secret_names_cached(plan, step_id)
+
+
+def timer_ids(st: StepState) -> tuple[str, str]:
+    """The ids of the current attempt's two clocks: schedule-to-start and timeout."""
+    return (
+        f"schedule_to_start:{st.key}:{st.attempts}",
+        f"attempt_timeout:{st.key}:{st.attempts}",
+    )
+
+
+def dispatched(d: Decider, st: StepState) -> None:
+    """Arm the queue clock of the attempt just dispatched (its timeout waits for the start)."""
+    st.attempt_started_at = None
+    limit = d.plan.specs[st.step_id].schedule_to_start
+    if limit is not None:
+        d.arm("schedule_to_start", st, d.now + limit, st.attempts)
+
+
+def ended(d: Decider, st: StepState, event: TaskCompleted | TaskFailed | None = None) -> None:
+    """The current attempt has an outcome: record the start it carries (one the worker did
+    not report on its own), stop both of the attempt's clocks."""
+    if event is not None and event.started_at is not None and st.attempt_started_at is None:
+        st.attempt_started_at = event.started_at
+        record_fact(d, st, _started_cause(st, event.worker))
+    if st.timers:
+        for timer_id in timer_ids(st):
+            d.disarm(st, timer_id)
+
+
+def record_fact(d: Decider, st: StepState, cause: str) -> None:
+    """Record a fact about the attempt in flight: ``running -> running``, the one
+    self-transition the table allows (no state changes, nothing to propagate)."""
+    assert st.status is _RUNNING
+    d.transitions.append(
+        Transition(
+            subject=st.key,
+            old=_RUNNING.value,
+            new=_RUNNING.value,
+            time=d.now,
+            cause=cause,
+            attempt=st.attempts,
+        )
+    )
+
+
+def _started_cause(st: StepState, worker: str) -> str:
+    return f"attempt {st.attempts} started" + (f" by {worker}" if worker else "")
+
+
+def _current(d: Decider, key: str, attempt: int) -> StepState | None:
+    st = d.state.steps.get(key)
+    if st is None or st.status is not _RUNNING or st.attempts != attempt:
+        return None
+    if not d.plan.specs[st.step_id].is_action:
+        return None
+    return st
+
+
+def on_started(d: Decider, event: TaskStarted) -> None:
+    st = _current(d, event.step_key, event.attempt)
+    if st is None or st.attempt_started_at is not None:
+        return  # stale, or a duplicate: the first start counts
+    st.attempt_started_at = d.now
+    for timer_id in timer_ids(st):  # the timeout restarts now, even if armed at dispatch
+        d.disarm(st, timer_id)
+    record_fact(d, st, _started_cause(st, event.worker))
+    timeout = d.plan.specs[st.step_id].timeout
+    if timeout is not None:
+        d.arm("attempt_timeout", st, d.now + timeout, st.attempts)
+
+
+def on_lost(d: Decider, event: TaskLost) -> None:
+    st = _current(d, event.step_key, event.attempt)
+    if st is None or st.attempt_started_at is None:
+        return  # stale, reported twice, or never started (recovery re-dispatches those)
+    ended(d, st)
+    if not d.plan.specs[st.step_id].idempotent:
+        error = ErrorInfo(
+            type="StepOutcomeUnknown",
+            message=(
+                f"attempt {st.attempts} started but its outcome was never recorded "
+                f"({event.reason}); the step is idempotent: false, so it is not run again "
+                "blindly: check whether its effect happened, then retry or cancel the run"
+            ),
+            only_if_named=True,
+        )
+        d.attempt_failed(st, error, stable_seed(d.state.run_id, st.key, "lost", str(st.attempts)))
+        return
+    cause = f"attempt {st.attempts} started but its execution was lost ({event.reason})"
+    record_fact(d, st, cause + ": dispatched again")
+    try:
+        redispatch(d, st)
+    except ExpressionEvaluationError as exc:
+        d.fail_step(st, ErrorInfo(type="ExpressionError", message=exc.message, retryable=False))
+
+
+def schedule_to_start_passed(d: Decider, st: StepState) -> None:
+    """No worker started the current attempt in time: it fails, retryable (it never ran)."""
+    d.commands.append(CancelTask(run_id=d.state.run_id, step_key=st.key, attempt=st.attempts))
+    limit = d.plan.specs[st.step_id].schedule_to_start
+    error = ErrorInfo(
+        type="ScheduleToStartTimeout",
+        message=f"no worker started attempt {st.attempts} within {limit}s of its dispatch",
+    )
+    d.attempt_failed(st, error, stable_seed(d.state.run_id, st.key, "queued", str(st.attempts)))

@@ -1,0 +1,94 @@
+"""Reporting that a worker started an attempt (``TaskStarted``), cheaply.
+
+The start is what an attempt's ``timeout`` counts from, so it is reported before the
+attempt runs. Starts are sent in batches, once per turn of the event loop, beside the
+other events. An attempt that ends before its start went out (a ``noop``, an executor
+that fails at once) sends no separate start: the outcome carries it (``started_at``),
+so a step costs one event when nothing could have timed out in between. An
+``idempotent: false`` step is different: its start is committed before it runs
+(``start_durably``), never batched or folded into the outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable
+
+from tideflow.bus.base import Bus
+from tideflow.model.commands import DispatchTask
+from tideflow.model.events import TaskStarted
+
+log = logging.getLogger("tideflow.worker")
+
+Key = tuple[str, str, int]
+StartDurably = Callable[[TaskStarted], Awaitable[bool]]
+
+
+class StartReports:
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        clock: Callable[[], float],
+        new_event_id: Callable[[], str],
+        start_durably: StartDurably | None,
+    ) -> None:
+        self._bus = bus
+        self._clock = clock
+        self._new_id = new_event_id
+        self._start_durably = start_durably
+        self.worker = f"{socket.gethostname()}/{os.getpid()}"
+        self._unsent: dict[Key, float] = {}
+        """Attempts started and not reported yet -> when they started."""
+        self._sending: asyncio.Task[None] | None = None
+
+    async def report(self, task: DispatchTask) -> bool:
+        """Report that ``task`` starts; False when it must not run (its start was refused:
+        stale, or a duplicate of an attempt already started elsewhere)."""
+        key = (task.run_id, task.step_key, task.attempt)
+        if not task.idempotent and self._start_durably is not None:
+            return await self._start_durably(self._event(key, self._clock()))
+        self._unsent[key] = self._clock()
+        if len(self._unsent) == 1:
+            asyncio.get_running_loop().call_soon(self._flush)
+        return True
+
+    def take(self, key: Key) -> float | None:
+        """When the attempt started, if that has not been sent yet (its outcome carries it)."""
+        return self._unsent.pop(key, None) if self._unsent else None
+
+    def _event(self, key: Key, time: float) -> TaskStarted:
+        run_id, step_key, attempt = key
+        return TaskStarted(
+            event_id=self._new_id(),
+            run_id=run_id,
+            time=time,
+            step_key=step_key,
+            attempt=attempt,
+            worker=self.worker,
+        )
+
+    async def sent(self) -> None:
+        """Wait until every start reported so far is published (an outcome never overtakes
+        its start)."""
+        sending = self._sending
+        if sending is not None and not sending.done():
+            await asyncio.shield(sending)
+
+    def _flush(self) -> None:
+        if not self._unsent:
+            return
+        events = [self._event(key, time) for key, time in self._unsent.items()]
+        self._unsent.clear()
+        self._sending = asyncio.get_running_loop().create_task(self._send(self._sending, events))
+
+    async def _send(self, previous: asyncio.Task[None] | None, events: list[TaskStarted]) -> None:
+        if previous is not None and not previous.done():
+            await asyncio.shield(previous)  # starts go out in the order they happened
+        try:
+            await self._bus.publish_events(events)
+        except Exception:
+            log.exception("%d attempt start(s) could not be reported", len(events))
