@@ -23,9 +23,16 @@ from tideflow.dsl.inputs import (
     input_schema_errors,
 )
 from tideflow.dsl.loader import DataPath, Reporter, did_you_mean
-from tideflow.model.plan import ENGINE_TYPES
 
-__all__ = ["COMMON_STEP_KEYS", "ENGINE_STEP_KEYS", "check_definition", "is_template"]
+__all__ = [
+    "ACTION_STEP_KEYS",
+    "COMMON_STEP_KEYS",
+    "ENGINE_KINDS",
+    "ENGINE_STEP_KEYS",
+    "EngineKind",
+    "check_definition",
+    "is_template",
+]
 
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9_.-]*")
 STEP_ID_RE = re.compile(r"[a-z_][a-z0-9_]*")
@@ -34,15 +41,6 @@ CASE_KEYS = frozenset({"when", "next"})
 EVENT_KEYS = frozenset({"type", "source", "subject", "data"})
 BACKOFFS = ("fixed", "linear", "exponential")
 
-_REQUIRED: Mapping[str, tuple[str, ...]] = {
-    "set": ("values",),
-    "switch": ("cases", "default"),
-    "wait": ("signal",),
-    "map": ("items", "step"),
-    "loop": ("steps", "max_iterations"),
-    "subflow": ("workflow",),
-    "emit": ("event",),
-}
 _REQUIRED_HINTS = {
     "default": "add `default: [step ids]` (run when no case matches) or `default: fail`",
     "max_iterations": "add `max_iterations: N`; the loop fails with MaxIterationsExceeded "
@@ -446,19 +444,29 @@ def check_step(check: Check, raw: Any, path: DataPath, *, template_of: str | Non
         check.error(path, "missing required key 'id' in step", hint)
     kind = _step_type(check, raw.get("type"), path, "type" in raw)
     if kind is None:
+        _check_fields(check, raw, path, _COMMON_FIELDS)  # still report what can be checked
         return
-    where = f"in {_a(kind)} step"
-    own = COMMON_STEP_KEYS | ENGINE_STEP_KEYS.get(kind, frozenset({"config"}))
-    direct = None if kind in ENGINE_TYPES else direct_config_keys(check.action_types, kind)
-    allowed = own | (frozenset(raw) if direct is None else direct)
-    check_keys(check, raw, path, allowed, where, _REQUIRED.get(kind, ()))
+    allowed, fields, required = _step_keys(check, raw, kind)
+    check_keys(check, raw, path, allowed, f"in {_a(kind)} step", required)
     _check_fields(check, raw, path, _COMMON_FIELDS)
-    _check_fields(check, raw, path, _TYPE_FIELDS.get(kind, {"config": _mapping}))
+    _check_fields(check, raw, path, fields)
     _cross_checks(check, raw, path, kind, template_of)
 
 
+def _step_keys(
+    check: Check, raw: Mapping[str, Any], kind: str
+) -> tuple[frozenset[str], Mapping[str, Validator], tuple[str, ...]]:
+    """The keys a step of ``kind`` accepts, their validators, and the required ones."""
+    engine = ENGINE_KINDS.get(kind)
+    if engine is not None:
+        return COMMON_STEP_KEYS | engine.keys, engine.fields, engine.required
+    direct = direct_config_keys(check.action_types, kind)
+    allowed = ACTION_STEP_KEYS | (frozenset(raw) if direct is None else direct)
+    return allowed, _ACTION_FIELDS, ()
+
+
 def _step_type(check: Check, kind: Any, path: DataPath, present: bool) -> str | None:
-    known = set(check.action_types) | ENGINE_TYPES
+    known = set(check.action_types) | set(ENGINE_KINDS)
     if not present:
         hint = f"add `type:`, one of {', '.join(sorted(known))}"
         check.error(path, "missing required key 'type' in step", hint)
@@ -497,8 +505,8 @@ def _cross_checks(
     if kind == "map" and "step" in raw:
         map_id = raw.get("id") if isinstance(raw.get("id"), str) else "map"
         check_step(check, raw["step"], (*path, "step"), template_of=map_id)
-    if kind not in ENGINE_TYPES:
-        _action_config(check, raw, path, kind, COMMON_STEP_KEYS)
+    if kind not in ENGINE_KINDS:
+        _action_config(check, raw, path, kind, ACTION_STEP_KEYS)
 
 
 def _loop_condition(check: Check, raw: Mapping[str, Any], path: DataPath) -> None:
@@ -598,31 +606,61 @@ _COMPENSATE_FIELDS: Mapping[str, Validator] = {
 _DEFAULTS_FIELDS: Mapping[str, Validator] = {
     key: _COMMON_FIELDS[key] for key in ("retry", "timeout", "queue", "priority")
 }
-_TYPE_FIELDS: Mapping[str, Mapping[str, Validator]] = {
-    "set": {"values": _mapping},
-    "switch": {"cases": _cases, "default": _switch_default},
-    "wait": {
-        "signal": _nonempty_string,
-        "match": _expression,
-        "timeout_action": _enum("fail", "continue"),
-    },
-    "sleep": {"duration": _any_duration, "until": _nonempty_string},
-    "map": {
-        "items": _list_or_template,
-        "step": _anything,  # checked in _cross_checks, where the map's id is known
-        "max_concurrency": _int_at_least(1),
-        "tolerated_failures": _int_at_least(0),
-    },
-    "loop": {
-        "steps": _steps,
-        "until": _expression,
-        "while": _expression,
-        "max_iterations": _int_at_least(1),
-        "delay": _any_duration,
-    },
-    "subflow": {"workflow": _workflow, "version": _version, "mode": _enum("sync", "async")},
-    "emit": {"event": _event},
+_ACTION_FIELDS: Mapping[str, Validator] = {"config": _mapping}
+"""Keys of action steps beyond the common ones (their executor's config keys aside)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineKind:
+    """The one declaration of an engine step kind: the keys it takes beyond the common
+    ones (each with its validator) and which of them are required."""
+
+    fields: Mapping[str, Validator]
+    required: tuple[str, ...] = ()
+
+    @property
+    def keys(self) -> frozenset[str]:
+        return frozenset(self.fields)
+
+
+ENGINE_KINDS: Mapping[str, EngineKind] = {
+    "set": EngineKind({"values": _mapping}, ("values",)),
+    "switch": EngineKind({"cases": _cases, "default": _switch_default}, ("cases", "default")),
+    "wait": EngineKind(
+        {
+            "signal": _nonempty_string,
+            "match": _expression,
+            "timeout_action": _enum("fail", "continue"),
+        },
+        ("signal",),
+    ),
+    "sleep": EngineKind({"duration": _any_duration, "until": _nonempty_string}),
+    "map": EngineKind(
+        {
+            "items": _list_or_template,
+            "step": _anything,  # checked in _cross_checks, where the map's id is known
+            "max_concurrency": _int_at_least(1),
+            "tolerated_failures": _int_at_least(0),
+        },
+        ("items", "step"),
+    ),
+    "loop": EngineKind(
+        {
+            "steps": _steps,
+            "until": _expression,
+            "while": _expression,
+            "max_iterations": _int_at_least(1),
+            "delay": _any_duration,
+        },
+        ("steps", "max_iterations"),
+    ),
+    "subflow": EngineKind(
+        {"workflow": _workflow, "version": _version, "mode": _enum("sync", "async")},
+        ("workflow",),
+    ),
+    "emit": EngineKind({"event": _event}, ("event",)),
 }
+"""Every engine step kind (the same set as `tideflow.model.plan.ENGINE_TYPES`)."""
 
 
 # The key tables are the validator tables' keys: one source of truth.
@@ -630,8 +668,9 @@ TOP_KEYS = frozenset(_TOP_FIELDS)
 DEFAULTS_KEYS = frozenset(_DEFAULTS_FIELDS)
 RETRY_KEYS = frozenset(_RETRY_FIELDS)
 COMMON_STEP_KEYS = frozenset(_COMMON_FIELDS) | {"id", "type"}
+ACTION_STEP_KEYS = COMMON_STEP_KEYS | frozenset(_ACTION_FIELDS)
 COMPENSATE_KEYS = frozenset(_COMPENSATE_FIELDS) | {"type"}
-ENGINE_STEP_KEYS = {kind: frozenset(fields) for kind, fields in _TYPE_FIELDS.items()}
+ENGINE_STEP_KEYS = {kind: declared.keys for kind, declared in ENGINE_KINDS.items()}
 
 
 def _defaults(check: Check, value: Any, path: DataPath) -> None:
