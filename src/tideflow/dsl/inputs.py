@@ -105,11 +105,24 @@ def check_action_config(
     if schema is None:
         return []
     problems: list[ConfigProblem] = []
-    for error in sorted(Draft202012Validator(schema).iter_errors(config), key=_relevance):
+    for error in sorted(_config_validator(schema).iter_errors(config), key=_relevance):
         if not _is_template(error.instance):
             problems.extend(_describe_error(error, kind))
     problems.extend(_duration_problems(config, schema))
     return problems
+
+
+_validators: dict[int, tuple[Mapping[str, Any], Draft202012Validator]] = {}
+
+
+def _config_validator(schema: Mapping[str, Any]) -> Draft202012Validator:
+    """One validator per schema object (building one costs more than validating a config)."""
+    cached = _validators.get(id(schema))
+    if cached is None or cached[0] is not schema:
+        if len(_validators) > 256:
+            _validators.clear()
+        cached = _validators[id(schema)] = (schema, Draft202012Validator(schema))
+    return cached[1]
 
 
 def _describe_error(error: ValidationError, kind: str) -> list[ConfigProblem]:
