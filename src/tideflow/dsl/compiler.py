@@ -2,9 +2,10 @@
 
 The phases, each reporting every problem it finds before the next one runs:
 
-1. load (YAML syntax errors stop here),
+1. load (YAML/JSON syntax errors stop here),
 2. structure (`schema.check_definition`: keys, types, enums, durations, ids,
-   action config),
+   action config); when it finds errors, the later phases check what
+   `salvage.salvage` keeps of the definition, so all problems are reported at once,
 3. normalise (`normalize.normalize`), then the whole-definition checks: duplicate
    ids, unknown / foreign ``depends_on`` and switch targets, cycles, every
    expression and template compiled, and the static reference check (a step may
@@ -17,7 +18,7 @@ raises `DefinitionError` with every error, and returns a `Plan` otherwise.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from tideflow.dsl.graph import (
 from tideflow.dsl.inputs import BUILTIN_ACTION_TYPES, ActionTypes
 from tideflow.dsl.loader import DataPath, Loaded, Reporter, did_you_mean, load
 from tideflow.dsl.normalize import normalize
+from tideflow.dsl.salvage import salvage
 from tideflow.dsl.schema import check_definition
 from tideflow.errors import DefinitionError, Diagnostic, ExpressionError
 from tideflow.model.expressions import Expression, Template
@@ -60,7 +62,14 @@ from tideflow.model.plan import (
     WaitSpec,
 )
 
-__all__ = ["compile_definition", "load_plan", "plan_hash", "validate"]
+__all__ = [
+    "PlanCheck",
+    "StepReporter",
+    "compile_definition",
+    "load_plan",
+    "plan_hash",
+    "validate",
+]
 
 Source = str | Path | Mapping[str, Any]
 # Looked up in dicts: calling an Enum by value is slow, and a plan may have 10,000 steps.
@@ -84,13 +93,39 @@ def load_plan(path: str | Path, *, action_types: ActionTypes | None = None) -> P
 
 
 def validate(
-    source: Source, *, file: str | None = None, action_types: ActionTypes | None = None
+    source: Source,
+    *,
+    file: str | None = None,
+    action_types: ActionTypes | None = None,
+    checks: Sequence[PlanCheck] = (),
 ) -> list[Diagnostic]:
-    """Every error and warning of a definition; never raises for a bad definition."""
+    """Every error and warning of a definition; never raises for a bad definition.
+
+    ``checks`` run on the compiled plan (when it compiles), reporting through a
+    `StepReporter` so that their diagnostics point at the step in the source.
+    """
     try:
-        return _compile(source, file, action_types)[1]
+        return _compile(source, file, action_types, checks)[1]
     except DefinitionError as exc:
         return list(exc.diagnostics)
+
+
+class StepReporter:
+    """Reports a problem of a compiled step at the position it was written."""
+
+    def __init__(self, report: Reporter, index: StepIndex) -> None:
+        self._report = report
+        self._index = index
+
+    def error(
+        self, step_id: str, message: str, *, at: DataPath = (), hint: str | None = None
+    ) -> None:
+        """``at``: the path inside the step's normal form, e.g. ``("config", "function")``."""
+        entry = self._index.entries[step_id]
+        self._report.error((*entry.path, *at), message, hint=hint, step_id=step_id)
+
+
+PlanCheck = Callable[[Plan, StepReporter], None]
 
 
 def plan_hash(normal: Mapping[str, Any]) -> str:
@@ -98,15 +133,22 @@ def plan_hash(normal: Mapping[str, Any]) -> str:
 
 
 def _compile(
-    source: Source, file: str | None, action_types: ActionTypes | None
+    source: Source,
+    file: str | None,
+    action_types: ActionTypes | None,
+    checks: Sequence[PlanCheck] = (),
 ) -> tuple[Plan | None, list[Diagnostic]]:
     loaded = load(source, file=file)
     types = BUILTIN_ACTION_TYPES if action_types is None else action_types
     report = Reporter(loaded.positions, loaded.file)
     check_definition(loaded.data, report, types)
+    data = loaded.data
     if report.has_errors:
-        return None, report.diagnostics
-    normal, report.positions = normalize(loaded.data, types, loaded.positions)
+        # Check what can still be checked, so that one run reports every problem.
+        data = salvage(loaded.data, report.error_paths, types)
+        if data is None:
+            return None, report.diagnostics
+    normal, report.positions = normalize(data, types, loaded.positions)
     index = index_steps(normal, report)
     acyclic = check_graph(index, report)
     compiler = _Expressions(report, loaded)
@@ -119,7 +161,10 @@ def _compile(
         _warn_never_running(index, parts, report)
     if report.has_errors:
         return None, report.diagnostics
-    return _plan(normal, index, parts, output, report), report.diagnostics
+    plan = _plan(normal, index, parts, output, report)
+    for check in checks:
+        check(plan, StepReporter(report, index))
+    return plan, report.diagnostics
 
 
 # --- expressions and templates ------------------------------------------------------
@@ -436,7 +481,7 @@ def _spec(
     entry: StepEntry, parts: Mapping[str, Any], index: StepIndex, report: Reporter
 ) -> StepSpec:
     data, kind = entry.data, entry.data["type"]
-    position = report.positions.find(entry.path)
+    position = report.positions.peek(entry.path)  # deferred (JSON) positions stay unread
     return StepSpec(
         id=entry.id,
         type=kind,
