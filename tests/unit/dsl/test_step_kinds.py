@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from tideflow.dsl import validate
-from tideflow.dsl.schema import COMMON_STEP_KEYS, ENGINE_KINDS
+from tideflow.dsl.schema import ACTION_STEP_KEYS, COMMON_STEP_KEYS, ENGINE_KINDS
 from tideflow.model.plan import ENGINE_TYPES
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "dsl.md"
@@ -69,6 +69,10 @@ def _documented_keys(section: str) -> set[str]:
 
 def test_the_common_keys_are_the_documented_ones() -> None:
     assert _documented_keys("## Steps: common keys") == COMMON_STEP_KEYS
+
+
+def test_the_action_step_keys_are_the_documented_ones() -> None:
+    assert _documented_keys("## Action steps") == ACTION_STEP_KEYS - COMMON_STEP_KEYS
 
 
 @pytest.mark.parametrize("kind", sorted(ENGINE_TYPES))
