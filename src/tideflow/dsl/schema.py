@@ -11,7 +11,7 @@ references, cycles) is checked later by the compiler.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from tideflow.dsl.durations import parse_duration
@@ -215,7 +215,7 @@ def check_step(check: Check, raw: Any, path: DataPath, *, template_of: str | Non
     step_id = raw.get("id") if isinstance(raw.get("id"), str) else None
     if step_id is None and template_of is not None:
         step_id = f"{template_of}_item"
-    check = replace(check, step_id=step_id)
+    check = Check(check.report, check.action_types, step_id)
     if "id" in raw:
         step_identifier(check, raw["id"], (*path, "id"))
     elif template_of is None:
