@@ -110,9 +110,9 @@ def _compile(
     action_types: ActionTypes | None,
     checks: Sequence[PlanCheck] = (),
 ) -> tuple[Plan | None, list[Diagnostic]]:
-    loaded = load(source, file=file)
+    loaded = load(source, file=file, keep_going=True)
     types = BUILTIN_ACTION_TYPES if action_types is None else action_types
-    report = Reporter(loaded.positions, loaded.file)
+    report = Reporter(loaded.positions, loaded.file, list(loaded.problems))
     check_definition(loaded.data, report, types)
     data = loaded.data
     if report.has_errors:

@@ -29,16 +29,16 @@ _KEY = re.compile(r'"(?:[^"\\]|\\.)*"\s*:')
 _TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]:,]|[^\s{}\[\]:,"]+')
 
 
-def load_json(text: str, file: str | None) -> tuple[Any, Positions]:
-    """The data of a JSON definition and its (deferred) positions."""
+def load_json(text: str, file: str | None) -> tuple[Any, Positions, list[Diagnostic]]:
+    """The data of a JSON definition, its (deferred) positions, and its duplicate keys."""
     try:
         data = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
         raise DefinitionError([_syntax_error(exc, text, file)]) from None
     positions = Positions.deferred(lambda target: scan_positions(text, target))
     if len(_KEY.findall(text)) != _parsed_keys(data):
-        raise DefinitionError(_duplicates(text, file))
-    return data, positions
+        return data, positions, _duplicates(text, file)
+    return data, positions, []
 
 
 def _syntax_error(exc: orjson.JSONDecodeError, text: str, file: str | None) -> Diagnostic:

@@ -56,6 +56,9 @@ class Loaded:
     data: Any
     positions: Positions
     file: str | None
+    problems: tuple[Diagnostic, ...] = ()
+    """Errors in otherwise usable data (duplicate keys: the last one counts), when loaded
+    with ``keep_going``."""
 
 
 def did_you_mean(word: str, candidates: Iterable[str]) -> str | None:
@@ -133,12 +136,17 @@ class Reporter:
         return line, column
 
 
-def load(source: str | Path | Mapping[str, Any], *, file: str | None = None) -> Loaded:
+def load(
+    source: str | Path | Mapping[str, Any], *, file: str | None = None, keep_going: bool = False
+) -> Loaded:
     """Load YAML/JSON text, a file, or a mapping into plain data plus positions.
 
     A ``str`` is definition text, except a single line ending in ``.yaml``,
     ``.yml`` or ``.json`` that names an existing file, which is read. A file (or
     ``file`` name) ending in ``.json`` is parsed as JSON, anything else as YAML.
+    Problems that leave the data usable (duplicate keys, a key or value YAML allows
+    but JSON does not) raise DefinitionError, or with ``keep_going`` are returned in
+    `Loaded.problems`; syntax errors always raise.
     """
     if isinstance(source, Mapping):
         return Loaded(_plain(source, (), file), Positions(), file)
@@ -146,9 +154,14 @@ def load(source: str | Path | Mapping[str, Any], *, file: str | None = None) -> 
         source = Path(source)
     if isinstance(source, Path):
         file = file or str(source)
-        return _load_text(read_definition(source, file), file)
-    _check_size(len(source), file)
-    return _load_text(source, file)
+        text = read_definition(source, file)
+    else:
+        _check_size(len(source), file)
+        text = source
+    loaded = _load_text(text, file)
+    if loaded.problems and not keep_going:
+        raise DefinitionError(list(loaded.problems))
+    return loaded
 
 
 def max_definition_bytes() -> int:
@@ -216,8 +229,8 @@ def _names_file(text: str) -> bool:
 
 def _load_text(text: str, file: str | None) -> Loaded:
     if file is not None and file.lower().endswith(".json"):
-        data, positions = load_json(text, file)
-        return Loaded(data, positions, file)
+        data, positions, problems = load_json(text, file)
+        return Loaded(data, positions, file, tuple(problems))
     walker: _Walker | None = None
     try:
         loader = _SafeLoader(text)
@@ -231,9 +244,7 @@ def _load_text(text: str, file: str | None) -> Loaded:
         raise DefinitionError([_reader_diagnostic(exc, text, file)]) from None
     except yaml.YAMLError as exc:
         raise DefinitionError([_syntax_diagnostic(exc, file)]) from None
-    if walker.errors:
-        raise DefinitionError(walker.errors)
-    return Loaded(data, walker.positions, file)
+    return Loaded(data, walker.positions, file, tuple(walker.errors))
 
 
 def _reader_diagnostic(exc: yaml.reader.ReaderError, text: str, file: str | None) -> Diagnostic:

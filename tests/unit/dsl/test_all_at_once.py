@@ -72,3 +72,19 @@ def test_a_structurally_broken_nested_step_keeps_its_loop_checked() -> None:
         "dependency cycle: check -> later -> check",
         "missing required key 'max_iterations' in a loop step",
     ]
+
+
+def test_a_duplicate_key_does_not_hide_the_rest() -> None:
+    text = textwrap.dedent(
+        """\
+        name: flow
+        version: "1"
+        steps:
+          - {id: a, type: noop, depends_on: [b], type: noop}
+          - {id: b, type: noop, depends_on: [a]}
+        """
+    )
+    assert sorted(d.message for d in validate(text)) == [
+        "dependency cycle: a -> b -> a",
+        "duplicate key 'type' (first defined on line 4)",
+    ]
