@@ -4,11 +4,22 @@ files that are not definitions at all."""
 from __future__ import annotations
 
 import json
+import sys
 import textwrap
+from collections.abc import Iterator
 
 import pytest
 
 from .conftest import STEPS_MODULE, Workdir, invoke, stdout_json, tideflow
+
+
+@pytest.fixture(autouse=True)
+def forget_definition_modules() -> Iterator[None]:
+    """In-process commands import the definition files; each test starts without them."""
+    yield
+    for name in ("flow_code", "flow_bad", "flow_unbound"):
+        sys.modules.pop(name, None)
+
 
 BROKEN = """\
 name: broken
