@@ -128,7 +128,7 @@ def run_cmd(
       tideflow run order.yaml --input @order.json --json
       tideflow run order.yaml --idempotency-key order-A1 --store sqlite:///orders.db
       tideflow run flow.yaml --store memory://
-      tideflow run examples/python_builder.py --input '{"name": "Ada"}'
+      tideflow run examples/python_builder.py --input '{"name": "Ada", "words": ["hi"]}'
     """
     executors = registry()
     plan = load_definition(file, executors)
