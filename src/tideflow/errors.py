@@ -4,6 +4,7 @@
 
     TideflowError
     ├── DefinitionError            a definition cannot be loaded or compiled
+    │   ├── DefinitionUnreadable   not readable, not UTF-8 text, or too large
     │   └── ExpressionError        an expression or template does not parse
     ├── InputValidationError       run input does not fit the definition's `input` schema
     ├── IllegalTransition          a state change that the transition table forbids
@@ -86,6 +87,10 @@ class DefinitionError(TideflowError):
             diagnostics = [Diagnostic(message=diagnostics)]
         self.diagnostics = diagnostics
         super().__init__("\n".join(d.format() for d in diagnostics))
+
+
+class DefinitionUnreadable(DefinitionError):
+    """The definition cannot be loaded: unreadable, not UTF-8 text, or too large."""
 
 
 class ExpressionError(DefinitionError):

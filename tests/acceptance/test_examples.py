@@ -630,3 +630,33 @@ def test_cli_validates_every_example() -> None:
 
     assert done.returncode == 0, done.stderr
     assert done.stdout.count(": ok") == len(list(example_files()))
+
+
+# --- python builder ---------------------------------------------------------------------
+
+BUILDER_INPUT = {"name": "Ada", "words": ["tide", "flow"]}
+BUILDER_OUTPUT = {"text": "Hello, Ada! You gave 2 words, 8 letters."}
+
+
+async def test_python_builder_runs_through_the_runtime(rt: Runtime) -> None:
+    result = await run(rt, "python_builder.py", BUILDER_INPUT)
+
+    assert result.status == "succeeded", result.error
+    assert result.output == BUILDER_OUTPUT
+    assert result.steps["shout"].output == {"loud": BUILDER_OUTPUT["text"].upper()}
+
+
+def test_cli_runs_validates_and_draws_the_python_builder_example() -> None:
+    done = cli("run", "examples/python_builder.py", "--input", json.dumps(BUILDER_INPUT), "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["output"] == BUILDER_OUTPUT
+
+    done = cli("validate", "examples/python_builder.py", "--strict")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "examples/python_builder.py: ok"
+
+    done = cli("graph", "examples/python_builder.py")
+    assert "greet --> report" in done.stdout and "count --> report" in done.stdout
+
+    done = cli("run", "examples/python_builder.py", "--input", '{"name": "Ada"}')
+    assert done.returncode == 2  # the input schema requires words

@@ -29,7 +29,6 @@ from tideflow.cli.common import (
     err,
     fail_error,
     fail_usage,
-    format_mode,
     interrupted_message,
     json_mode,
     opened_runtime,
@@ -46,8 +45,8 @@ from tideflow.cli.progress import Progress
 from tideflow.cli.render import print_result
 from tideflow.cli.resume import resume_cmd
 from tideflow.cli.runs import runs_app
-from tideflow.dsl import compile_definition, to_dot, to_mermaid, validate
-from tideflow.errors import DefinitionConflict, DefinitionError, InputValidationError
+from tideflow.cli.validate import definition_directory, graph_cmd, load_definition, validate_cmd
+from tideflow.errors import DefinitionConflict, InputValidationError
 from tideflow.model.plan import Plan
 from tideflow.runtime.result import RunResult
 
@@ -94,77 +93,19 @@ def _root(
     json_mode(False)  # each invocation starts in text mode; a command's --json switches
 
 
-def _load(file: Path, executors: ExecutorRegistry) -> Plan:
-    try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise fail_usage(f"cannot read {file}: {exc.strerror or exc}") from None
-    try:
-        return compile_definition(text, file=str(file), action_types=executors.schemas())
-    except DefinitionError as exc:
-        raise fail_error(exc) from None
-
-
-@app.command("validate")
-def validate_cmd(
-    files: Annotated[
-        list[Path], typer.Argument(help="Definition files (YAML or JSON).", show_default=False)
-    ],
-    format: Annotated[
-        str, typer.Option("--format", help="text or json.", callback=format_mode)
-    ] = "text",
-) -> None:
-    """Check definitions without running them.
-
-    Exit 0 when every file is valid (warnings allowed), 1 when any has errors.
-
-    Examples:
-      tideflow validate flows/*.yaml
-      tideflow validate order.yaml --format json
-    """
-    if format not in ("text", "json"):
-        raise fail_usage("--format must be text or json")
-    executors = registry()
-    report: dict[str, list[dict[str, Any]]] = {}
-    failed = False
-    for file in files:
-        try:
-            text = file.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise fail_usage(f"cannot read {file}: {exc.strerror or exc}") from None
-        diagnostics = validate(text, file=str(file), action_types=executors.schemas())
-        report[str(file)] = [d.to_dict() for d in diagnostics]
-        failed = failed or any(d.severity == "error" for d in diagnostics)
-        if format == "text":
-            for d in diagnostics:
-                err.print(d.format(), markup=False)
-            if not any(d.severity == "error" for d in diagnostics):
-                out.print(f"{file}: ok", markup=False)
-    if format == "json":
-        sys.stdout.write(json.dumps({"valid": not failed, "files": report}, indent=2) + "\n")
-    raise typer.Exit(1 if failed else 0)
-
-
-@app.command("graph")
-def graph_cmd(
-    file: Annotated[Path, typer.Argument(help="A definition file.", show_default=False)],
-    format: Annotated[str, typer.Option("--format", help="mermaid or dot.")] = "mermaid",
-) -> None:
-    """Print the workflow's graph as Mermaid (default) or Graphviz DOT.
-
-    Examples:
-      tideflow graph order.yaml > order.mmd
-      tideflow graph order.yaml --format dot | dot -Tsvg > order.svg
-    """
-    if format not in ("mermaid", "dot"):
-        raise fail_usage("--format must be mermaid or dot")
-    plan = _load(file, registry())
-    sys.stdout.write((to_mermaid(plan) if format == "mermaid" else to_dot(plan)) + "\n")
+app.command("validate")(validate_cmd)
+app.command("graph")(graph_cmd)
 
 
 @app.command("run")
 def run_cmd(
-    file: Annotated[Path, typer.Argument(help="The definition to run.", show_default=False)],
+    file: Annotated[
+        str,
+        typer.Argument(
+            help="The definition: a YAML or JSON file, or flow.py[:name] / module[:name].",
+            show_default=False,
+        ),
+    ],
     input: Annotated[
         str | None, typer.Option("--input", "-i", help="Run input: JSON text, or @file.json.")
     ] = None,
@@ -217,9 +158,10 @@ def run_cmd(
       tideflow run order.yaml --input @order.json --json
       tideflow run order.yaml --idempotency-key order-A1 --store sqlite:///orders.db
       tideflow run flow.yaml --store memory://
+      tideflow run examples/python_builder.py --input '{"name": "Ada", "words": ["hi"]}'
     """
     executors = registry()
-    plan = _load(file, executors)
+    plan = load_definition(file, executors)
     value = parse_json_option(input, "--input")
     from tideflow.dsl import validate_input
 
@@ -233,7 +175,7 @@ def run_cmd(
         input=value,
         store=store,
         idempotency_key=idempotency_key,
-        definitions=definitions or file.parent,
+        definitions=definitions or definition_directory(file),
         workers=workers,
         timeout=timeout,
         show=not as_json,

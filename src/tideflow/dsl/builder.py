@@ -9,9 +9,19 @@ equivalent YAML have the same normalised definition and the same plan hash::
     wf.http("notify", "https://example.com/hook", method="POST", depends_on=["reserve"])
 
     @wf.task("ship", depends_on=["reserve"], retry=3)
-    def ship(order_id: str) -> dict: ...
+    def ship(order_id: str, reserve: dict) -> dict: ...
 
     plan = wf.compile()
+
+A ``@wf.task`` function's parameters are bound to input when the definition is
+built (`to_dict`): an explicit ``input={...}`` key as given; a parameter named after
+another top-level step to that step's output (``{{ steps.reserve.output }}``), which
+also makes the task depend on it; any other parameter to the run input of the same
+name (``{{ inputs.order_id }}``) when the workflow declares no ``input`` schema, or
+declares that property (a parameter with a default only when the schema requires
+it). ``ctx`` receives the step context. A required parameter left unbound, or an
+input key the function does not take (without ``**kwargs``), is a `DefinitionError`
+naming the step and the parameter.
 
 Every step method takes the step id first, the type's main keys next, and any
 other DSL key as a keyword (``depends_on``, ``when``, ``retry``, ``timeout``,
@@ -28,6 +38,8 @@ from typing import Any, Self, TypeVar
 
 from tideflow.dsl.compiler import compile_definition
 from tideflow.dsl.inputs import ActionTypes
+from tideflow.dsl.signatures import call_problems, keyword_parameters
+from tideflow.errors import DefinitionError, Diagnostic
 from tideflow.model.plan import Plan
 
 __all__ = ["Steps", "Workflow"]
@@ -143,6 +155,8 @@ class Workflow(Steps):
         output: Any = None,
     ) -> None:
         super().__init__()
+        self._tasks: dict[int, Callable[..., Any]] = {}
+        """Position in the step list -> the function of a ``@task`` step."""
         self.name = name
         self.version = version
         self._top: dict[str, Any] = {
@@ -165,6 +179,7 @@ class Workflow(Steps):
                     f"{qualname} is defined inside another function"
                 )
             target = f"{function.__module__}:{qualname}"
+            self._tasks[len(self._steps)] = function
             self.python(step_id or function.__name__, target, **keys)
             return function
 
@@ -173,10 +188,62 @@ class Workflow(Steps):
     def to_dict(self) -> dict[str, Any]:
         """The definition as plain data, exactly what the equivalent YAML loads to."""
         top = {key: _plain(value) for key, value in self._top.items() if value is not None}
-        return {"name": self.name, "version": self.version, **top, "steps": self.to_list()}
+        steps = self.to_list()
+        _bind_tasks(steps, self._tasks, top.get("input"))
+        return {"name": self.name, "version": self.version, **top, "steps": steps}
 
     def compile(self, *, action_types: ActionTypes | None = None) -> Plan:
         return compile_definition(self.to_dict(), action_types=action_types)
+
+
+def _bind_tasks(
+    steps: list[dict[str, Any]], tasks: Mapping[int, Callable[..., Any]], schema: Any
+) -> None:
+    """Fill in each task's input from its parameters (see the module docstring)."""
+    ids = {step.get("id") for step in steps}
+    problems: list[Diagnostic] = []
+    for position, function in tasks.items():
+        step = steps[position]
+        explicit = step.get("input", {})
+        if not isinstance(explicit, Mapping):
+            continue  # one template: its keys are only known at run time
+        bound = {**_bindings(step, function, ids - {step["id"]}, schema), **explicit}
+        step["input"] = bound
+        for problem in call_problems(function, bound, step["function"]):
+            problems.append(
+                Diagnostic(
+                    message=problem.message,
+                    step_id=step["id"],
+                    path=f"steps[{position}].input",
+                    hint=f"{problem.hint}; or name the parameter after an upstream step, or "
+                    "declare it in the workflow's input schema",
+                )
+            )
+        if not bound:
+            del step["input"]
+    if problems:
+        raise DefinitionError(problems)
+
+
+def _bindings(
+    step: dict[str, Any], function: Callable[..., Any], others: set[Any], schema: Any
+) -> dict[str, str]:
+    properties = schema.get("properties") if isinstance(schema, Mapping) else None
+    required = schema.get("required", ()) if isinstance(schema, Mapping) else ()
+    bound: dict[str, str] = {}
+    for name, param in (keyword_parameters(function) or {}).items():
+        optional = param.default is not param.empty
+        if name in others:
+            bound[name] = f"{{{{ steps.{name}.output }}}}"
+            depends = list(step.get("depends_on", []))
+            step["depends_on"] = depends if name in depends else [*depends, name]
+        elif (not optional and not isinstance(properties, Mapping)) or (
+            isinstance(properties, Mapping)
+            and name in properties
+            and (not optional or name in required)
+        ):
+            bound[name] = f"{{{{ inputs.{name} }}}}"
+    return bound
 
 
 def _key(name: str) -> str:

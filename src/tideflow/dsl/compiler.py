@@ -2,9 +2,10 @@
 
 The phases, each reporting every problem it finds before the next one runs:
 
-1. load (YAML syntax errors stop here),
+1. load (YAML/JSON syntax errors stop here),
 2. structure (`schema.check_definition`: keys, types, enums, durations, ids,
-   action config),
+   action config); when it finds errors, the later phases check what
+   `salvage.salvage` keeps of the definition, so all problems are reported at once,
 3. normalise (`normalize.normalize`), then the whole-definition checks: duplicate
    ids, unknown / foreign ``depends_on`` and switch targets, cycles, every
    expression and template compiled, and the static reference check (a step may
@@ -16,20 +17,16 @@ raises `DefinitionError` with every error, and returns a `Plan` otherwise.
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import orjson
 
 from tideflow.dsl.expr import compile_expression, compile_template
 from tideflow.dsl.graph import (
     TOP,
     StepEntry,
     StepIndex,
-    build_graph,
     check_graph,
     index_steps,
     never_running,
@@ -37,35 +34,23 @@ from tideflow.dsl.graph import (
 from tideflow.dsl.inputs import BUILTIN_ACTION_TYPES, ActionTypes
 from tideflow.dsl.loader import DataPath, Loaded, Reporter, did_you_mean, load
 from tideflow.dsl.normalize import normalize
+from tideflow.dsl.salvage import salvage
 from tideflow.dsl.schema import check_definition
+from tideflow.dsl.specs import build_plan, plan_hash
 from tideflow.errors import DefinitionError, Diagnostic, ExpressionError
 from tideflow.model.expressions import Expression, Template
-from tideflow.model.plan import (
-    ENGINE_TYPES,
-    NO_RETRY,
-    Backoff,
-    Compensation,
-    Join,
-    LoopSpec,
-    MapSpec,
-    OnError,
-    Plan,
-    Priority,
-    RetryPolicy,
-    SleepSpec,
-    StepSpec,
-    SubflowSpec,
-    SwitchCase,
-    SwitchSpec,
-    WaitSpec,
-)
+from tideflow.model.plan import ENGINE_TYPES, Plan
 
-__all__ = ["compile_definition", "load_plan", "plan_hash", "validate"]
+__all__ = [
+    "PlanCheck",
+    "StepReporter",
+    "compile_definition",
+    "load_plan",
+    "plan_hash",
+    "validate",
+]
 
 Source = str | Path | Mapping[str, Any]
-# Looked up in dicts: calling an Enum by value is slow, and a plan may have 10,000 steps.
-_PRIORITIES = {member.value: member for member in Priority}
-_ON_ERROR = {member.value: member for member in OnError}
 
 
 def compile_definition(
@@ -84,29 +69,58 @@ def load_plan(path: str | Path, *, action_types: ActionTypes | None = None) -> P
 
 
 def validate(
-    source: Source, *, file: str | None = None, action_types: ActionTypes | None = None
+    source: Source,
+    *,
+    file: str | None = None,
+    action_types: ActionTypes | None = None,
+    checks: Sequence[PlanCheck] = (),
 ) -> list[Diagnostic]:
-    """Every error and warning of a definition; never raises for a bad definition."""
+    """Every error and warning of a definition; never raises for a bad definition.
+
+    ``checks`` run on the compiled plan (when it compiles), reporting through a
+    `StepReporter` so that their diagnostics point at the step in the source.
+    """
     try:
-        return _compile(source, file, action_types)[1]
+        return _compile(source, file, action_types, checks)[1]
     except DefinitionError as exc:
         return list(exc.diagnostics)
 
 
-def plan_hash(normal: Mapping[str, Any]) -> str:
-    return hashlib.sha256(orjson.dumps(normal, option=orjson.OPT_SORT_KEYS)).hexdigest()
+class StepReporter:
+    """Reports a problem of a compiled step at the position it was written."""
+
+    def __init__(self, report: Reporter, index: StepIndex) -> None:
+        self._report = report
+        self._index = index
+
+    def error(
+        self, step_id: str, message: str, *, at: DataPath = (), hint: str | None = None
+    ) -> None:
+        """``at``: the path inside the step's normal form, e.g. ``("config", "function")``."""
+        entry = self._index.entries[step_id]
+        self._report.error((*entry.path, *at), message, hint=hint, step_id=step_id)
+
+
+PlanCheck = Callable[[Plan, StepReporter], None]
 
 
 def _compile(
-    source: Source, file: str | None, action_types: ActionTypes | None
+    source: Source,
+    file: str | None,
+    action_types: ActionTypes | None,
+    checks: Sequence[PlanCheck] = (),
 ) -> tuple[Plan | None, list[Diagnostic]]:
-    loaded = load(source, file=file)
+    loaded = load(source, file=file, keep_going=True)
     types = BUILTIN_ACTION_TYPES if action_types is None else action_types
-    report = Reporter(loaded.positions, loaded.file)
+    report = Reporter(loaded.positions, loaded.file, list(loaded.problems))
     check_definition(loaded.data, report, types)
+    data = loaded.data
     if report.has_errors:
-        return None, report.diagnostics
-    normal, report.positions = normalize(loaded.data, types, loaded.positions)
+        # Check what can still be checked, so that one run reports every problem.
+        data = salvage(loaded.data, report.error_paths, types)
+        if data is None:
+            return None, report.diagnostics
+    normal, report.positions = normalize(data, types, loaded.positions)
     index = index_steps(normal, report)
     acyclic = check_graph(index, report)
     compiler = _Expressions(report, loaded)
@@ -119,7 +133,10 @@ def _compile(
         _warn_never_running(index, parts, report)
     if report.has_errors:
         return None, report.diagnostics
-    return _plan(normal, index, parts, output, report), report.diagnostics
+    plan = build_plan(normal, index, parts, output, report)
+    for check in checks:
+        check(plan, StepReporter(report, index))
+    return plan, report.diagnostics
 
 
 # --- expressions and templates ------------------------------------------------------
@@ -400,166 +417,3 @@ def _always_false(when: Expression | None) -> bool:
         return not when.evaluate({})
     except Exception:  # it reads something only known at run time
         return False
-
-
-# --- the plan ---------------------------------------------------------------------------
-
-
-def _plan(
-    normal: dict[str, Any],
-    index: StepIndex,
-    parts: Mapping[str, Mapping[str, Any]],
-    output: Template | None,
-    report: Reporter,
-) -> Plan:
-    specs = {
-        step_id: _spec(entry, parts[step_id], index, report)
-        for step_id, entry in index.entries.items()
-    }
-    return Plan(
-        name=normal["name"],
-        version=normal["version"],
-        hash=plan_hash(normal),
-        graph=build_graph(index, TOP),
-        specs=specs,
-        description=normal.get("description"),
-        input_schema=normal.get("input"),
-        timeout=normal.get("timeout"),
-        on_failure=OnError(normal.get("on_failure", "fail")),
-        output=output,
-        source=normal,
-        owners={s: e.owner for s, e in index.entries.items() if e.owner is not None},
-    )
-
-
-def _spec(
-    entry: StepEntry, parts: Mapping[str, Any], index: StepIndex, report: Reporter
-) -> StepSpec:
-    data, kind = entry.data, entry.data["type"]
-    position = report.positions.find(entry.path)
-    return StepSpec(
-        id=entry.id,
-        type=kind,
-        depends_on=tuple(data.get("depends_on", ())),
-        join=_join(data),
-        when=parts.get("when"),
-        retry=_retry_policy(data.get("retry")),
-        timeout=None if kind == "wait" else data.get("timeout"),
-        schedule_to_start=data.get("schedule_to_start"),
-        idempotent=data.get("idempotent", True),
-        deadline=data.get("deadline"),
-        queue=data.get("queue", "default"),
-        priority=_PRIORITIES[data.get("priority", "normal")],
-        compensate=_compensation(data.get("compensate"), parts),
-        on_error=_ON_ERROR[data.get("on_error", "fail")],
-        input=parts.get("input"),
-        config=parts.get("config"),
-        description=data.get("description"),
-        sensitive=tuple(data.get("sensitive", ())),
-        line=position[0] if position else None,
-        **_engine_spec(data, parts, index),
-    )
-
-
-def _join(data: Mapping[str, Any]) -> Join:
-    join, cancel = data.get("join", "all"), bool(data.get("cancel_others", False))
-    if isinstance(join, dict):
-        return Join(kind="at_least", at_least=join["at_least"], cancel_others=cancel)
-    return Join(kind="any", cancel_others=cancel) if join == "any" else Join()
-
-
-def _retry_policy(retry: Mapping[str, Any] | None) -> RetryPolicy:
-    if retry is None:
-        return NO_RETRY
-    return RetryPolicy(
-        max_attempts=retry["max_attempts"],
-        backoff=Backoff(retry.get("backoff", "exponential")),
-        initial_delay=retry.get("initial_delay", 1.0),
-        multiplier=retry.get("multiplier", 2.0),
-        max_delay=retry.get("max_delay"),
-        jitter=retry.get("jitter", False),
-        retry_on=tuple(retry.get("retry_on", ())),
-    )
-
-
-def _compensation(data: Mapping[str, Any] | None, parts: Mapping[str, Any]) -> Compensation | None:
-    if data is None:
-        return None
-    return Compensation(
-        type=data["type"],
-        config=parts["compensate.config"],
-        input=parts["compensate.input"],
-        retry=_retry_policy(data.get("retry")),
-        timeout=data.get("timeout"),
-    )
-
-
-def _engine_spec(
-    data: Mapping[str, Any], parts: Mapping[str, Any], index: StepIndex
-) -> dict[str, Any]:
-    kind = data["type"]
-    if kind == "set":
-        return {"set_values": parts["values"]}
-    if kind == "switch":
-        cases = zip(data["cases"], parts["cases"], strict=True)
-        default = data["default"]
-        return {
-            "switch": SwitchSpec(
-                cases=tuple(SwitchCase(when=w, next=tuple(c["next"])) for c, w in cases),
-                default=None if default == "fail" else tuple(default),
-            )
-        }
-    if kind == "emit":
-        return {"emit": parts["event"]}
-    builder = _ENGINE_SPECS.get(kind)
-    return {kind: builder(data, parts, index)} if builder else {}
-
-
-def _wait(data: Mapping[str, Any], parts: Mapping[str, Any], index: StepIndex) -> WaitSpec:
-    return WaitSpec(
-        signal=data["signal"],
-        match=parts.get("match"),
-        timeout=data.get("timeout"),
-        timeout_action=data.get("timeout_action", "fail"),
-    )
-
-
-def _sleep(data: Mapping[str, Any], parts: Mapping[str, Any], index: StepIndex) -> SleepSpec:
-    return SleepSpec(duration=data.get("duration"), until=parts.get("until"))
-
-
-def _map(data: Mapping[str, Any], parts: Mapping[str, Any], index: StepIndex) -> MapSpec:
-    return MapSpec(
-        items=parts["items"],
-        template=data["step"]["id"],
-        max_concurrency=data.get("max_concurrency"),
-        tolerated_failures=data.get("tolerated_failures", 0),
-    )
-
-
-def _loop(data: Mapping[str, Any], parts: Mapping[str, Any], index: StepIndex) -> LoopSpec:
-    return LoopSpec(
-        body=build_graph(index, data["id"]),
-        until=parts.get("until"),
-        while_=parts.get("while"),
-        max_iterations=data["max_iterations"],
-        delay=data.get("delay"),
-    )
-
-
-def _subflow(data: Mapping[str, Any], parts: Mapping[str, Any], index: StepIndex) -> SubflowSpec:
-    return SubflowSpec(
-        workflow=data["workflow"],
-        version=data.get("version"),
-        input=parts.get("input") or compile_template({}),
-        mode=data.get("mode", "sync"),
-    )
-
-
-_ENGINE_SPECS = {
-    "wait": _wait,
-    "sleep": _sleep,
-    "map": _map,
-    "loop": _loop,
-    "subflow": _subflow,
-}

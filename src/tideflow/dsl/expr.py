@@ -25,6 +25,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+import orjson
+
 from tideflow.dsl._expr_compile import (
     Rejected,
     compile_node,
@@ -62,6 +64,9 @@ class References(NamedTuple):
     steps: frozenset[str]
     inputs: frozenset[str]
     secrets: frozenset[str]
+
+
+_NO_REFERENCES = References(frozenset(), frozenset(), frozenset())
 
 
 class CompiledExpression:
@@ -131,10 +136,14 @@ class CompiledTemplate:
         self.source = source
         self._render = render
         self._expressions = tuple(exprs)
-        self._references = References(
-            frozenset().union(*(e.step_references() for e in exprs)),
-            frozenset().union(*(e.input_references() for e in exprs)),
-            frozenset().union(*(e.secret_references() for e in exprs)),
+        self._references = (
+            References(
+                frozenset().union(*(e.step_references() for e in exprs)),
+                frozenset().union(*(e.input_references() for e in exprs)),
+                frozenset().union(*(e.secret_references() for e in exprs)),
+            )
+            if exprs
+            else _NO_REFERENCES
         )
 
     def render(self, scope: Scope) -> Any:
@@ -206,9 +215,22 @@ def _not_single(source: str) -> ExpressionError:
 
 def compile_template(value: Any) -> CompiledTemplate:
     """Any JSON-like value; dict keys are literal, strings may contain ``{{ expr }}``."""
+    if _plainly_constant(value):
+        return CompiledTemplate(value, None, [])
     exprs: list[CompiledExpression] = []
     render = _compile_value(value, (), exprs)
     return CompiledTemplate(value, render, exprs)
+
+
+def _plainly_constant(value: Any) -> bool:
+    """No braces anywhere: checked on orjson's text, far faster than walking the value."""
+    if isinstance(value, str):
+        return "{{" not in value and "}}" not in value
+    try:
+        text = orjson.dumps(value)
+    except TypeError:
+        return False
+    return b"{{" not in text and b"}}" not in text
 
 
 # --- templates ----------------------------------------------------------------------------

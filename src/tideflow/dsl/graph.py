@@ -22,6 +22,7 @@ from tideflow.dsl.loader import DataPath, Reporter, did_you_mean
 from tideflow.model.plan import Graph, Plan, StepSpec
 
 __all__ = [
+    "HOLE",
     "StepEntry",
     "StepIndex",
     "build_graph",
@@ -39,6 +40,9 @@ _MERMAID_KEYWORDS = frozenset(
 
 TOP = ""
 """The top level's graph key; a loop body's key is the loop id, a map template's the map id."""
+
+HOLE = "\x00hole"
+"""The id prefix of a step `salvage.salvage` could not use: not indexed, never reported."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +130,7 @@ def index_steps(normal: Mapping[str, Any], report: Reporter) -> StepIndex:
     dropped: list[DataPath] = []
     for i, step in enumerate(normal["steps"]):
         for entry in _walk(step, ("steps", i), TOP, None):
-            if any(entry.path[: len(d)] == d for d in dropped):
+            if entry.id.startswith(HOLE) or any(entry.path[: len(d)] == d for d in dropped):
                 continue
             first = index.entries.get(entry.id)
             if first is not None:

@@ -17,6 +17,7 @@ import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import orjson
 from jsonschema import Draft202012Validator, ValidationError
 
 from tideflow.dsl.durations import DURATION_HINT, parse_duration
@@ -104,12 +105,44 @@ def check_action_config(
     """Problems of ``config`` as (path inside config, message, hint)."""
     if schema is None:
         return []
+    try:
+        key = (id(schema), kind, orjson.dumps(config, option=orjson.OPT_SORT_KEYS))
+    except TypeError:
+        return _config_problems(config, schema, kind)
+    cached = _checked.get(key)
+    if cached is None or cached[0] is not schema:
+        if len(_checked) > 4096:
+            _checked.clear()
+        cached = _checked[key] = (schema, _config_problems(config, schema, kind))
+    return list(cached[1])
+
+
+# Generated definitions repeat configs (10,000 noop or http steps alike): check each once.
+_checked: dict[tuple[int, str, bytes], tuple[Mapping[str, Any], list[ConfigProblem]]] = {}
+
+
+def _config_problems(
+    config: Mapping[str, Any], schema: Mapping[str, Any], kind: str
+) -> list[ConfigProblem]:
     problems: list[ConfigProblem] = []
-    for error in sorted(Draft202012Validator(schema).iter_errors(config), key=_relevance):
+    for error in sorted(_config_validator(schema).iter_errors(config), key=_relevance):
         if not _is_template(error.instance):
             problems.extend(_describe_error(error, kind))
     problems.extend(_duration_problems(config, schema))
     return problems
+
+
+_validators: dict[int, tuple[Mapping[str, Any], Draft202012Validator]] = {}
+
+
+def _config_validator(schema: Mapping[str, Any]) -> Draft202012Validator:
+    """One validator per schema object (building one costs more than validating a config)."""
+    cached = _validators.get(id(schema))
+    if cached is None or cached[0] is not schema:
+        if len(_validators) > 256:
+            _validators.clear()
+        cached = _validators[id(schema)] = (schema, Draft202012Validator(schema))
+    return cached[1]
 
 
 def _describe_error(error: ValidationError, kind: str) -> list[ConfigProblem]:

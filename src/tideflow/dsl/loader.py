@@ -13,6 +13,7 @@ it simply carry none.
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,9 +22,12 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from tideflow.errors import DefinitionError, Diagnostic
+from tideflow.dsl.json_source import line_column, load_json
+from tideflow.dsl.positions import DataPath, Positions, format_path
+from tideflow.errors import DefinitionError, DefinitionUnreadable, Diagnostic
 
 __all__ = [
+    "MAX_DEFINITION_BYTES",
     "DataPath",
     "Loaded",
     "Positions",
@@ -33,92 +37,18 @@ __all__ = [
     "load",
 ]
 
-DataPath = tuple[str | int, ...]
-Position = tuple[int, int]
-
 MAX_NODES = 200_000
-"""Alias expansion beyond this many values is refused (a "billion laughs" guard)."""
+"""Alias expansion beyond this many values (or one per two bytes of a larger file) is
+refused: a "billion laughs" guard."""
+
+MAX_DEFINITION_BYTES = 32 * 1024 * 1024
+"""The largest definition loaded (32 MiB; ``TIDEFLOW_MAX_DEFINITION_BYTES`` overrides).
+A 100,000-step JSON definition is about 12 MB."""
+MAX_BYTES_VARIABLE = "TIDEFLOW_MAX_DEFINITION_BYTES"
 
 _TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
 _FILE_SUFFIXES = (".yaml", ".yml", ".json")
-
-
-class Positions:
-    """Where each value (and each mapping key) of a loaded definition starts.
-
-    Lookups fall back to the nearest enclosing value, so a path that does not exist
-    in the source (a default filled in later) still points somewhere useful. A
-    derived view (`relinked`) maps paths of a rewritten tree back to the source.
-    """
-
-    def __init__(self) -> None:
-        self._values: dict[DataPath, Position] = {}
-        self._keys: dict[DataPath, Position] = {}
-        self._quoted: set[DataPath] = set()
-        self._blocks: set[DataPath] = set()
-        self._links: dict[DataPath, DataPath] = {}
-
-    def __getitem__(self, path: DataPath) -> Position:
-        return self._values[self._resolve(path)]
-
-    def __contains__(self, path: object) -> bool:
-        return isinstance(path, tuple) and self._resolve(path) in self._values
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-    def get(self, path: DataPath) -> Position | None:
-        """The exact position of the value at ``path``, or None."""
-        return self._values.get(self._resolve(path))
-
-    def find(self, path: DataPath) -> Position | None:
-        """The position of ``path`` or of its nearest ancestor that has one."""
-        for size in range(len(path), -1, -1):
-            found = self._values.get(self._resolve(path[:size]))
-            if found is not None:
-                return found
-        return None
-
-    def key(self, path: DataPath) -> Position | None:
-        """Where the mapping key that ends ``path`` is written (else `find`)."""
-        return self._keys.get(self._resolve(path)) or self.find(path)
-
-    def content_offset(self, path: DataPath) -> int | None:
-        """Columns between the value's start and its text; None for a block scalar."""
-        source = self._resolve(path)
-        if source in self._blocks:
-            return None
-        return 1 if source in self._quoted else 0
-
-    def source_path(self, path: DataPath) -> DataPath:
-        """Where the value at ``path`` (of a rewritten tree) was written."""
-        return self._resolve(path)
-
-    def record(self, path: DataPath, node: Node, *, key: Node | None = None) -> None:
-        self._values[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
-        if key is not None:
-            self._keys[path] = (key.start_mark.line + 1, key.start_mark.column + 1)
-        if isinstance(node, ScalarNode) and node.style in ('"', "'"):
-            self._quoted.add(path)
-        elif isinstance(node, ScalarNode) and node.style in ("|", ">"):
-            self._blocks.add(path)
-
-    def relinked(self, links: Mapping[DataPath, DataPath]) -> Positions:
-        """A view in which a path under a key of ``links`` reads the linked source path."""
-        view = Positions()
-        view._values, view._keys = self._values, self._keys
-        view._quoted, view._blocks = self._quoted, self._blocks
-        view._links = {**self._links, **links}
-        return view
-
-    def _resolve(self, path: DataPath) -> DataPath:
-        if not self._links:
-            return path
-        for size in range(len(path), 0, -1):
-            target = self._links.get(path[:size])
-            if target is not None:
-                return target + path[size:]
-        return path
+_SafeLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,14 +56,9 @@ class Loaded:
     data: Any
     positions: Positions
     file: str | None
-
-
-def format_path(path: Iterable[str | int]) -> str:
-    """``("steps", 3, "retry")`` -> ``steps[3].retry``."""
-    text = ""
-    for part in path:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
-    return text
+    problems: tuple[Diagnostic, ...] = ()
+    """Errors in otherwise usable data (duplicate keys: the last one counts), when loaded
+    with ``keep_going``."""
 
 
 def did_you_mean(word: str, candidates: Iterable[str]) -> str | None:
@@ -148,6 +73,8 @@ class Reporter:
     positions: Positions
     file: str | None = None
     diagnostics: list[Diagnostic] = field(default_factory=list)
+    error_paths: list[DataPath] = field(default_factory=list)
+    """Where each error was reported (source paths until the positions are relinked)."""
 
     @property
     def has_errors(self) -> bool:
@@ -181,6 +108,8 @@ class Reporter:
         severity: str,
     ) -> None:
         line, column = self._where(path, at_key, column_offset)
+        if severity == "error":
+            self.error_paths.append(path)
         self.diagnostics.append(
             Diagnostic(
                 message=message,
@@ -207,11 +136,17 @@ class Reporter:
         return line, column
 
 
-def load(source: str | Path | Mapping[str, Any], *, file: str | None = None) -> Loaded:
+def load(
+    source: str | Path | Mapping[str, Any], *, file: str | None = None, keep_going: bool = False
+) -> Loaded:
     """Load YAML/JSON text, a file, or a mapping into plain data plus positions.
 
     A ``str`` is definition text, except a single line ending in ``.yaml``,
-    ``.yml`` or ``.json`` that names an existing file, which is read.
+    ``.yml`` or ``.json`` that names an existing file, which is read. A file (or
+    ``file`` name) ending in ``.json`` is parsed as JSON, anything else as YAML.
+    Problems that leave the data usable (duplicate keys, a key or value YAML allows
+    but JSON does not) raise DefinitionError, or with ``keep_going`` are returned in
+    `Loaded.problems`; syntax errors always raise.
     """
     if isinstance(source, Mapping):
         return Loaded(_plain(source, (), file), Positions(), file)
@@ -219,13 +154,68 @@ def load(source: str | Path | Mapping[str, Any], *, file: str | None = None) -> 
         source = Path(source)
     if isinstance(source, Path):
         file = file or str(source)
-        try:
-            text = source.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            diagnostic = Diagnostic(message=f"cannot read {source}: {exc}", file=file)
-            raise DefinitionError([diagnostic]) from None
-        return _load_text(text, file)
-    return _load_text(source, file)
+        text = read_definition(source, file)
+    else:
+        _check_size(len(source), file)
+        text = source
+    loaded = _load_text(text, file)
+    if loaded.problems and not keep_going:
+        raise DefinitionError(list(loaded.problems))
+    return loaded
+
+
+def max_definition_bytes() -> int:
+    raw = os.environ.get(MAX_BYTES_VARIABLE, "")
+    return int(raw) if raw.strip().isdigit() else MAX_DEFINITION_BYTES
+
+
+def read_definition(path: Path, file: str | None = None) -> str:
+    """The text of a definition file; DefinitionUnreadable when it is not one."""
+    file = file or str(path)
+    limit = max_definition_bytes()
+    try:
+        with path.open("rb") as stream:
+            data = stream.read(limit + 1)
+    except OSError as exc:
+        raise _unreadable(f"cannot read {path}: {exc.strerror or exc}", file) from None
+    _check_size(len(data), file)
+    nul = data.find(b"\0")
+    if nul >= 0:
+        line, column = _byte_position(data, nul)
+        raise _unreadable(
+            f"{path} is not a text file: a NUL byte at line {line}, column {column}", file
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line, column = _byte_position(data, exc.start)
+        raise _unreadable(
+            f"{path} is not UTF-8 text: byte 0x{data[exc.start]:02x} at line {line}, "
+            f"column {column}",
+            file,
+        ) from None
+    return text.removeprefix("\ufeff")
+
+
+def _byte_position(data: bytes, offset: int) -> tuple[int, int]:
+    start = data.rfind(b"\n", 0, offset) + 1
+    column = len(data[start:offset].decode("utf-8", errors="replace")) + 1
+    return data.count(b"\n", 0, offset) + 1, column
+
+
+def _check_size(size: int, file: str | None) -> None:
+    limit = max_definition_bytes()
+    if size > limit:
+        raise _unreadable(
+            f"definition too large: more than {limit} bytes (the limit is "
+            f"{MAX_BYTES_VARIABLE}, default {MAX_DEFINITION_BYTES})",
+            file,
+        )
+
+
+def _unreadable(message: str, file: str | None) -> DefinitionUnreadable:
+    hint = "give a YAML or JSON definition saved as UTF-8 text"
+    return DefinitionUnreadable([Diagnostic(message=message, file=file, hint=hint)])
 
 
 def _names_file(text: str) -> bool:
@@ -238,21 +228,45 @@ def _names_file(text: str) -> bool:
 
 
 def _load_text(text: str, file: str | None) -> Loaded:
-    loader = yaml.SafeLoader(text)
-    walker = _Walker(loader, file)
+    if file is not None and file.lower().endswith(".json"):
+        data, positions, problems = load_json(text, file)
+        return Loaded(data, positions, file, tuple(problems))
+    walker: _Walker | None = None
     try:
-        node = loader.get_single_node()
-        data = walker.walk(node, ()) if node is not None else None
+        loader = _SafeLoader(text)
+        walker = _Walker(loader, file, max(MAX_NODES, len(text) // 2))
+        try:
+            node = loader.get_single_node()
+            data = walker.walk(node, ()) if node is not None else None
+        finally:
+            loader.dispose()
+    except yaml.reader.ReaderError as exc:
+        raise DefinitionError([_reader_diagnostic(exc, text, file)]) from None
     except yaml.YAMLError as exc:
         raise DefinitionError([_syntax_diagnostic(exc, file)]) from None
-    finally:
-        loader.dispose()
-    if walker.errors:
-        raise DefinitionError(walker.errors)
-    return Loaded(data, walker.positions, file)
+    return Loaded(data, walker.positions, file, tuple(walker.errors))
+
+
+def _reader_diagnostic(exc: yaml.reader.ReaderError, text: str, file: str | None) -> Diagnostic:
+    line, column = line_column(text, exc.position)
+    char = exc.character if isinstance(exc.character, int) else ord(str(exc.character)[:1] or "?")
+    return Diagnostic(
+        message=f"character U+{char:04X} is not allowed in a YAML definition",
+        file=file,
+        line=line,
+        column=column,
+        hint="remove the control character (a definition is plain UTF-8 text)",
+    )
+
+
+class _TooLarge(yaml.YAMLError):
+    pass
 
 
 def _syntax_diagnostic(exc: yaml.YAMLError, file: str | None) -> Diagnostic:
+    if isinstance(exc, _TooLarge):
+        hint = "expand fewer aliases, or split the workflow into subflows"
+        return Diagnostic(message=str(exc), file=file, hint=hint)
     line = column = None
     if isinstance(exc, yaml.MarkedYAMLError):
         mark = exc.problem_mark or exc.context_mark
@@ -275,8 +289,9 @@ def _syntax_diagnostic(exc: yaml.YAMLError, file: str | None) -> Diagnostic:
 class _Walker:
     """Turns a composed node tree into plain data, recording positions."""
 
-    def __init__(self, loader: yaml.SafeLoader, file: str | None) -> None:
+    def __init__(self, loader: yaml.SafeLoader, file: str | None, max_nodes: int) -> None:
         self.loader = loader
+        self.max_nodes = max_nodes
         self.positions = Positions()
         self.errors: list[Diagnostic] = []
         self.file = file
@@ -284,10 +299,13 @@ class _Walker:
         self.active: set[int] = set()
 
     def walk(self, node: Node, path: DataPath, key: Node | None = None) -> Any:
-        self.positions.record(path, node, key=key)
+        self._record(path, node, key)
         self.count += 1
-        if self.count > MAX_NODES:
-            raise yaml.YAMLError(f"definition too large (more than {MAX_NODES} values)")
+        if self.count > self.max_nodes:
+            raise _TooLarge(
+                f"definition too large: more than {self.max_nodes} values once YAML aliases "
+                "are expanded"
+            )
         if isinstance(node, ScalarNode):
             return self._scalar(node, path)
         if id(node) in self.active:
@@ -301,6 +319,16 @@ class _Walker:
             return [self.walk(item, (*path, i)) for i, item in enumerate(node.value)]
         finally:
             self.active.discard(id(node))
+
+    def _record(self, path: DataPath, node: Node, key: Node | None) -> None:
+        style = node.style if isinstance(node, ScalarNode) else None
+        self.positions.set_position(
+            path,
+            (node.start_mark.line + 1, node.start_mark.column + 1),
+            (key.start_mark.line + 1, key.start_mark.column + 1) if key is not None else None,
+            quoted=style in ('"', "'"),
+            block=style in ("|", ">"),
+        )
 
     def _mapping(self, node: MappingNode, path: DataPath) -> dict[str, Any]:
         self._check_duplicates(node, path)

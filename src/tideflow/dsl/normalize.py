@@ -33,7 +33,7 @@ from typing import Any
 from tideflow.dsl.durations import parse_duration
 from tideflow.dsl.inputs import ActionTypes, duration_config_keys
 from tideflow.dsl.loader import DataPath, Positions
-from tideflow.dsl.schema import BACKOFFS, COMMON_STEP_KEYS, COMPENSATE_KEYS
+from tideflow.dsl.schema import ACTION_STEP_KEYS, BACKOFFS, COMPENSATE_KEYS
 from tideflow.model.plan import ENGINE_TYPES
 
 __all__ = ["DEFAULT_RETRY_ATTEMPTS", "canonical_expression", "normalize"]
@@ -127,7 +127,7 @@ class _Normaliser:
         if kind in ENGINE_TYPES:
             getattr(self, f"engine_{kind}")(raw, path, out)
         else:
-            self.config(raw, path, out, COMMON_STEP_KEYS)
+            self.config(raw, path, out, ACTION_STEP_KEYS)
         return out
 
     def common(

@@ -10,67 +10,56 @@ references, cycles) is checked later by the compiler.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from tideflow.dsl.durations import DURATION_HINT, parse_duration
-from tideflow.dsl.inputs import (
-    ActionTypes,
-    check_action_config,
-    direct_config_keys,
-    input_schema_errors,
+from tideflow.dsl.durations import parse_duration
+from tideflow.dsl.inputs import ActionTypes, check_action_config, direct_config_keys
+from tideflow.dsl.loader import DataPath, Reporter
+from tideflow.dsl.schema_values import (
+    BACKOFFS,
+    CASE_KEYS,
+    EVENT_KEYS,
+    REQUIRED_HINTS,
+    Check,
+    Validator,
+    any_duration,
+    anything,
+    article,
+    boolean,
+    check_keys,
+    describe,
+    enum,
+    expect,
+    expression,
+    input_schema,
+    int_at_least,
+    is_template,
+    list_or_template,
+    mapping,
+    mapping_or_template,
+    nonempty_list,
+    nonempty_string,
+    not_one_of,
+    positive_duration,
+    step_identifier,
+    string,
+    string_list,
+    version_string,
+    workflow_name,
 )
-from tideflow.dsl.loader import DataPath, Reporter, did_you_mean
-from tideflow.model.plan import ENGINE_TYPES
 
-__all__ = ["COMMON_STEP_KEYS", "ENGINE_STEP_KEYS", "check_definition", "is_template"]
-
-NAME_RE = re.compile(r"[a-z0-9][a-z0-9_.-]*")
-STEP_ID_RE = re.compile(r"[a-z_][a-z0-9_]*")
-
-CASE_KEYS = frozenset({"when", "next"})
-EVENT_KEYS = frozenset({"type", "source", "subject", "data"})
-BACKOFFS = ("fixed", "linear", "exponential")
-
-_REQUIRED: Mapping[str, tuple[str, ...]] = {
-    "set": ("values",),
-    "switch": ("cases", "default"),
-    "wait": ("signal",),
-    "map": ("items", "step"),
-    "loop": ("steps", "max_iterations"),
-    "subflow": ("workflow",),
-    "emit": ("event",),
-}
-_REQUIRED_HINTS = {
-    "default": "add `default: [step ids]` (run when no case matches) or `default: fail`",
-    "max_iterations": "add `max_iterations: N`; the loop fails with MaxIterationsExceeded "
-    "when it reaches N without `until` holding",
-    "steps": "add `steps:` with at least one step",
-}
-
-
-def is_template(value: object) -> bool:
-    """A string whose value is only known at run time."""
-    return isinstance(value, str) and "{{" in value
-
-
-@dataclass(frozen=True)
-class Check:
-    """What a validator needs: where to report, the action types, the current step."""
-
-    report: Reporter
-    action_types: ActionTypes
-    step_id: str | None = None
-
-    def error(
-        self, path: DataPath, message: str, hint: str | None, *, at_key: bool = False
-    ) -> None:
-        self.report.error(path, message, hint=hint, step_id=self.step_id, at_key=at_key)
-
-
-Validator = Callable[[Check, Any, DataPath], None]
+__all__ = [
+    "ACTION_STEP_KEYS",
+    "BACKOFFS",
+    "COMMON_STEP_KEYS",
+    "ENGINE_KINDS",
+    "ENGINE_STEP_KEYS",
+    "EngineKind",
+    "check_definition",
+    "is_template",
+]
 
 
 def check_definition(data: Any, report: Reporter, action_types: ActionTypes) -> None:
@@ -88,218 +77,6 @@ def check_definition(data: Any, report: Reporter, action_types: ActionTypes) -> 
             validate(check, data[key], (key,))
 
 
-# --- generic checks -------------------------------------------------------------
-
-
-def describe(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    for kind, name in ((int, "an integer"), (float, "a number"), (str, "a string")):
-        if isinstance(value, kind):
-            return f"{name} ({value!r})"
-    return "a list" if isinstance(value, list) else "a mapping"
-
-
-def check_keys(
-    check: Check,
-    mapping: Mapping[str, Any],
-    path: DataPath,
-    allowed: frozenset[str],
-    where: str,
-    required: tuple[str, ...] = (),
-) -> None:
-    for key in mapping:
-        if key not in allowed:
-            suggestion = did_you_mean(key, allowed)
-            listing = f"allowed keys {where}: {', '.join(sorted(allowed))}"
-            hint = f"did you mean '{suggestion}'?" if suggestion else listing
-            check.error((*path, key), f"unknown key '{key}' {where}", hint, at_key=True)
-    for key in required:
-        if key not in mapping:
-            hint = _REQUIRED_HINTS.get(key, f"add `{key}: ...`")
-            check.error(path, f"missing required key '{key}' {where}", hint)
-
-
-def expect(
-    check: Check, value: Any, path: DataPath, kinds: type | tuple[type, ...], what: str
-) -> bool:
-    allowed = kinds if isinstance(kinds, tuple) else (kinds,)
-    if isinstance(value, kinds) and (bool in allowed or not isinstance(value, bool)):
-        return True
-    message = f"{_label(path)} must be {what}, got {describe(value)}"
-    check.error(path, message, f"write {what} here")
-    return False
-
-
-def _string(check: Check, value: Any, path: DataPath) -> None:
-    expect(check, value, path, str, "a string")
-
-
-def _nonempty_string(check: Check, value: Any, path: DataPath) -> None:
-    if expect(check, value, path, str, "a non-empty string") and not value.strip():
-        check.error(path, "expected a non-empty string, got an empty one", "write a value here")
-
-
-def _expression(check: Check, value: Any, path: DataPath) -> None:
-    if isinstance(value, bool) or (isinstance(value, str) and value.strip()):
-        return
-    check.error(
-        path,
-        f"expected an expression string, got {describe(value)}",
-        'write an expression such as "{{ inputs.amount > 100 }}"',
-    )
-
-
-def _bool(check: Check, value: Any, path: DataPath) -> None:
-    expect(check, value, path, bool, "true or false")
-
-
-def _int_at_least(minimum: int) -> Validator:
-    def validate(check: Check, value: Any, path: DataPath) -> None:
-        if expect(check, value, path, int, "an integer") and value < minimum:
-            hint = f"use a value >= {minimum}"
-            message = f"{_label(path)} must be at least {minimum}, got {value}"
-            check.error(path, message, hint)
-
-    return validate
-
-
-def _a(word: str) -> str:
-    return f"an {word}" if word[:1] in "aeiou" or word == "http" else f"a {word}"
-
-
-def _label(path: DataPath) -> str:
-    """The key a value belongs to, for messages: ``timeout``, ``next[0]`` -> ``next``."""
-    names = [part for part in path if isinstance(part, str)]
-    return names[-1] if names else "value"
-
-
-def _not_one_of(check: Check, path: DataPath, what: str, value: Any, known: Iterable[str]) -> None:
-    known = sorted(known)
-    suggestion = did_you_mean(str(value), known)
-    hint = f"did you mean '{suggestion}'? " if suggestion else ""
-    check.error(path, f"{what} {value!r}", f"{hint}allowed: {', '.join(known)}")
-
-
-def _enum(*allowed: str) -> Validator:
-    def validate(check: Check, value: Any, path: DataPath) -> None:
-        if not (isinstance(value, str) and value in allowed):
-            _not_one_of(check, path, f"invalid {_label(path)}", value, allowed)
-
-    return validate
-
-
-def _duration(*, allow_zero: bool) -> Validator:
-    def validate(check: Check, value: Any, path: DataPath) -> None:
-        try:
-            seconds = parse_duration(value)
-        except ValueError:
-            check.error(path, f"{_label(path)} is not a valid duration: {value!r}", DURATION_HINT)
-            return
-        if seconds < 0 or (seconds == 0 and not allow_zero):
-            limit = "zero or more" if allow_zero else "greater than zero"
-            message = f"{_label(path)} must be {limit}, got {value!r}"
-            check.error(path, message, DURATION_HINT)
-
-    return validate
-
-
-_positive_duration = _duration(allow_zero=False)
-_any_duration = _duration(allow_zero=True)
-
-
-def _string_list(what: str) -> Validator:
-    def validate(check: Check, value: Any, path: DataPath) -> None:
-        if not isinstance(value, list):
-            example = value if isinstance(value, str) else "a, b"
-            hint = f"write [{example}]"
-            check.error(path, f"expected a list of {what}, got {describe(value)}", hint)
-            return
-        for i, item in enumerate(value):
-            expect(check, item, (*path, i), str, f"a string ({what[:-1]})")
-
-    return validate
-
-
-def _nonempty_list(inner: Validator, what: str) -> Validator:
-    def validate(check: Check, value: Any, path: DataPath) -> None:
-        inner(check, value, path)
-        if value == []:
-            check.error(path, f"the list of {what} is empty", f"name at least one of the {what}")
-
-    return validate
-
-
-def _mapping(check: Check, value: Any, path: DataPath) -> None:
-    expect(check, value, path, dict, "a mapping")
-
-
-def _anything(check: Check, value: Any, path: DataPath) -> None:
-    return None
-
-
-def _mapping_or_template(check: Check, value: Any, path: DataPath) -> None:
-    if isinstance(value, dict) or is_template(value):
-        return
-    check.error(
-        path,
-        f"expected a mapping (or one template string), got {describe(value)}",
-        'write a mapping such as {order_id: "{{ inputs.order_id }}"}',
-    )
-
-
-def _list_or_template(check: Check, value: Any, path: DataPath) -> None:
-    if isinstance(value, list) or is_template(value):
-        return
-    check.error(
-        path,
-        f"expected a list or a template, got {describe(value)}",
-        'write items: "{{ inputs.items }}" or a literal list',
-    )
-
-
-def _suggest_id(text: str, pattern: re.Pattern[str], first: str) -> str:
-    fixed = re.sub(r"[^a-z0-9_.-]" if first == "0" else r"[^a-z0-9_]", "_", text.lower())
-    return fixed if pattern.fullmatch(fixed) else f"{first}{fixed}"
-
-
-def _name(check: Check, value: Any, path: DataPath) -> None:
-    if expect(check, value, path, str, "a string") and not NAME_RE.fullmatch(value):
-        check.error(
-            path,
-            f"invalid name {value!r}: must match [a-z0-9][a-z0-9_.-]*",
-            f"use lower case letters, digits, '_', '.', '-', e.g. "
-            f"'{_suggest_id(value, NAME_RE, '0')}'",
-        )
-
-
-def _step_id(check: Check, value: Any, path: DataPath) -> None:
-    if expect(check, value, path, str, "a string") and not STEP_ID_RE.fullmatch(value):
-        check.error(
-            path,
-            f"invalid step id {value!r}: must match [a-z_][a-z0-9_]*",
-            f"use lower case letters, digits and '_', e.g. '{_suggest_id(value, STEP_ID_RE, '_')}'",
-        )
-
-
-def _version(check: Check, value: Any, path: DataPath) -> None:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        hint = f'quote it: version: "{value}"'
-        check.error(path, f"version must be a string, got {describe(value)}", hint)
-    else:
-        _nonempty_string(check, value, path)
-
-
-def _input_schema(check: Check, value: Any, path: DataPath) -> None:
-    if not expect(check, value, path, dict, "a JSON Schema mapping"):
-        return
-    for where, message in input_schema_errors(value):
-        hint = "fix the JSON Schema (draft 2020-12)"
-        check.error((*path, *where), f"invalid input schema: {message}", hint)
-
-
 # --- retry, join, compensate ------------------------------------------------------
 
 
@@ -307,7 +84,7 @@ def _retry(check: Check, value: Any, path: DataPath) -> None:
     if value is False:
         return
     if isinstance(value, int) and not isinstance(value, bool):
-        _int_at_least(1)(check, value, path)
+        int_at_least(1)(check, value, path)
         return
     if not isinstance(value, dict):
         check.error(
@@ -352,7 +129,7 @@ def _join(check: Check, value: Any, path: DataPath) -> None:
         return
     check_keys(check, value, path, frozenset({"at_least"}), "in join", ("at_least",))
     if "at_least" in value:
-        _int_at_least(1)(check, value["at_least"], (*path, "at_least"))
+        int_at_least(1)(check, value["at_least"], (*path, "at_least"))
 
 
 def _compensate(check: Check, value: Any, path: DataPath) -> None:
@@ -364,7 +141,7 @@ def _compensate(check: Check, value: Any, path: DataPath) -> None:
         return
     direct = direct_config_keys(check.action_types, kind)
     allowed = COMPENSATE_KEYS | (direct or frozenset(value))
-    check_keys(check, value, path, allowed, f"in {_a(kind)} compensation")
+    check_keys(check, value, path, allowed, f"in {article(kind)} compensation")
     _check_fields(check, value, path, _COMPENSATE_FIELDS)
     _action_config(check, value, path, kind, COMPENSATE_KEYS)
 
@@ -374,7 +151,7 @@ def _action_type(check: Check, kind: Any, path: DataPath, *, required: bool) -> 
         return False
     if isinstance(kind, str) and kind in check.action_types:
         return True
-    _not_one_of(check, path, "unknown action type", kind, check.action_types)
+    not_one_of(check, path, "unknown action type", kind, check.action_types)
     return False
 
 
@@ -423,7 +200,7 @@ def _check_fields(
 def _steps(check: Check, value: Any, path: DataPath) -> None:
     if not isinstance(value, list) or not value:
         got = "an empty list" if value == [] else describe(value)
-        hint = _REQUIRED_HINTS["steps"]
+        hint = REQUIRED_HINTS["steps"]
         check.error(path, f"expected a non-empty list of steps, got {got}", hint)
         return
     for i, raw in enumerate(value):
@@ -438,41 +215,53 @@ def check_step(check: Check, raw: Any, path: DataPath, *, template_of: str | Non
     step_id = raw.get("id") if isinstance(raw.get("id"), str) else None
     if step_id is None and template_of is not None:
         step_id = f"{template_of}_item"
-    check = replace(check, step_id=step_id)
+    check = Check(check.report, check.action_types, step_id)
     if "id" in raw:
-        _step_id(check, raw["id"], (*path, "id"))
+        step_identifier(check, raw["id"], (*path, "id"))
     elif template_of is None:
         hint = "add `id: <name>` ([a-z_][a-z0-9_]*)"
         check.error(path, "missing required key 'id' in step", hint)
     kind = _step_type(check, raw.get("type"), path, "type" in raw)
     if kind is None:
+        _check_fields(check, raw, path, _COMMON_FIELDS)  # still report what can be checked
         return
-    where = f"in {_a(kind)} step"
-    own = COMMON_STEP_KEYS | ENGINE_STEP_KEYS.get(kind, frozenset({"config"}))
-    direct = None if kind in ENGINE_TYPES else direct_config_keys(check.action_types, kind)
-    allowed = own | (frozenset(raw) if direct is None else direct)
-    check_keys(check, raw, path, allowed, where, _REQUIRED.get(kind, ()))
+    allowed, fields, required = _step_keys(check, raw, kind)
+    check_keys(check, raw, path, allowed, f"in {article(kind)} step", required)
     _check_fields(check, raw, path, _COMMON_FIELDS)
-    _check_fields(check, raw, path, _TYPE_FIELDS.get(kind, {"config": _mapping}))
+    _check_fields(check, raw, path, fields)
     _cross_checks(check, raw, path, kind, template_of)
 
 
+def _step_keys(
+    check: Check, raw: Mapping[str, Any], kind: str
+) -> tuple[frozenset[str], Mapping[str, Validator], tuple[str, ...]]:
+    """The keys a step of ``kind`` accepts, their validators, and the required ones."""
+    engine = ENGINE_KINDS.get(kind)
+    if engine is not None:
+        # action-only keys pass here and get their own message in _cross_checks
+        allowed = COMMON_STEP_KEYS | engine.keys | frozenset(ACTION_ONLY_KEYS)
+        return allowed, engine.fields, engine.required
+    direct = direct_config_keys(check.action_types, kind)
+    allowed = ACTION_STEP_KEYS | (frozenset(raw) if direct is None else direct)
+    return allowed, _ACTION_FIELDS, ()
+
+
 def _step_type(check: Check, kind: Any, path: DataPath, present: bool) -> str | None:
-    known = set(check.action_types) | ENGINE_TYPES
+    known = set(check.action_types) | set(ENGINE_KINDS)
     if not present:
         hint = f"add `type:`, one of {', '.join(sorted(known))}"
         check.error(path, "missing required key 'type' in step", hint)
     elif isinstance(kind, str) and kind in known:
         return kind
     else:
-        _not_one_of(check, (*path, "type"), "unknown step type", kind, known)
+        not_one_of(check, (*path, "type"), "unknown step type", kind, known)
     return None
 
 
 def _cross_checks(
     check: Check, raw: Mapping[str, Any], path: DataPath, kind: str, template_of: str | None
 ) -> None:
-    if kind in ENGINE_TYPES:
+    if kind in ENGINE_KINDS:
         _action_only_keys(check, raw, path, kind)
     if raw.get("cancel_others") is True and raw.get("join", "all") == "all":
         check.error(
@@ -499,8 +288,8 @@ def _cross_checks(
     if kind == "map" and "step" in raw:
         map_id = raw.get("id") if isinstance(raw.get("id"), str) else "map"
         check_step(check, raw["step"], (*path, "step"), template_of=map_id)
-    if kind not in ENGINE_TYPES:
-        _action_config(check, raw, path, kind, COMMON_STEP_KEYS)
+    if kind not in ENGINE_KINDS:
+        _action_config(check, raw, path, kind, ACTION_STEP_KEYS)
 
 
 def _action_only_keys(check: Check, raw: Mapping[str, Any], path: DataPath, kind: str) -> None:
@@ -508,7 +297,7 @@ def _action_only_keys(check: Check, raw: Mapping[str, Any], path: DataPath, kind
         if key in raw:
             check.error(
                 (*path, key),
-                f"'{key}' applies to action steps only ({why}); {_a(kind)} step runs in "
+                f"'{key}' applies to action steps only ({why}); {article(kind)} step runs in "
                 "the engine, without a worker",
                 f"remove '{key}' from this step",
                 at_key=True,
@@ -540,7 +329,7 @@ def _cases(check: Check, value: Any, path: DataPath) -> None:
         if expect(check, case, (*path, i), dict, "a case mapping {when, next}"):
             at = (*path, i)
             check_keys(check, case, at, CASE_KEYS, "in a switch case", ("when", "next"))
-            _check_fields(check, case, at, {"when": _expression, "next": _targets})
+            _check_fields(check, case, at, {"when": expression, "next": _targets})
 
 
 def _switch_default(check: Check, value: Any, path: DataPath) -> None:
@@ -556,95 +345,127 @@ def _switch_default(check: Check, value: Any, path: DataPath) -> None:
 def _event(check: Check, value: Any, path: DataPath) -> None:
     if expect(check, value, path, dict, "a mapping {type, source, data}"):
         check_keys(check, value, path, EVENT_KEYS, "in event", ("type",))
-        fields = {"type": _nonempty_string, "source": _string, "subject": _string}
+        fields = {"type": nonempty_string, "source": string, "subject": string}
         _check_fields(check, value, path, fields)
 
 
 def _workflow(check: Check, value: Any, path: DataPath) -> None:
     if not is_template(value):
-        _name(check, value, path)
+        workflow_name(check, value, path)
 
 
-_targets = _nonempty_list(_string_list("step ids"), "step ids")
+_targets = nonempty_list(string_list("step ids"), "step ids")
 
 _TOP_FIELDS: Mapping[str, Validator] = {
-    "name": _name,
-    "version": _version,
-    "description": _string,
-    "input": _input_schema,
+    "name": workflow_name,
+    "version": version_string,
+    "description": string,
+    "input": input_schema,
     "defaults": lambda check, value, path: _defaults(check, value, path),
-    "timeout": _positive_duration,
-    "on_failure": _enum("fail", "compensate"),
-    "output": _anything,
+    "timeout": positive_duration,
+    "on_failure": enum("fail", "compensate"),
+    "output": anything,
     "steps": _steps,
 }
 _RETRY_FIELDS: Mapping[str, Validator] = {
-    "max_attempts": _int_at_least(1),
+    "max_attempts": int_at_least(1),
     "backoff": _backoff,
-    "initial_delay": _any_duration,
+    "initial_delay": any_duration,
     "multiplier": _multiplier,
-    "max_delay": _positive_duration,
-    "jitter": _bool,
-    "retry_on": _string_list("error type names"),
+    "max_delay": positive_duration,
+    "jitter": boolean,
+    "retry_on": string_list("error type names"),
 }
 _COMMON_FIELDS: Mapping[str, Validator] = {
-    "depends_on": _string_list("step ids"),
+    "depends_on": string_list("step ids"),
     "join": _join,
-    "cancel_others": _bool,
-    "when": _expression,
+    "cancel_others": boolean,
+    "when": expression,
     "retry": _retry,
-    "timeout": _positive_duration,
-    "schedule_to_start": _positive_duration,
-    "idempotent": _bool,
-    "deadline": _positive_duration,
-    "queue": _nonempty_string,
-    "priority": _enum("high", "normal", "low"),
+    "timeout": positive_duration,
+    "deadline": positive_duration,
+    "queue": nonempty_string,
+    "priority": enum("high", "normal", "low"),
     "compensate": _compensate,
-    "on_error": _enum("fail", "continue", "compensate"),
-    "input": _mapping_or_template,
-    "description": _string,
-    "sensitive": _string_list("field names"),
+    "on_error": enum("fail", "continue", "compensate"),
+    "input": mapping_or_template,
+    "description": string,
+    "sensitive": string_list("field names"),
 }
 _COMPENSATE_FIELDS: Mapping[str, Validator] = {
-    "config": _mapping,
-    "input": _mapping_or_template,
+    "config": mapping,
+    "input": mapping_or_template,
     "retry": _retry,
-    "timeout": _positive_duration,
+    "timeout": positive_duration,
 }
-_DEFAULTS_FIELDS: Mapping[str, Validator] = {
-    key: _COMMON_FIELDS[key]
-    for key in ("retry", "timeout", "schedule_to_start", "queue", "priority")
+_ACTION_FIELDS: Mapping[str, Validator] = {
+    "config": mapping,
+    "schedule_to_start": positive_duration,
+    "idempotent": boolean,
 }
+"""Keys of action steps beyond the common ones (their executor's config keys aside)."""
 ACTION_ONLY_KEYS: Mapping[str, str] = {
     "schedule_to_start": "it bounds how long a task waits for a worker",
     "idempotent": "it says whether a worker may run an attempt again",
 }
-"""Common keys that mean something only for action steps, and why (for the message)."""
-_TYPE_FIELDS: Mapping[str, Mapping[str, Validator]] = {
-    "set": {"values": _mapping},
-    "switch": {"cases": _cases, "default": _switch_default},
-    "wait": {
-        "signal": _nonempty_string,
-        "match": _expression,
-        "timeout_action": _enum("fail", "continue"),
-    },
-    "sleep": {"duration": _any_duration, "until": _nonempty_string},
-    "map": {
-        "items": _list_or_template,
-        "step": _anything,  # checked in _cross_checks, where the map's id is known
-        "max_concurrency": _int_at_least(1),
-        "tolerated_failures": _int_at_least(0),
-    },
-    "loop": {
-        "steps": _steps,
-        "until": _expression,
-        "while": _expression,
-        "max_iterations": _int_at_least(1),
-        "delay": _any_duration,
-    },
-    "subflow": {"workflow": _workflow, "version": _version, "mode": _enum("sync", "async")},
-    "emit": {"event": _event},
+"""Action keys an engine step gets a message of their own for, and why."""
+_DEFAULTS_FIELDS: Mapping[str, Validator] = {
+    key: {**_COMMON_FIELDS, **_ACTION_FIELDS}[key]
+    for key in ("retry", "timeout", "schedule_to_start", "queue", "priority")
 }
+
+
+@dataclass(frozen=True, slots=True)
+class EngineKind:
+    """The one declaration of an engine step kind: the keys it takes beyond the common
+    ones (each with its validator) and which of them are required."""
+
+    fields: Mapping[str, Validator]
+    required: tuple[str, ...] = ()
+
+    @property
+    def keys(self) -> frozenset[str]:
+        return frozenset(self.fields)
+
+
+ENGINE_KINDS: Mapping[str, EngineKind] = {
+    "set": EngineKind({"values": mapping}, ("values",)),
+    "switch": EngineKind({"cases": _cases, "default": _switch_default}, ("cases", "default")),
+    "wait": EngineKind(
+        {
+            "signal": nonempty_string,
+            "match": expression,
+            "timeout_action": enum("fail", "continue"),
+        },
+        ("signal",),
+    ),
+    "sleep": EngineKind({"duration": any_duration, "until": nonempty_string}),
+    "map": EngineKind(
+        {
+            "items": list_or_template,
+            "step": anything,  # checked in _cross_checks, where the map's id is known
+            "max_concurrency": int_at_least(1),
+            "tolerated_failures": int_at_least(0),
+        },
+        ("items", "step"),
+    ),
+    "loop": EngineKind(
+        {
+            "steps": _steps,
+            "until": expression,
+            "while": expression,
+            "max_iterations": int_at_least(1),
+            "delay": any_duration,
+        },
+        ("steps", "max_iterations"),
+    ),
+    "subflow": EngineKind(
+        {"workflow": _workflow, "version": version_string, "mode": enum("sync", "async")},
+        ("workflow",),
+    ),
+    "emit": EngineKind({"event": _event}, ("event",)),
+}
+"""Every engine step kind (the same set as `tideflow.model.plan.ENGINE_TYPES`)."""
 
 
 # The key tables are the validator tables' keys: one source of truth.
@@ -652,8 +473,9 @@ TOP_KEYS = frozenset(_TOP_FIELDS)
 DEFAULTS_KEYS = frozenset(_DEFAULTS_FIELDS)
 RETRY_KEYS = frozenset(_RETRY_FIELDS)
 COMMON_STEP_KEYS = frozenset(_COMMON_FIELDS) | {"id", "type"}
+ACTION_STEP_KEYS = COMMON_STEP_KEYS | frozenset(_ACTION_FIELDS)
 COMPENSATE_KEYS = frozenset(_COMPENSATE_FIELDS) | {"type"}
-ENGINE_STEP_KEYS = {kind: frozenset(fields) for kind, fields in _TYPE_FIELDS.items()}
+ENGINE_STEP_KEYS = {kind: declared.keys for kind, declared in ENGINE_KINDS.items()}
 
 
 def _defaults(check: Check, value: Any, path: DataPath) -> None:

@@ -101,9 +101,8 @@ def test_validate_format_json_reports_an_unreadable_file_as_json(workdir: Workdi
     done = tideflow(workdir.path, "validate", "--format", "json", "missing.yaml")
 
     assert done.returncode == 2
-    assert stdout_json(done) == {
-        "error": {
-            "type": "UsageError",
-            "message": "cannot read missing.yaml: No such file or directory",
-        }
-    }
+    report = stdout_json(done)
+    assert report["valid"] is False
+    (problem,) = report["files"]["missing.yaml"]
+    assert problem["severity"] == "error"
+    assert problem["message"] == "cannot read missing.yaml: No such file or directory"

@@ -140,7 +140,7 @@ def build() -> Workflow:
     return wf
 
 
-def ship(status: Any) -> dict[str, Any]:
+def ship(status: Any = None) -> dict[str, Any]:
     return {"status": status}
 
 
