@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import math
 import os
 import sys
 from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping
@@ -264,8 +266,32 @@ async def known_run(store: Store, run_id: str, url: str) -> RunSummary:
 
 def write_json(value: Any) -> None:
     sys.stdout.flush()
-    sys.stdout.buffer.write(orjson.dumps(value, default=str) + b"\n")
+    sys.stdout.buffer.write(json_bytes(value) + b"\n")
     sys.stdout.buffer.flush()
+
+
+def json_bytes(value: Any) -> bytes:
+    """``value`` as JSON, whatever it holds: what orjson refuses (an integer beyond 64 bits,
+    a key that is not a string) goes through the slower stdlib encoder. NaN and infinities
+    come out as null (orjson) or as strings, never as invalid JSON."""
+    try:
+        return orjson.dumps(value, default=str)
+    except TypeError:
+        return json.dumps(_plain(value), default=str, ensure_ascii=False).encode()
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return _finite(value)
 
 
 def iso(timestamp: float | None) -> str | None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from tideflow.core.scope import build_scope, iso
 from tideflow.errors import ExpressionEvaluationError
+from tideflow.model import storable
 from tideflow.model.commands import DispatchTask, EmitEvent, StartChildRun
 from tideflow.model.events import ErrorInfo
 from tideflow.model.expressions import Expression
@@ -40,6 +41,7 @@ def start_step(d: Decider, st: StepState, spec: StepSpec) -> None:
         return
     if spec.input is not None:
         st.input = spec.input.render(scope)
+        storable.check(st.input, f"the input of step {st.key!r}")
     if spec.is_action:
         dispatch(d, st, spec, scope)
         return
@@ -117,6 +119,7 @@ def secret_names(plan: Plan, step_id: str) -> tuple[str, ...]:
 
 def _start_set(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, Any]) -> None:
     values = spec.set_values.render(scope) if spec.set_values is not None else {}
+    storable.check(values, f"the values of set step {st.key!r}")
     d.succeed(st, values, "values computed")
 
 
@@ -242,6 +245,7 @@ def _start_subflow(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, A
     assert sub is not None
     state = d.state
     child_input = sub.input.render(scope)
+    storable.check(child_input, f"the input of subflow step {st.key!r}")
     st.input = child_input
     child_id = f"{state.run_id}.{re.sub(r'[^A-Za-z0-9_.-]', '_', st.key)}"
     st.child_run_id = child_id
@@ -266,6 +270,7 @@ def _start_subflow(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, A
 def _start_emit(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, Any]) -> None:
     assert spec.emit is not None
     rendered = spec.emit.render(scope)
+    storable.check(rendered, f"the event of emit step {st.key!r}")
     if not isinstance(rendered, dict) or not rendered.get("type"):
         raise ExpressionEvaluationError("emit: `event` must be a mapping with a non-empty `type`")
     state = d.state
@@ -291,6 +296,7 @@ def _start_emit(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, Any]
 def _start_map(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, Any]) -> None:
     assert spec.map is not None
     items = spec.map.items.render(scope)
+    storable.check(items, f"the items of map step {st.key!r}")
     if not isinstance(items, list):
         d.fail_step(
             st, _error("InvalidItems", f"map `items` must be a list, got {type(items).__name__}")

@@ -98,6 +98,14 @@ class CancelRequested(Event):
     reason: str = "cancelled on request"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineFailed(Event):
+    """The engine could not apply or store one of this run's events: the run fails with
+    ``error`` (type ``EngineError``) so that it cannot hold up other runs."""
+
+    error: ErrorInfo
+
+
 EventKind = Literal[
     "run_started",
     "task_completed",
@@ -106,6 +114,7 @@ EventKind = Literal[
     "signal_received",
     "child_run_finished",
     "cancel_requested",
+    "engine_failed",
 ]
 
 EVENT_KINDS: dict[type[Event], str] = {
@@ -116,6 +125,7 @@ EVENT_KINDS: dict[type[Event], str] = {
     SignalReceived: "signal_received",
     ChildRunFinished: "child_run_finished",
     CancelRequested: "cancel_requested",
+    EngineFailed: "engine_failed",
 }
 EVENT_TYPES: dict[str, type[Event]] = {v: k for k, v in EVENT_KINDS.items()}
 

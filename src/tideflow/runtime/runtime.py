@@ -28,7 +28,14 @@ from typing import Any
 from tideflow.bus.backends.local import LocalBus
 from tideflow.bus.base import Bus
 from tideflow.core.resume import resume_commands
-from tideflow.errors import NotFound, TideflowError
+from tideflow.errors import (
+    InputValidationError,
+    NotFound,
+    RuntimeNotStarted,
+    StepError,
+    TideflowError,
+)
+from tideflow.model import storable
 from tideflow.model.commands import (
     CancelChildRun,
     CancelTask,
@@ -83,6 +90,8 @@ class Runtime:
         definitions_dir: str | Path | None = None,
         batch_size: int = 512,
         recover: bool = True,
+        max_step_output: int = storable.MAX_STEP_OUTPUT,
+        max_run_input: int = storable.MAX_RUN_INPUT,
     ) -> None:
         if isinstance(store, str):
             from tideflow.store import open_store
@@ -97,6 +106,9 @@ class Runtime:
         self._definitions = DefinitionSource(definitions_dir, self.executors)
         self._recover_on_start = recover
         self._worker_count = workers
+        self._max_run_input = max_run_input
+        self._max_step_output = max_step_output
+        self._running = False
         self._prefix = uuid.uuid4().hex[:10]
         self._ids = itertools.count(1)
         self._plans = Plans(self.store)
@@ -114,6 +126,7 @@ class Runtime:
             clock=self.clock.now,
             new_event_id=self.new_event_id,
             secrets=secrets,
+            max_output=max_step_output,
         )
         self._scheduler = Scheduler(
             store=self.store,
@@ -137,6 +150,7 @@ class Runtime:
     async def start(self) -> None:
         await self.store.open()
         await self.bus.open()
+        self._running = True
         self._scheduler.start()
         if self._worker_count:
             self._workers.start()
@@ -144,6 +158,7 @@ class Runtime:
             await self._recover()
 
     async def close(self) -> None:
+        self._running = False
         await self._workers.close()
         await self._scheduler.stop()  # a batch being committed finishes first
         self._timers.close()
@@ -196,10 +211,9 @@ class Runtime:
         idempotency_key: str | None = None,
     ) -> str:
         """Start a run and return its id (the existing run's id for a reused idempotency key)."""
+        self._require_started()
         plan = await self._resolve(workflow, version)
-        from tideflow.dsl.inputs import validate_input
-
-        validate_input(plan, input)
+        self._check_input(plan, input)
         state, created = await self._create_run(
             plan, run_id or uuid.uuid4().hex, idempotency_key, None, None, input
         )
@@ -213,6 +227,7 @@ class Runtime:
 
     async def wait(self, run_id: str, timeout: float | None = None) -> RunResult:
         """Wait until the run is in a terminal state and return its result."""
+        self._require_started()
         state = await self._state(run_id)
         if state.is_terminal and not self._scheduler.uncommitted(run_id):
             return result_of(state, await self._plans.get(state.plan_hash))
@@ -243,6 +258,11 @@ class Runtime:
         self, run_id: str, name: str, payload: Any = None, *, signal_id: str | None = None
     ) -> None:
         """Send a signal to a run; a `wait` for ``name`` whose `match` holds receives it."""
+        self._require_started()
+        try:
+            storable.check(payload, f"the payload of signal {name!r}", self._max_step_output)
+        except StepError as exc:
+            raise InputValidationError(exc.message) from None
         await self._state(run_id)
         await self.bus.publish_events(
             [
@@ -257,6 +277,7 @@ class Runtime:
         )
 
     async def cancel(self, run_id: str, reason: str = "cancelled on request") -> None:
+        self._require_started()
         await self._state(run_id)
         await self.bus.publish_events(
             [
@@ -272,6 +293,7 @@ class Runtime:
     async def apply_now(self, event: Event) -> None:
         """Apply one event and commit it before returning (for tools that act on a store
         without running its workers: what the event dispatches runs on the next resume)."""
+        self._require_started()
         await self._scheduler.apply([event])
 
     async def unfinished(self) -> list[str]:
@@ -279,6 +301,20 @@ class Runtime:
         return await self.store.unfinished_runs()
 
     # -- internals: runs --------------------------------------------------------
+
+    def _require_started(self) -> None:
+        if not self._running:
+            raise RuntimeNotStarted()
+
+    def _check_input(self, plan: Plan, input: Any) -> None:
+        """Refuse an input that does not fit the plan or cannot be stored (no run is made)."""
+        from tideflow.dsl.inputs import validate_input
+
+        validate_input(plan, input)
+        try:
+            storable.check(input, "the run input", self._max_run_input)
+        except StepError as exc:
+            raise InputValidationError(exc.message) from None
 
     async def _resolve(self, workflow: Any, version: str | None) -> Plan:
         if isinstance(workflow, str) and not self._definitions.looks_like_path(workflow):
@@ -413,9 +449,7 @@ class Runtime:
     async def _start_child(self, command: StartChildRun) -> None:
         try:
             plan = await self._resolve(command.workflow, command.version)
-            from tideflow.dsl.inputs import validate_input
-
-            validate_input(plan, command.input)
+            self._check_input(plan, command.input)
         except TideflowError as exc:
             if command.wait:
                 await self._fail_child_start(command, exc)

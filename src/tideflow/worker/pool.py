@@ -13,11 +13,9 @@ import contextlib
 import logging
 import random
 from collections.abc import Callable
-from typing import Any
-
-import orjson
 
 from tideflow.bus.base import Bus
+from tideflow.model import storable
 from tideflow.model.commands import DispatchTask
 from tideflow.model.events import Event, TaskCompleted, TaskFailed
 from tideflow.runtime import faults
@@ -41,6 +39,7 @@ class WorkerPool:
         clock: Callable[[], float],
         new_event_id: Callable[[], str],
         secrets: SecretProvider | None = None,
+        max_output: int = storable.MAX_STEP_OUTPUT,
     ) -> None:
         self._bus = bus
         self._executors = executors
@@ -48,6 +47,8 @@ class WorkerPool:
         self._clock = clock
         self._new_id = new_event_id
         self._secrets = secrets or default_provider()
+        self._max_output = max_output
+        """Largest step output accepted (JSON bytes); a larger one fails the step."""
         self._loops: list[asyncio.Task[None]] = []
         self._running: dict[tuple[str, str, int], asyncio.Task[Event | None]] = {}
         self._cancelled: dict[tuple[str, str, int], None] = {}
@@ -128,7 +129,7 @@ class WorkerPool:
                 faults.checkpoint("task_finished")
             if redactor is not None:
                 output = redactor.redact(output)
-            _check_serialisable(output)
+            storable.check(output, f"the output of step {task.step_key!r}", self._max_output)
         except asyncio.CancelledError:
             return None
         except Exception as exc:
@@ -154,18 +155,3 @@ class WorkerPool:
             output=output,
             compensation=task.compensation,
         )
-
-
-def _check_serialisable(output: Any) -> None:
-    if output is None or isinstance(output, str | int | float | bool):
-        return
-    try:
-        orjson.dumps(output)
-    except TypeError as exc:
-        from tideflow.errors import StepError
-
-        raise StepError(
-            f"the step's output is not JSON-serialisable: {exc}",
-            type_name="OutputNotSerializable",
-            retryable=False,
-        ) from None

@@ -1,8 +1,11 @@
 """The in-memory store: the embedded default when no durable store is asked for, and the
 reference backend of the contract tests. Nothing survives the process.
 
-It keeps the live RunState objects themselves as snapshots (the runtime mutates
-them in place), so loading a run never needs a replay.
+Like the SQL stores it keeps each run's latest snapshot as JSON (written when
+the runtime asks for one, always when the run ends) and the events after it, so
+a run reloaded after a failed commit is exactly what was committed, never the
+runtime's half-applied live state; and a value the SQL stores cannot hold fails
+here too. History rows stay objects until they are read.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
 from tideflow.model.states import RUN_TERMINAL
 from tideflow.model.versions import latest
+from tideflow.store import sqlbase as sb
 from tideflow.store.base import (
     AppliedEvent,
     Archive,
@@ -36,12 +40,17 @@ from tideflow.store.paging import decode_cursor, encode_cursor
 
 @dataclass(slots=True)
 class _Run:
-    state: RunState
-    created_at: float
-    updated_at: float
+    summary: RunSummary
+    snapshot: str
+    """The state as JSON, as of history entry ``snapshot_at`` (exclusive)."""
+    snapshot_at: int = 0
     last_seq: int = 0
     log: list[tuple[int, Event, list[Transition]]] = field(default_factory=list)
     """Kept as objects; turned into HistoryEntry rows only when read."""
+
+    @property
+    def status(self) -> str:
+        return self.summary.status
 
 
 class MemoryStore(Store):
@@ -99,7 +108,8 @@ class MemoryStore(Store):
             if existing is not None:
                 return existing, False
             self._idempotency[idempotency_key] = state.run_id
-        self._runs[state.run_id] = _Run(state, state.created_at, state.created_at)
+        snapshot = sb.dumps(codec.state_to_data(state))
+        self._runs[state.run_id] = _Run(_summary_of(state, state.created_at), snapshot)
         return state.run_id, True
 
     def _run(self, run_id: str) -> _Run:
@@ -110,7 +120,9 @@ class MemoryStore(Store):
 
     async def load_run(self, run_id: str) -> StoredRun:
         run = self._run(run_id)
-        return StoredRun(snapshot=run.state, tail=[], last_seq=run.last_seq)
+        state = sb.snapshot_from_row(run_id, run.snapshot)
+        tail = [event for _, event, _ in run.log[run.snapshot_at :]]
+        return StoredRun(snapshot=state, tail=tail, last_seq=run.last_seq)
 
     async def commit(self, batch: Sequence[AppliedEvent], relayed: Sequence[str] = ()) -> None:
         expected: dict[str, int] = {}
@@ -120,8 +132,18 @@ class MemoryStore(Store):
         for run_id, seq in expected.items():
             if self._run(run_id).last_seq != seq:
                 raise ConcurrencyConflict(f"run {run_id} was advanced by another applier")
+        last = {applied.event.run_id: applied for applied in batch}
+        # As in the SQL stores, a snapshot asked for mid-batch is stored as of the run's
+        # last event of the batch; serialised before anything changes (it may fail).
+        wanted = {applied.event.run_id for applied in batch if applied.snapshot}
+        snapshots = {run_id: sb.dumps(codec.state_to_data(last[run_id].state)) for run_id in wanted}
         for applied in batch:
             self._apply(applied)
+        for run_id, applied in last.items():
+            run = self._runs[run_id]
+            run.summary = _summary_of(applied.state, run.summary.created_at, applied.event.time)
+            if run_id in snapshots:
+                run.snapshot, run.snapshot_at = snapshots[run_id], len(run.log)
         for outbox_id in relayed:
             self._outbox.pop(outbox_id, None)
 
@@ -129,9 +151,7 @@ class MemoryStore(Store):
         event = applied.event
         run = self._runs[event.run_id]
         self._event_ids.add(event.event_id)
-        run.state = applied.state
         run.last_seq = applied.seq
-        run.updated_at = event.time
         run.log.append((applied.seq, event, applied.transitions))
         for outbox_id, command in applied.outbox:
             self._outbox[outbox_id] = OutboxItem(id=outbox_id, run_id=event.run_id, command=command)
@@ -140,7 +160,7 @@ class MemoryStore(Store):
         return [_entry(run_id, *row) for row in self._run(run_id).log]
 
     async def get_run(self, run_id: str) -> RunSummary:
-        return _summary(self._run(run_id))
+        return self._run(run_id).summary
 
     async def list_runs(
         self, filter: RunFilter | None = None, *, limit: int = 100, cursor: str | None = None
@@ -148,22 +168,23 @@ class MemoryStore(Store):
         f = filter or RunFilter()
         after = decode_cursor(cursor) if cursor else None
         rows = sorted(
-            self._runs.values(), key=lambda r: (r.created_at, r.state.run_id), reverse=True
+            (r.summary for r in self._runs.values()),
+            key=lambda s: (s.created_at, s.run_id),
+            reverse=True,
         )
         out: list[RunSummary] = []
-        for run in rows:
-            s = run.state
-            if after is not None and (run.created_at, s.run_id) >= after:
+        for s in rows:
+            if after is not None and (s.created_at, s.run_id) >= after:
                 continue
-            if f.status is not None and s.status.value != f.status:
+            if f.status is not None and s.status != f.status:
                 continue
             if f.workflow is not None and s.workflow != f.workflow:
                 continue
-            if f.created_after is not None and run.created_at < f.created_after:
+            if f.created_after is not None and s.created_at < f.created_after:
                 continue
-            if f.created_before is not None and run.created_at >= f.created_before:
+            if f.created_before is not None and s.created_at >= f.created_before:
                 continue
-            out.append(_summary(run))
+            out.append(s)
             if len(out) > limit:
                 break
         page, more = out[:limit], len(out) > limit
@@ -171,7 +192,7 @@ class MemoryStore(Store):
         return RunPage(runs=page, next_cursor=next_cursor)
 
     async def unfinished_runs(self) -> list[str]:
-        return [run_id for run_id, r in self._runs.items() if r.state.status not in RUN_TERMINAL]
+        return [run_id for run_id, r in self._runs.items() if r.status not in _TERMINAL]
 
     async def pending_outbox(self, limit: int = 1000) -> list[OutboxItem]:
         return list(self._outbox.values())[:limit]
@@ -182,16 +203,16 @@ class MemoryStore(Store):
         doomed = [
             run_id
             for run_id, r in self._runs.items()
-            if r.state.status in RUN_TERMINAL
-            and r.state.finished_at is not None
-            and r.state.finished_at < older_than
+            if r.status in _TERMINAL
+            and r.summary.finished_at is not None
+            and r.summary.finished_at < older_than
         ]
         for run_id in doomed:
             run = self._runs.pop(run_id)
             if archive is not None:
                 archive(
                     {
-                        "run": _summary(run).to_dict(),
+                        "run": run.summary.to_dict(),
                         "history": [_entry(run_id, *row).to_dict() for row in run.log],
                     }
                 )
@@ -201,15 +222,17 @@ class MemoryStore(Store):
         return len(doomed)
 
 
-def _summary(run: _Run) -> RunSummary:
-    s = run.state
+_TERMINAL = frozenset(status.value for status in RUN_TERMINAL)
+
+
+def _summary_of(s: RunState, created_at: float, updated_at: float | None = None) -> RunSummary:
     return RunSummary(
         run_id=s.run_id,
         workflow=s.workflow,
         version=s.version,
         status=s.status.value,
-        created_at=run.created_at,
-        updated_at=run.updated_at,
+        created_at=created_at,
+        updated_at=created_at if updated_at is None else updated_at,
         finished_at=s.finished_at,
         parent_run_id=s.parent_run_id,
         output=s.output,
