@@ -14,8 +14,10 @@ import contextlib
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -27,6 +29,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from tideflow.errors import NotFound, TideflowError
+from tideflow.model import storable
 from tideflow.model.states import RUN_TERMINAL
 from tideflow.store import DEFAULT_URL, Store, open_store
 from tideflow.store.base import RunSummary, StoreError
@@ -197,14 +200,17 @@ async def opened_runtime(
     executors: ExecutorRegistry | None = None,
     definitions_dir: Path | None = None,
     listeners: Iterable[Listener] = (),
+    limits: Limits | None = None,
 ) -> AsyncIterator[Runtime]:
     """A started runtime on the store at ``url`` (the runtime opens and closes the store).
 
     ``recover=True`` resumes every unfinished run of the store on start; ``workers=0``
     executes no task (what a command dispatches then runs on the next resume).
+    ``limits`` default to ``TIDEFLOW_MAX_STEP_OUTPUT`` / ``TIDEFLOW_MAX_RUN_INPUT``.
     """
     from tideflow.runtime.runtime import Runtime
 
+    limits = limits or Limits.from_env(os.environ)
     store = build_store(url, create=create, upgrade=upgrade)
     rt = Runtime(
         store=store,
@@ -212,6 +218,8 @@ async def opened_runtime(
         workers=workers,
         recover=recover,
         definitions_dir=definitions_dir,
+        max_step_output=limits.step_output,
+        max_run_input=limits.run_input,
     )
     for listener in listeners:
         rt.add_listener(listener)
@@ -227,6 +235,48 @@ async def opened_runtime(
         yield rt
     finally:
         await rt.close()
+
+
+MAX_STEP_OUTPUT_ENV = "TIDEFLOW_MAX_STEP_OUTPUT"
+MAX_RUN_INPUT_ENV = "TIDEFLOW_MAX_RUN_INPUT"
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kib": 1024,
+    "kb": 1000,
+    "mib": 1024**2,
+    "mb": 1000**2,
+    "gib": 1024**3,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The size limits of a runtime (JSON bytes): a step's output, a run's input."""
+
+    step_output: int = storable.MAX_STEP_OUTPUT
+    run_input: int = storable.MAX_RUN_INPUT
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Limits:
+        return cls(
+            step_output=parse_size(environ.get(MAX_STEP_OUTPUT_ENV), storable.MAX_STEP_OUTPUT),
+            run_input=parse_size(environ.get(MAX_RUN_INPUT_ENV), storable.MAX_RUN_INPUT),
+        )
+
+
+def parse_size(text: str | None, default: int) -> int:
+    """``"1MiB"``, ``"512KiB"``, ``"2000000"`` (bytes); the default when unset or empty."""
+    if text is None or not text.strip():
+        return default
+    match = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", text)
+    unit = match and _SIZE_UNITS.get(match.group(2).lower())
+    if match is None or unit is None:
+        raise TideflowError(
+            f"{text!r} is not a size: write bytes (2000000) or a number with KiB, MiB, GiB, KB "
+            "or MB (e.g. 4MiB)"
+        )
+    return int(match.group(1)) * unit
 
 
 EVENT_SINKS_VARIABLE = "TIDEFLOW_EVENT_SINKS"
@@ -340,8 +390,11 @@ __all__ = [
     "EXIT_FAILED",
     "EXIT_INTERRUPTED",
     "EXIT_USAGE",
+    "MAX_RUN_INPUT_ENV",
+    "MAX_STEP_OUTPUT_ENV",
     "TERMINAL_STATUSES",
     "JsonOption",
+    "Limits",
     "RunArgument",
     "StoreOption",
     "build_store",
@@ -356,6 +409,7 @@ __all__ = [
     "out",
     "parse_json_option",
     "parse_since",
+    "parse_size",
     "registry",
     "run_async",
     "sqlite_file",

@@ -132,7 +132,9 @@ class WorkerPool:
             storable.check(output, f"the output of step {task.step_key!r}", self._max_output)
         except asyncio.CancelledError:
             return None
-        except Exception as exc:
+        except KeyboardInterrupt:  # Ctrl-C reaches the loop here; the python executor
+            raise  # turns one that user code raises into a step error itself
+        except BaseException as exc:  # SystemExit and the like from an executor fail the step
             error = error_info_from_exception(exc)
             if redactor is not None:
                 error = redactor.redact_error(error)
