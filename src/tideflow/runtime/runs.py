@@ -80,6 +80,9 @@ class RunCache:
                 plan = await self._plans.get(state.plan_hash)
                 for event in stored.tail:
                     decide(plan, state, event)
+            cached = self._live.get(run_id)
+            if cached is not None:  # loaded (and maybe advanced) by another caller meanwhile
+                return cached
             live = LiveRun(state, stored.last_seq, len(stored.tail))
             if not state.is_terminal:
                 self._live[run_id] = live

@@ -28,6 +28,7 @@ from tideflow.model.commands import Command
 from tideflow.model.events import EngineFailed, Event, Transition
 from tideflow.model.run import RunState
 from tideflow.runtime import faults
+from tideflow.runtime.commits import Outcome, commit_apart
 from tideflow.runtime.poison import DEFINITELY_DATA, Failure, classify, describe, engine_failed
 from tideflow.runtime.runs import Plans, RunCache
 from tideflow.store.base import AppliedEvent, Store
@@ -100,7 +101,7 @@ class Scheduler:
             try:
                 await self.apply(events)
             except Exception:
-                log.exception("scheduler batch failed; its events are delivered again")
+                log.exception("scheduler batch failed")
 
     async def apply(self, events: list[Event]) -> None:
         """Apply, commit and relay one batch. Nothing a caller sees counts a run as ended
@@ -117,16 +118,30 @@ class Scheduler:
             return
         if faults.ARMED:
             faults.checkpoint("before_commit")
-        try:
-            await self._store.commit(batch, self._relayed)
-        except Exception as exc:
-            batch = await self._commit_apart(batch, events, exc)
-        else:
-            self._relayed = []
-            self._retry_delay = 0.05
+        out = await commit_apart(self._commit, batch, self._run_retries.keys())
         if faults.ARMED:
             faults.checkpoint("after_commit")
-        await self._committed(batch)
+        if out.committed:
+            self._retry_delay = 0.05
+        await self._not_committed(out, events)
+        await self._committed(out.committed)
+
+    async def _commit(self, part: Sequence[AppliedEvent]) -> None:
+        await self._store.commit(part, self._relayed)
+        self._relayed = []
+        for run_id in {applied.event.run_id for applied in part}:
+            self._run_retries.pop(run_id, None)
+
+    async def _not_committed(self, out: Outcome, events: list[Event]) -> None:
+        if out.down is not None:
+            for run_id in self._in_flight:
+                self._runs.evict(run_id)
+            log.warning("commit failed (%s); %d events come again", describe(out.down), len(events))
+            await self._redeliver(events)
+            return
+        for run_id, error in out.failures.items():
+            mine = [e for e in events if e.run_id == run_id]
+            await self._run_failed(run_id, mine, error, alone=not out.committed)
 
     async def _committed(self, batch: list[AppliedEvent]) -> None:
         commands: list[Command] = []
@@ -158,39 +173,6 @@ class Scheduler:
             batch = [a for a in batch if a.event.run_id not in failed]
             self._in_flight.difference_update(failed)
         return batch
-
-    async def _commit_apart(
-        self, batch: list[AppliedEvent], events: list[Event], exc: Exception
-    ) -> list[AppliedEvent]:
-        """The group commit failed: find what can be committed, deal with the rest.
-        Returns what was committed."""
-        groups = _by_run(batch)
-        kind = classify(exc)
-        if kind is Failure.UNAVAILABLE or (len(groups) == 1 and kind is Failure.CONFLICT):
-            for run_id in groups:
-                self._runs.evict(run_id)
-            log.warning("commit failed (%s); %d events come again", describe(exc), len(events))
-            await self._redeliver(events)
-            return []
-        if len(groups) == 1:
-            await self._run_failed(next(iter(groups)), events, exc, alone=True)
-            return []
-        committed: list[AppliedEvent] = []
-        failures: dict[str, Exception] = {}
-        for run_id, group in groups.items():
-            try:
-                await self._store.commit(group, self._relayed)
-            except Exception as error:
-                failures[run_id] = error
-                continue
-            self._relayed = []
-            self._retry_delay = 0.05
-            self._run_retries.pop(run_id, None)
-            committed.extend(group)
-        for run_id, run_exc in failures.items():
-            mine = [e for e in events if e.run_id == run_id]
-            await self._run_failed(run_id, mine, run_exc, alone=not committed)
-        return committed
 
     async def _run_failed(
         self, run_id: str, events: list[Event], exc: Exception, *, alone: bool
@@ -273,10 +255,3 @@ class Scheduler:
 
 class _ApplyFailed(Exception):
     """An event of this run could not be applied (the run is being failed)."""
-
-
-def _by_run(batch: list[AppliedEvent]) -> dict[str, list[AppliedEvent]]:
-    groups: dict[str, list[AppliedEvent]] = {}
-    for applied in batch:
-        groups.setdefault(applied.event.run_id, []).append(applied)
-    return groups
