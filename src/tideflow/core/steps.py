@@ -40,8 +40,9 @@ def start_step(d: Decider, st: StepState, spec: StepSpec) -> None:
         d.skip(st, f"when is false: {spec.when.source}")
         return
     if spec.input is not None:
-        st.input = spec.input.render(scope)
-        storable.check(st.input, f"the input of step {st.key!r}")
+        rendered = spec.input.render(scope)
+        storable.check(rendered, f"the input of step {st.key!r}")
+        st.input = rendered
     if spec.is_action:
         dispatch(d, st, spec, scope)
         return

@@ -83,7 +83,7 @@ def _find_problem(value: Any) -> str | None:
         item = stack.pop()
         if isinstance(item, float):
             if not math.isfinite(item):
-                return f"{item!r} is not a number JSON can hold (return a string or null)"
+                return f"{item!r} is not a number JSON can hold (use a string or null instead)"
         elif isinstance(item, Mapping):
             stack.extend(item.keys())
             stack.extend(item.values())

@@ -24,19 +24,21 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 _Item = tuple["Future[Any]", Callable[[], Any]]
+_NAMES = itertools.count()
+"""Thread numbers, unique in the process, so that a warning names one thread."""
 
 
 class DaemonThreadPool(Executor):
     def __init__(self, max_workers: int, thread_name_prefix: str) -> None:
         self.max_workers = max_workers
         self._prefix = thread_name_prefix
-        self._names = itertools.count()
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._threads: set[threading.Thread] = set()
         self._abandoned: set[threading.Thread] = set()
         self._running: dict[Future[Any], threading.Thread] = {}
-        self._idle = 0
+        self._waiting = 0
+        """Threads blocked on the queue, ready to take a call."""
         self._closed = False
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
@@ -45,10 +47,7 @@ class DaemonThreadPool(Executor):
             if self._closed:
                 raise RuntimeError("the thread pool is shut down")
             self._queue.put((future, lambda: fn(*args, **kwargs)))
-            if self._idle:
-                self._idle -= 1
-            elif len(self._threads) - len(self._abandoned) < self.max_workers:
-                self._start_thread()
+            self._grow()
         return future
 
     def abandon(self, future: Future[Any]) -> str | None:
@@ -61,8 +60,7 @@ class DaemonThreadPool(Executor):
             if thread is None:
                 return None
             self._abandoned.add(thread)
-            if not self._queue.empty() and not self._idle:
-                self._start_thread()  # the queued calls must not wait on the hung one
+            self._grow()  # the queued calls must not wait on the hung one
             return thread.name
 
     def abandoned(self) -> list[str]:
@@ -88,9 +86,15 @@ class DaemonThreadPool(Executor):
             for thread in threads:
                 thread.join()
 
+    def _grow(self) -> None:
+        """Start a thread when calls wait and the pool has room (the lock is held)."""
+        counted = len(self._threads) - len(self._abandoned)
+        if self._queue.qsize() > self._waiting and counted < self.max_workers:
+            self._start_thread()
+
     def _start_thread(self) -> None:
         thread = threading.Thread(
-            target=self._work, name=f"{self._prefix}_{next(self._names)}", daemon=True
+            target=self._work, name=f"{self._prefix}_{next(_NAMES)}", daemon=True
         )
         self._threads.add(thread)
         thread.start()
@@ -98,7 +102,11 @@ class DaemonThreadPool(Executor):
     def _work(self) -> None:
         me = threading.current_thread()
         while True:
+            with self._lock:
+                self._waiting += 1
             item = self._queue.get()
+            with self._lock:
+                self._waiting -= 1
             if item is None:
                 break
             future, call = item
@@ -125,7 +133,5 @@ class DaemonThreadPool(Executor):
             del self._running[future]
             if me in self._abandoned:
                 self._abandoned.discard(me)
-                if len(self._threads) - len(self._abandoned) > self.max_workers:
-                    return False
-            self._idle += 1
+                return len(self._threads) - len(self._abandoned) <= self.max_workers
             return True
