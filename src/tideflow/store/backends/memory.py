@@ -34,6 +34,7 @@ from tideflow.store.base import (
     RunSummary,
     Store,
     StoredRun,
+    UnstorableData,
 )
 from tideflow.store.paging import decode_cursor, encode_cursor
 
@@ -136,7 +137,7 @@ class MemoryStore(Store):
         # As in the SQL stores, a snapshot asked for mid-batch is stored as of the run's
         # last event of the batch; serialised before anything changes (it may fail).
         wanted = {applied.event.run_id for applied in batch if applied.snapshot}
-        snapshots = {run_id: sb.dumps(codec.state_to_data(last[run_id].state)) for run_id in wanted}
+        snapshots = {run_id: _snapshot(last[run_id].state) for run_id in wanted}
         for applied in batch:
             self._apply(applied)
         for run_id, applied in last.items():
@@ -220,6 +221,13 @@ class MemoryStore(Store):
         self._outbox = {k: item for k, item in self._outbox.items() if item.run_id not in gone}
         self._idempotency = {k: r for k, r in self._idempotency.items() if r not in gone}
         return len(doomed)
+
+
+def _snapshot(state: RunState) -> str:
+    try:
+        return sb.dumps(codec.state_to_data(state))
+    except UnstorableData as exc:
+        raise UnstorableData(f"the state of run {state.run_id}: {exc.message}") from None
 
 
 _TERMINAL = frozenset(status.value for status in RUN_TERMINAL)
