@@ -36,6 +36,8 @@ def encode(value: Any, what: str, *, option: int = 0) -> bytes:
 
     ``what`` names the value in the message ("the output of step 'a'").
     """
+    if value is None:  # the output of most engine steps and many actions
+        return b"null"
     try:
         data = orjson.dumps(value, option=option)
     except TypeError as exc:
@@ -81,10 +83,13 @@ def _find_problem(value: Any) -> str | None:
     stack = [value]
     while stack:
         item = stack.pop()
+        kind = type(item)
+        if item is None or kind is str or kind is int or kind is bool:
+            continue
         if isinstance(item, float):
             if not math.isfinite(item):
                 return f"{item!r} is not a number JSON can hold (use a string or null instead)"
-        elif isinstance(item, Mapping):
+        elif isinstance(item, dict | Mapping):
             stack.extend(item.keys())
             stack.extend(item.values())
         elif isinstance(item, list | tuple):

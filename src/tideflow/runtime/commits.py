@@ -35,9 +35,11 @@ async def commit_apart(
 ) -> Outcome:
     """Commit ``batch``: suspects alone, the rest as one group, failing groups bisected."""
     out = Outcome()
-    rest = [a for a in batch if a.event.run_id not in suspects]
-    parts = [rest] if rest else []
-    parts.extend(group for run_id, group in by_run(batch).items() if run_id in suspects)
+    parts = [batch]
+    if suspects and any(a.event.run_id in suspects for a in batch):
+        rest = [a for a in batch if a.event.run_id not in suspects]
+        parts = [rest] if rest else []
+        parts.extend(group for run_id, group in by_run(batch).items() if run_id in suspects)
     for part in parts:
         if out.down is not None:
             break

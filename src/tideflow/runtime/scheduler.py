@@ -129,8 +129,9 @@ class Scheduler:
     async def _commit(self, part: Sequence[AppliedEvent]) -> None:
         await self._store.commit(part, self._relayed)
         self._relayed = []
-        for run_id in {applied.event.run_id for applied in part}:
-            self._run_retries.pop(run_id, None)
+        if self._run_retries:
+            for applied in part:
+                self._run_retries.pop(applied.event.run_id, None)
 
     async def _not_committed(self, out: Outcome, events: list[Event]) -> None:
         if out.down is not None:

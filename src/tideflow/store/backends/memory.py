@@ -13,10 +13,13 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
 
 from tideflow.errors import DefinitionConflict, NotFound
 from tideflow.model import codec
-from tideflow.model.events import Event, Transition
+from tideflow.model.events import ErrorInfo, Event, Transition
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
 from tideflow.model.states import RUN_TERMINAL
@@ -41,17 +44,44 @@ from tideflow.store.paging import decode_cursor, encode_cursor
 
 @dataclass(slots=True)
 class _Run:
-    summary: RunSummary
-    snapshot: str
-    """The state as JSON, as of history entry ``snapshot_at`` (exclusive)."""
+    first: RunState
+    """The state as created: for the fields that never change (id, workflow, parent)."""
+    snapshot: str | RunState
+    """The state as JSON, as of history entry ``snapshot_at`` (exclusive); once the run
+    has ended, the final state itself (nothing changes it any more)."""
+    created_at: float
+    updated_at: float
+    status: str
+    finished_at: float | None = None
+    output: Any = None
+    error: ErrorInfo | None = None
     snapshot_at: int = 0
     last_seq: int = 0
     log: list[tuple[int, Event, list[Transition]]] = field(default_factory=list)
     """Kept as objects; turned into HistoryEntry rows only when read."""
 
+    def advance(self, state: RunState, time: float) -> None:
+        self.status = state.status.value
+        self.updated_at = time
+        self.finished_at = state.finished_at
+        self.output = state.output
+        self.error = state.error
+
     @property
-    def status(self) -> str:
-        return self.summary.status
+    def summary(self) -> RunSummary:
+        s = self.first
+        return RunSummary(
+            run_id=s.run_id,
+            workflow=s.workflow,
+            version=s.version,
+            status=self.status,
+            created_at=self.created_at,
+            updated_at=self.updated_at,
+            finished_at=self.finished_at,
+            parent_run_id=s.parent_run_id,
+            output=self.output,
+            error=codec.error_to_data(self.error),
+        )
 
 
 class MemoryStore(Store):
@@ -109,8 +139,9 @@ class MemoryStore(Store):
             if existing is not None:
                 return existing, False
             self._idempotency[idempotency_key] = state.run_id
-        snapshot = sb.dumps(codec.state_to_data(state))
-        self._runs[state.run_id] = _Run(_summary_of(state, state.created_at), snapshot)
+        snapshot = _snapshot(state)
+        at = state.created_at
+        self._runs[state.run_id] = _Run(state, snapshot, at, at, state.status.value)
         return state.run_id, True
 
     def _run(self, run_id: str) -> _Run:
@@ -121,6 +152,8 @@ class MemoryStore(Store):
 
     async def load_run(self, run_id: str) -> StoredRun:
         run = self._run(run_id)
+        if isinstance(run.snapshot, RunState):
+            return StoredRun(snapshot=run.snapshot, tail=[], last_seq=run.last_seq)
         state = sb.snapshot_from_row(run_id, run.snapshot)
         tail = [event for _, event, _ in run.log[run.snapshot_at :]]
         return StoredRun(snapshot=state, tail=tail, last_seq=run.last_seq)
@@ -142,7 +175,7 @@ class MemoryStore(Store):
             self._apply(applied)
         for run_id, applied in last.items():
             run = self._runs[run_id]
-            run.summary = _summary_of(applied.state, run.summary.created_at, applied.event.time)
+            run.advance(applied.state, applied.event.time)
             if run_id in snapshots:
                 run.snapshot, run.snapshot_at = snapshots[run_id], len(run.log)
         for outbox_id in relayed:
@@ -169,23 +202,21 @@ class MemoryStore(Store):
         f = filter or RunFilter()
         after = decode_cursor(cursor) if cursor else None
         rows = sorted(
-            (r.summary for r in self._runs.values()),
-            key=lambda s: (s.created_at, s.run_id),
-            reverse=True,
+            self._runs.values(), key=lambda r: (r.created_at, r.first.run_id), reverse=True
         )
         out: list[RunSummary] = []
-        for s in rows:
-            if after is not None and (s.created_at, s.run_id) >= after:
+        for r in rows:
+            if after is not None and (r.created_at, r.first.run_id) >= after:
                 continue
-            if f.status is not None and s.status != f.status:
+            if f.status is not None and r.status != f.status:
                 continue
-            if f.workflow is not None and s.workflow != f.workflow:
+            if f.workflow is not None and r.first.workflow != f.workflow:
                 continue
-            if f.created_after is not None and s.created_at < f.created_after:
+            if f.created_after is not None and r.created_at < f.created_after:
                 continue
-            if f.created_before is not None and s.created_at >= f.created_before:
+            if f.created_before is not None and r.created_at >= f.created_before:
                 continue
-            out.append(s)
+            out.append(r.summary)
             if len(out) > limit:
                 break
         page, more = out[:limit], len(out) > limit
@@ -204,9 +235,7 @@ class MemoryStore(Store):
         doomed = [
             run_id
             for run_id, r in self._runs.items()
-            if r.status in _TERMINAL
-            and r.summary.finished_at is not None
-            and r.summary.finished_at < older_than
+            if r.status in _TERMINAL and r.finished_at is not None and r.finished_at < older_than
         ]
         for run_id in doomed:
             run = self._runs.pop(run_id)
@@ -223,29 +252,26 @@ class MemoryStore(Store):
         return len(doomed)
 
 
-def _snapshot(state: RunState) -> str:
+def _snapshot(state: RunState) -> str | RunState:
+    """What a SQL store would write; an ended run's state is kept as the object after
+    checking that a SQL store could write it (orjson walks the dataclasses natively)."""
     try:
+        if state.is_terminal:
+            orjson.dumps(state, option=orjson.OPT_NON_STR_KEYS, default=_plain)
+            return state
         return sb.dumps(codec.state_to_data(state))
-    except UnstorableData as exc:
-        raise UnstorableData(f"the state of run {state.run_id}: {exc.message}") from None
+    except (UnstorableData, TypeError) as exc:
+        text = exc.message if isinstance(exc, UnstorableData) else str(exc)
+        raise UnstorableData(f"the state of run {state.run_id}: {text}") from None
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    return str(value)
 
 
 _TERMINAL = frozenset(status.value for status in RUN_TERMINAL)
-
-
-def _summary_of(s: RunState, created_at: float, updated_at: float | None = None) -> RunSummary:
-    return RunSummary(
-        run_id=s.run_id,
-        workflow=s.workflow,
-        version=s.version,
-        status=s.status.value,
-        created_at=created_at,
-        updated_at=created_at if updated_at is None else updated_at,
-        finished_at=s.finished_at,
-        parent_run_id=s.parent_run_id,
-        output=s.output,
-        error=codec.error_to_data(s.error),
-    )
 
 
 def _entry(run_id: str, seq: int, event: Event, transitions: list[Transition]) -> HistoryEntry:
