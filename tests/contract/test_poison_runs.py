@@ -197,3 +197,31 @@ async def test_an_event_the_core_cannot_apply_fails_only_its_run(runtime: Runtim
     assert result.error is not None
     assert result.error["type"] == "EngineError"
     assert "TypeError" in result.error["message"]
+
+
+DAMAGED = (
+    '{"kind": "task_completed", "event_id": "x", "run_id": "damaged", "time": 1.0, '
+    '"step_key": ["ask"], "attempt": 1}'
+)
+
+
+async def test_a_run_that_cannot_be_loaded_holds_up_no_other(
+    sql_backend: Backend, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with Runtime(store=sql_backend.make(), workers=1) as rt:
+        for run_id in ("damaged", "other"):
+            await rt.start_run(WAITING, None, run_id=run_id)
+            await wait_until(rt, run_id, step_is("ask", "waiting"))
+    assert sql_backend.raw is not None
+    await sql_backend.raw(f"UPDATE history SET data = '{DAMAGED}' WHERE run_id = 'damaged'")
+    async with Runtime(store=sql_backend.make(), workers=1) as rt:
+        signals = [
+            SignalReceived(event_id=f"s-{run_id}", run_id=run_id, time=1.0, name="go", payload=1)
+            for run_id in ("damaged", "other")
+        ]
+        await rt.bus.publish_events(signals)  # one batch: the damaged run's event comes first
+        assert (await rt.wait("other", WAIT)).output == 1
+    assert any(
+        "run damaged cannot be loaded" in r.getMessage() and "TypeError" in r.getMessage()
+        for r in caplog.records
+    )

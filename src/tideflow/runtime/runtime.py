@@ -381,8 +381,8 @@ class Runtime:
                     await self.bus.publish_events([self._started(state, state.input)])
                     continue
                 plan = await self._plans.get(state.plan_hash)
-            except TideflowError as exc:
-                log.error("run %s cannot be resumed: %s", run_id, exc)
+            except Exception as exc:  # a damaged run must not keep the others from resuming
+                log.error("run %s cannot be resumed: %s: %s", run_id, type(exc).__name__, exc)
                 continue
             await self._relay(resume_commands(plan, state, self.clock.now()))
 

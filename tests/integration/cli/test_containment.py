@@ -4,11 +4,12 @@ and the store stays usable."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import textwrap
 
 from tideflow.cli.common import json_bytes
 
-from .conftest import Workdir, stdout_json, tideflow
+from .conftest import Workdir, stdout_json, tideflow, waiting_runs
 
 STEPS = """
 import sys
@@ -135,3 +136,16 @@ def test_json_output_never_fails_on_a_value() -> None:
     assert data["1"] == "nan"
     assert data["inf"] == ["inf"]
     assert data["obj"].startswith("<object")
+
+
+def test_resume_skips_a_run_whose_history_cannot_be_replayed(workdir: Workdir) -> None:
+    damaged, other = waiting_runs(workdir.store, 2, workdir.path / "wait.yaml")
+    event = {"kind": "task_completed", "event_id": "x", "run_id": damaged, "time": 1.0}
+    row = json.dumps({**event, "step_key": ["ask"], "attempt": 1})
+    with sqlite3.connect(workdir.db) as conn:
+        conn.execute("UPDATE history SET data = ? WHERE run_id = ?", (row, damaged))
+    done = tideflow(workdir.path, "resume", "--store", workdir.store, "--timeout", "1", "--json")
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert f"skipped run {damaged}: run '{damaged}': its history cannot be replayed" in done.stderr
+    assert [r["run_id"] for r in stdout_json(done)["runs"]] == [other]
