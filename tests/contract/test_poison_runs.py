@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import textwrap
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,14 +20,14 @@ from typing import Any
 import pytest
 
 from tideflow.dsl import compile_definition
-from tideflow.model.events import EngineFailed, SignalReceived, TaskCompleted
+from tideflow.model.events import CancelRequested, EngineFailed, SignalReceived, TaskCompleted
 from tideflow.model.plan import Plan
 from tideflow.runtime.runtime import Runtime
 from tideflow.store.base import AppliedEvent, Store, StoreUnavailable, UnstorableData
 from tideflow.testing.waiting import step_is, wait_until
 from tideflow.worker.executors.functions import register, unregister
 
-from .conftest import Backend
+from .conftest import Backend, drop_schema, postgres_backend
 
 POISON = "poison-run"
 OTHERS = 6
@@ -225,3 +226,37 @@ async def test_a_run_that_cannot_be_loaded_holds_up_no_other(
         "run damaged cannot be loaded" in r.getMessage() and "TypeError" in r.getMessage()
         for r in caplog.records
     )
+
+
+async def test_apply_now_says_when_the_store_did_not_take_the_event(runtime: Runtime) -> None:
+    await runtime.start_run(WAITING, None, run_id=POISON)
+    await wait_until(runtime, POISON, step_is("ask", "waiting"))
+    fault = CommitFault(runtime.store, StoreUnavailable("the store is busy"), {POISON}, None)
+    fault.install()
+    cancel = CancelRequested(event_id="c1", run_id=POISON, time=1.0)
+    with pytest.raises(StoreUnavailable):
+        await runtime.apply_now(cancel)
+    assert (await runtime.store.get_run(POISON)).status == "running"
+    fault.heal()
+    await runtime.apply_now(cancel)
+    assert (await runtime.store.get_run(POISON)).status == "cancelled"
+
+
+async def test_a_value_postgresql_refuses_fails_only_its_run(postgres_url: str) -> None:
+    """PostgreSQL text cannot hold NUL: a signal id with one is a real DataError there."""
+    schema = f"poison_{uuid.uuid4().hex[:12]}"
+    backend = postgres_backend(postgres_url, schema)
+    try:
+        async with Runtime(store=backend.make(), workers=2) as rt:
+            await rt.start_run(WAITING, None, run_id=POISON)
+            await wait_until(rt, POISON, step_is("ask", "waiting"))
+            await rt.signal(POISON, "go", "x", signal_id="bad\x00id")
+            statuses = await run_all(rt, QUICK, others())
+            assert set(statuses.values()) == {"succeeded"}
+            result = await rt.wait(POISON, WAIT)
+            assert result.status == "failed"
+            assert result.error is not None
+            assert result.error["type"] == "EngineError"
+            assert "UnstorableData" in result.error["message"]
+    finally:
+        await drop_schema(postgres_url, schema)

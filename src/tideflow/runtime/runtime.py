@@ -294,7 +294,7 @@ class Runtime:
         """Apply one event and commit it before returning (for tools that act on a store
         without running its workers: what the event dispatches runs on the next resume)."""
         self._require_started()
-        await self._scheduler.apply([event])
+        await self._scheduler.apply([event], redeliver=False)
 
     async def unfinished(self) -> list[str]:
         """Ids of the runs in the store that have not ended."""

@@ -103,16 +103,18 @@ class Scheduler:
             except Exception:
                 log.exception("scheduler batch failed")
 
-    async def apply(self, events: list[Event]) -> None:
+    async def apply(self, events: list[Event], *, redeliver: bool = True) -> None:
         """Apply, commit and relay one batch. Nothing a caller sees counts a run as ended
-        before the batch that ended it is committed."""
+        before the batch that ended it is committed. With ``redeliver=False`` (a tool
+        that applies one event and stops) a commit that fails raises instead of coming
+        again later."""
         async with self._lock:
             try:
-                await self._apply_committed(events)
+                await self._apply_committed(events, redeliver)
             finally:
                 self._in_flight.clear()
 
-    async def _apply_committed(self, events: list[Event]) -> None:
+    async def _apply_committed(self, events: list[Event], redeliver: bool = True) -> None:
         batch = await self._apply_all(events)
         if not batch:
             return
@@ -123,6 +125,10 @@ class Scheduler:
             faults.checkpoint("after_commit")
         if out.committed:
             self._retry_delay = 0.05
+        if not redeliver and (out.down or out.failures):
+            for run_id in self._in_flight:
+                self._runs.evict(run_id)
+            raise out.down or next(iter(out.failures.values()))
         await self._not_committed(out, events)
         await self._committed(out.committed)
 
