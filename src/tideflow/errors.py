@@ -11,11 +11,15 @@
     ├── NotFound                   an unknown run, definition or step
     ├── RunNotRetryable            a retry of a run that is not failed or timed out
     ├── DefinitionConflict         (name, version) already registered with other content
+    ├── RuntimeNotStarted          a Runtime used before ``start()`` / ``async with``
+    ├── EngineError                a run's event could not be applied or stored: the run failed
     ├── UnknownSignal              a signal no wait step of the run's workflow waits for
     └── StepError                  raised *inside* a step; recorded in the run, not thrown out
         ├── ExpressionEvaluationError   an expression failed at run time
         ├── StepTimeout                 an attempt exceeded its `timeout` (type name `TimeoutError`)
         ├── ExecutorNotFound            a step type with no registered executor
+        ├── OutputNotSerializable       a value a step produced cannot be stored as JSON
+        ├── OutputTooLarge              a step's output is over the configured limit
         └── ExecutorError               an executor failed (its `type` names the error class)
 
 Every class has a docstring that serves as its default message. Errors that
@@ -169,3 +173,25 @@ class ExecutorError(StepError):
     """The executor reported an error."""
 
     type_name = "ExecutorError"
+
+
+class OutputNotSerializable(StepError):
+    """The step's output cannot be stored as JSON."""
+
+    type_name = "OutputNotSerializable"
+    retryable = False
+
+
+class OutputTooLarge(StepError):
+    """The step's output is larger than the configured limit."""
+
+    type_name = "OutputTooLarge"
+    retryable = False
+
+
+class RuntimeNotStarted(TideflowError):
+    """Runtime not started: use `async with Runtime(...)` or `await rt.start()`."""
+
+
+class EngineError(TideflowError):
+    """The engine could not apply or store an event of this run, so the run was failed."""

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import math
 import os
+import re
 import signal
 import sys
 from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping, Sequence
 from contextvars import ContextVar
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -27,6 +31,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from tideflow.errors import DefinitionError, Diagnostic, NotFound, TideflowError
+from tideflow.model import storable
 from tideflow.model.states import RUN_TERMINAL
 from tideflow.store import DEFAULT_URL, Store, open_store
 from tideflow.store.base import RunSummary, StoreError
@@ -301,11 +306,13 @@ async def opened_runtime(
     executors: ExecutorRegistry | None = None,
     definitions_dir: Path | None = None,
     listeners: Iterable[Listener] = (),
+    limits: Limits | None = None,
 ) -> AsyncIterator[Runtime]:
     """A started runtime on the store at ``url`` (the runtime opens and closes the store).
 
     ``recover=True`` resumes every unfinished run of the store on start; ``workers=0``
     executes no task (what a command dispatches then runs on the next resume).
+    ``limits`` default to ``TIDEFLOW_MAX_STEP_OUTPUT`` / ``TIDEFLOW_MAX_RUN_INPUT``.
     """
     from tideflow.runtime.clock import clock_from_environment
     from tideflow.runtime.runtime import Runtime
@@ -314,6 +321,7 @@ async def opened_runtime(
         clock = clock_from_environment(os.environ)
     except ValueError as exc:
         raise fail_usage(str(exc)) from None
+    limits = limits or Limits.from_env(os.environ)
     store = build_store(url, create=create, upgrade=upgrade)
     rt = Runtime(
         store=store,
@@ -322,6 +330,8 @@ async def opened_runtime(
         recover=recover,
         definitions_dir=definitions_dir,
         clock=clock,
+        max_step_output=limits.step_output,
+        max_run_input=limits.run_input,
     )
     for listener in listeners:
         rt.add_listener(listener)
@@ -337,6 +347,48 @@ async def opened_runtime(
         yield rt
     finally:
         await rt.close()
+
+
+MAX_STEP_OUTPUT_ENV = "TIDEFLOW_MAX_STEP_OUTPUT"
+MAX_RUN_INPUT_ENV = "TIDEFLOW_MAX_RUN_INPUT"
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kib": 1024,
+    "kb": 1000,
+    "mib": 1024**2,
+    "mb": 1000**2,
+    "gib": 1024**3,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The size limits of a runtime (JSON bytes): a step's output, a run's input."""
+
+    step_output: int = storable.MAX_STEP_OUTPUT
+    run_input: int = storable.MAX_RUN_INPUT
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Limits:
+        return cls(
+            step_output=parse_size(environ.get(MAX_STEP_OUTPUT_ENV), storable.MAX_STEP_OUTPUT),
+            run_input=parse_size(environ.get(MAX_RUN_INPUT_ENV), storable.MAX_RUN_INPUT),
+        )
+
+
+def parse_size(text: str | None, default: int) -> int:
+    """``"1MiB"``, ``"512KiB"``, ``"2000000"`` (bytes); the default when unset or empty."""
+    if text is None or not text.strip():
+        return default
+    match = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", text)
+    unit = match and _SIZE_UNITS.get(match.group(2).lower())
+    if match is None or unit is None:
+        raise TideflowError(
+            f"{text!r} is not a size: write bytes (2000000) or a number with KiB, MiB, GiB, KB "
+            "or MB (e.g. 4MiB)"
+        )
+    return int(match.group(1)) * unit
 
 
 EVENT_SINKS_VARIABLE = "TIDEFLOW_EVENT_SINKS"
@@ -376,8 +428,32 @@ async def known_run(store: Store, run_id: str, url: str) -> RunSummary:
 
 def write_json(value: Any) -> None:
     sys.stdout.flush()
-    sys.stdout.buffer.write(orjson.dumps(value, default=str) + b"\n")
+    sys.stdout.buffer.write(json_bytes(value) + b"\n")
     sys.stdout.buffer.flush()
+
+
+def json_bytes(value: Any) -> bytes:
+    """``value`` as JSON, whatever it holds: what orjson refuses (an integer beyond 64 bits,
+    a key that is not a string) goes through the slower stdlib encoder. NaN and infinities
+    come out as null (orjson) or as strings, never as invalid JSON."""
+    try:
+        return orjson.dumps(value, default=str)
+    except TypeError:
+        return json.dumps(_plain(value), default=str, ensure_ascii=False).encode()
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return _finite(value)
 
 
 def iso(timestamp: float | None) -> str | None:
@@ -426,8 +502,11 @@ __all__ = [
     "EXIT_FAILED",
     "EXIT_INTERRUPTED",
     "EXIT_USAGE",
+    "MAX_RUN_INPUT_ENV",
+    "MAX_STEP_OUTPUT_ENV",
     "TERMINAL_STATUSES",
     "JsonOption",
+    "Limits",
     "RunArgument",
     "StoreOption",
     "build_store",
@@ -447,6 +526,7 @@ __all__ = [
     "out",
     "parse_json_option",
     "parse_since",
+    "parse_size",
     "registry",
     "resume_command",
     "run_async",

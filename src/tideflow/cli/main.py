@@ -24,6 +24,9 @@ from rich.markup import escape
 
 from tideflow.cli.common import (
     DEFAULT_STORE,
+    MAX_RUN_INPUT_ENV,
+    MAX_STEP_OUTPUT_ENV,
+    Limits,
     StoreOption,
     display_url,
     err,
@@ -34,6 +37,7 @@ from tideflow.cli.common import (
     opened_runtime,
     out,
     parse_json_option,
+    parse_size,
     registry,
     run_async,
     use_working_directory_modules,
@@ -46,7 +50,8 @@ from tideflow.cli.render import print_result
 from tideflow.cli.resume import resume_cmd
 from tideflow.cli.runs import runs_app
 from tideflow.cli.validate import definition_directory, graph_cmd, load_definition, validate_cmd
-from tideflow.errors import DefinitionConflict, InputValidationError
+from tideflow.errors import DefinitionConflict, InputValidationError, TideflowError
+from tideflow.model import storable
 from tideflow.model.plan import Plan
 from tideflow.runtime.result import RunResult
 
@@ -141,6 +146,24 @@ def run_cmd(
             help="Start at most one run per KEY: again with the same KEY waits for that run.",
         ),
     ] = None,
+    max_step_output: Annotated[
+        str | None,
+        typer.Option(
+            "--max-step-output",
+            envvar=MAX_STEP_OUTPUT_ENV,
+            metavar="SIZE",
+            help="Largest step output as JSON (default 1MiB); a larger one fails the step.",
+        ),
+    ] = None,
+    max_run_input: Annotated[
+        str | None,
+        typer.Option(
+            "--max-run-input",
+            envvar=MAX_RUN_INPUT_ENV,
+            metavar="SIZE",
+            help="Largest run input as JSON (default 16MiB); a larger one is refused.",
+        ),
+    ] = None,
 ) -> None:
     """Run a workflow embedded (in-process bus and workers) and print its output.
 
@@ -170,6 +193,13 @@ def run_cmd(
     except InputValidationError as exc:
         raise fail_error(exc) from None
     use_working_directory_modules()
+    try:
+        limits = Limits(
+            step_output=parse_size(max_step_output, storable.MAX_STEP_OUTPUT),
+            run_input=parse_size(max_run_input, storable.MAX_RUN_INPUT),
+        )
+    except TideflowError as exc:
+        raise fail_usage(exc.message) from None
     request = _RunRequest(
         plan=plan,
         input=value,
@@ -179,6 +209,7 @@ def run_cmd(
         workers=workers,
         timeout=timeout,
         show=not as_json,
+        limits=limits,
     )
     result = run_async(
         _run(request, executors),
@@ -203,6 +234,7 @@ class _RunRequest:
     workers: int
     timeout: float | None
     show: bool
+    limits: Limits
 
 
 async def _run(request: _RunRequest, executors: ExecutorRegistry) -> RunResult:
@@ -214,6 +246,7 @@ async def _run(request: _RunRequest, executors: ExecutorRegistry) -> RunResult:
         upgrade=True,
         executors=executors,
         definitions_dir=request.definitions,
+        limits=request.limits,
     ) as rt:
         wanted = uuid.uuid4().hex
         progress = Progress(err, request.plan, wanted) if request.show and err.is_terminal else None

@@ -20,10 +20,12 @@ from typing import Any, NamedTuple
 
 from tideflow.core import attempts, joins, reopen, saga
 from tideflow.core import steps as kinds
+from tideflow.core.engine_failure import fail_by_engine
 from tideflow.core.retry import backoff_delay, may_retry
 from tideflow.core.scope import build_scope
 from tideflow.core.timers import fire_step_timer
-from tideflow.errors import ExpressionEvaluationError
+from tideflow.errors import StepError
+from tideflow.model import storable
 from tideflow.model.commands import (
     CancelChildRun,
     CancelTask,
@@ -35,6 +37,7 @@ from tideflow.model.commands import (
 from tideflow.model.events import (
     CancelRequested,
     ChildRunFinished,
+    EngineFailed,
     ErrorInfo,
     Event,
     RunRetried,
@@ -126,6 +129,8 @@ class Decider:
             self.end_run_early(RunStatus.CANCELLED, event.reason)
         elif isinstance(event, RunRetried):
             reopen.retry_run(self, event)
+        elif isinstance(event, EngineFailed):
+            fail_by_engine(self, event)
         self._drain()
 
     def _drain(self) -> None:
@@ -184,10 +189,12 @@ class Decider:
         try:
             if plan.output is not None:
                 state.output = plan.output.render(build_scope(state, "", self.now))
+                storable.check(state.output, "the run's output")
             else:
                 state.output = self._default_output()
-        except ExpressionEvaluationError as exc:
-            self._fail_run(error_info("ExpressionError", f"run output: {exc.message}"))
+        except StepError as exc:
+            state.output = None
+            self._fail_run(error_info(exc.type_name, f"run output: {exc.message}"))
             return
         self.finish_run(RunStatus.SUCCEEDED, "every step finished")
 
@@ -529,9 +536,9 @@ class Decider:
             self._cancel_other_dependencies(st, spec)
         try:
             kinds.start_step(self, st, spec)
-        except ExpressionEvaluationError as exc:
+        except StepError as exc:  # an expression that fails, a value that cannot be stored
             if st.status not in STEP_TERMINAL:
-                self.fail_step(st, error_info("ExpressionError", exc.message))
+                self.fail_step(st, error_info(exc.type_name, exc.message))
 
     def _cancel_other_dependencies(self, st: StepState, spec: StepSpec) -> None:
         steps = self.state.steps

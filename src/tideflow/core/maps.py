@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from tideflow.model import storable
 from tideflow.model.events import ErrorInfo
 from tideflow.model.plan import StepSpec
 from tideflow.model.run import MapProgress, ScopeState, StepState
@@ -29,6 +30,7 @@ def _error(type_: str, message: str) -> ErrorInfo:
 def start_map(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, Any]) -> None:
     assert spec.map is not None
     items = spec.map.items.render(scope)
+    storable.check(items, f"the items of map step {st.key!r}")
     if not isinstance(items, list):
         d.fail_step(
             st, _error("InvalidItems", f"map `items` must be a list, got {type(items).__name__}")

@@ -14,6 +14,7 @@ from tideflow.core.attempts import action_task, dispatch, secret_names
 from tideflow.core.maps import arm_step_timeout, map_item_done, resume_map, start_map
 from tideflow.core.scope import build_scope, iso
 from tideflow.errors import ExpressionEvaluationError
+from tideflow.model import storable
 from tideflow.model.commands import EmitEvent, StartChildRun
 from tideflow.model.events import ErrorInfo
 from tideflow.model.expressions import Expression
@@ -42,7 +43,9 @@ def start_step(d: Decider, st: StepState, spec: StepSpec) -> None:
         d.skip(st, f"when is false: {spec.when.source}")
         return
     if spec.input is not None:
-        st.input = spec.input.render(scope)
+        rendered = spec.input.render(scope)
+        storable.check(rendered, f"the input of step {st.key!r}")
+        st.input = rendered
     if spec.is_action:
         dispatch(d, st, spec, scope)
         return
@@ -69,6 +72,7 @@ def _constant_action(spec: StepSpec) -> bool:
 
 def _start_set(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, Any]) -> None:
     values = spec.set_values.render(scope) if spec.set_values is not None else {}
+    storable.check(values, f"the values of set step {st.key!r}")
     d.succeed(st, values, "values computed")
 
 
@@ -195,6 +199,7 @@ def _start_subflow(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, A
     assert sub is not None
     state = d.state
     child_input = sub.input.render(scope)
+    storable.check(child_input, f"the input of subflow step {st.key!r}")
     st.input = child_input
     child_id = f"{state.run_id}.{re.sub(r'[^A-Za-z0-9_.-]', '_', st.key)}"
     if state.retries:  # an operator retry starts a new child run
@@ -221,6 +226,7 @@ def _start_subflow(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, A
 def _start_emit(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, Any]) -> None:
     assert spec.emit is not None
     rendered = spec.emit.render(scope)
+    storable.check(rendered, f"the event of emit step {st.key!r}")
     if not isinstance(rendered, dict) or not rendered.get("type"):
         raise ExpressionEvaluationError("emit: `event` must be a mapping with a non-empty `type`")
     state = d.state

@@ -27,6 +27,7 @@ from tideflow.model.events import (
     EVENT_KINDS,
     EVENT_TYPES,
     ChildRunFinished,
+    EngineFailed,
     ErrorInfo,
     Event,
     TaskFailed,
@@ -199,7 +200,7 @@ def event_kind(event: Event) -> str:
 def event_to_data(event: Event) -> dict[str, Any]:
     data = {f.name: getattr(event, f.name) for f in fields(event)}
     data["kind"] = EVENT_KINDS[type(event)]
-    if isinstance(event, TaskFailed | ChildRunFinished):
+    if isinstance(event, TaskFailed | ChildRunFinished | EngineFailed):
         data["error"] = error_to_data(event.error)
     return data
 

@@ -143,6 +143,14 @@ class RunRetried(Event):
     reason: str = "retried on request"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineFailed(Event):
+    """The engine could not apply or store one of this run's events: the run fails with
+    ``error`` (type ``EngineError``) so that it cannot hold up other runs."""
+
+    error: ErrorInfo
+
+
 EventKind = Literal[
     "run_started",
     "task_started",
@@ -154,6 +162,7 @@ EventKind = Literal[
     "child_run_finished",
     "cancel_requested",
     "run_retried",
+    "engine_failed",
 ]
 
 EVENT_KINDS: dict[type[Event], str] = {
@@ -167,6 +176,7 @@ EVENT_KINDS: dict[type[Event], str] = {
     ChildRunFinished: "child_run_finished",
     CancelRequested: "cancel_requested",
     RunRetried: "run_retried",
+    EngineFailed: "engine_failed",
 }
 EVENT_TYPES: dict[str, type[Event]] = {v: k for k, v in EVENT_KINDS.items()}
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tideflow.core.decide import decide
+from tideflow.model.codec import StateFormatError
+from tideflow.model.events import Event
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
 from tideflow.store.base import Store
@@ -33,6 +35,16 @@ class LiveRun:
             self.since_snapshot = 0
             return self.last_seq, True
         return self.last_seq, False
+
+
+def _replay(plan: Plan, state: RunState, event: Event) -> None:
+    try:
+        decide(plan, state, event)
+    except Exception as exc:  # a damaged history row: name it instead of a traceback
+        raise StateFormatError(
+            f"run {state.run_id!r}: its history cannot be replayed: event "
+            f"{type(event).__name__} {event.event_id!r} fails with {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 class Plans:
@@ -79,7 +91,10 @@ class RunCache:
             if stored.tail:
                 plan = await self._plans.get(state.plan_hash)
                 for event in stored.tail:
-                    decide(plan, state, event)
+                    _replay(plan, state, event)
+            cached = self._live.get(run_id)
+            if cached is not None:  # loaded (and maybe advanced) by another caller meanwhile
+                return cached
             live = LiveRun(state, stored.last_seq, len(stored.tail))
             if not state.is_terminal:
                 self._live[run_id] = live

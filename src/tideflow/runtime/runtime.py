@@ -29,7 +29,15 @@ from tideflow.bus.backends.local import LocalBus
 from tideflow.bus.base import Bus
 from tideflow.core.reopen import RETRYABLE
 from tideflow.core.resume import lost_events, resume_commands
-from tideflow.errors import NotFound, RunNotRetryable, TideflowError
+from tideflow.errors import (
+    InputValidationError,
+    NotFound,
+    RunNotRetryable,
+    RuntimeNotStarted,
+    StepError,
+    TideflowError,
+)
+from tideflow.model import storable
 from tideflow.model.commands import (
     CancelChildRun,
     CancelTask,
@@ -88,6 +96,8 @@ class Runtime:
         definitions_dir: str | Path | None = None,
         batch_size: int = 512,
         recover: bool = True,
+        max_step_output: int = storable.MAX_STEP_OUTPUT,
+        max_run_input: int = storable.MAX_RUN_INPUT,
     ) -> None:
         if isinstance(store, str):
             from tideflow.store import open_store
@@ -102,6 +112,9 @@ class Runtime:
         self._definitions = DefinitionSource(definitions_dir, self.executors)
         self._recover_on_start = recover
         self._worker_count = workers
+        self._max_run_input = max_run_input
+        self._max_step_output = max_step_output
+        self._running = False
         self._prefix = uuid.uuid4().hex[:10]
         self._ids = itertools.count(1)
         self._plans = Plans(self.store)
@@ -120,6 +133,7 @@ class Runtime:
             new_event_id=self.new_event_id,
             secrets=secrets,
             start_durably=self._start_durably,
+            max_output=max_step_output,
         )
         self._scheduler = Scheduler(
             store=self.store,
@@ -143,6 +157,7 @@ class Runtime:
     async def start(self) -> None:
         await self.store.open()
         await self.bus.open()
+        self._running = True
         self._scheduler.start()
         if self._worker_count:
             self._workers.start()
@@ -150,6 +165,7 @@ class Runtime:
             await self._recover()
 
     async def close(self) -> None:
+        self._running = False
         await self._workers.close()
         await self._scheduler.stop()  # a batch being committed finishes first
         self._timers.close()
@@ -202,10 +218,9 @@ class Runtime:
         idempotency_key: str | None = None,
     ) -> str:
         """Start a run and return its id (the existing run's id for a reused idempotency key)."""
+        self._require_started()
         plan = await self._resolve(workflow, version)
-        from tideflow.dsl.inputs import validate_input
-
-        validate_input(plan, input)
+        self._check_input(plan, input)
         state, created = await self._create_run(
             plan, run_id or uuid.uuid4().hex, idempotency_key, None, None, input
         )
@@ -219,6 +234,7 @@ class Runtime:
 
     async def wait(self, run_id: str, timeout: float | None = None) -> RunResult:
         """Wait until the run is in a terminal state and return its result."""
+        self._require_started()
         state = await self._state(run_id)
         if state.is_terminal and not self._scheduler.uncommitted(run_id):
             return result_of(state, await self._plans.get(state.plan_hash))
@@ -251,7 +267,12 @@ class Runtime:
         """Send a signal to a run; a `wait` for ``name`` whose `match` holds receives it.
 
         ``UnknownSignal`` when no `wait` step of the run's plan waits for ``name``
-        (runtime/signals.py)."""
+        (runtime/signals.py); ``InputValidationError`` for a payload that cannot be stored."""
+        self._require_started()
+        try:
+            storable.check(payload, f"the payload of signal {name!r}", self._max_step_output)
+        except StepError as exc:
+            raise InputValidationError(exc.message) from None
         state = await self._state(run_id)
         refuse_undeclared_signal(await self._plans.get(state.plan_hash), run_id, name)
         await self.bus.publish_events(
@@ -274,6 +295,7 @@ class Runtime:
         that has ended, or is compensating already, is left as it is: nothing is recorded
         and its status is returned.
         """
+        self._require_started()
         state = await self._state(run_id)
         if state.status not in (RunStatus.PENDING, RunStatus.RUNNING):
             return state.status
@@ -294,6 +316,7 @@ class Runtime:
         skipped ones are decided again, each with a fresh attempt count; the history
         records a ``run_retried`` event. Raises ``RunNotRetryable`` for any other run.
         """
+        self._require_started()
         state = await self._state(run_id)
         if state.status not in RETRYABLE:
             raise RunNotRetryable(
@@ -304,13 +327,14 @@ class Runtime:
             event_id=self.new_event_id(), run_id=run_id, time=self.clock.now(), reason=reason
         )
         self._workers.forget_cancels(run_id)
-        await self._scheduler.apply([event])
+        await self._scheduler.apply([event], redeliver=False)
         return (await self._state(run_id)).status
 
     async def apply_now(self, event: Event) -> None:
         """Apply one event and commit it before returning (for tools that act on a store
         without running its workers: what the event dispatches runs on the next resume)."""
-        await self._scheduler.apply([event])
+        self._require_started()
+        await self._scheduler.apply([event], redeliver=False)
 
     async def _start_durably(self, event: TaskStarted) -> bool:
         """Commit a worker's TaskStarted now (an ``idempotent: false`` step runs only after
@@ -323,6 +347,20 @@ class Runtime:
         return await self.store.unfinished_runs()
 
     # -- internals: runs --------------------------------------------------------
+
+    def _require_started(self) -> None:
+        if not self._running:
+            raise RuntimeNotStarted()
+
+    def _check_input(self, plan: Plan, input: Any) -> None:
+        """Refuse an input that does not fit the plan or cannot be stored (no run is made)."""
+        from tideflow.dsl.inputs import validate_input
+
+        validate_input(plan, input)
+        try:
+            storable.check(input, "the run input", self._max_run_input)
+        except StepError as exc:
+            raise InputValidationError(exc.message) from None
 
     async def _resolve(self, workflow: Any, version: str | None) -> Plan:
         if isinstance(workflow, str) and not self._definitions.looks_like_path(workflow):
@@ -391,8 +429,8 @@ class Runtime:
                     await self.bus.publish_events([self._started(state, state.input)])
                     continue
                 plan = await self._plans.get(state.plan_hash)
-            except TideflowError as exc:
-                log.error("run %s cannot be resumed: %s", run_id, exc)
+            except Exception as exc:  # a damaged run must not keep the others from resuming
+                log.error("run %s cannot be resumed: %s: %s", run_id, type(exc).__name__, exc)
                 continue
             await self._relay(resume_commands(plan, state, self.clock.now()))
             lost = lost_events(plan, state, self.clock.now())  # started, never finished
@@ -462,9 +500,7 @@ class Runtime:
     async def _start_child(self, command: StartChildRun) -> None:
         try:
             plan = await self._resolve(command.workflow, command.version)
-            from tideflow.dsl.inputs import validate_input
-
-            validate_input(plan, command.input)
+            self._check_input(plan, command.input)
         except TideflowError as exc:
             if command.wait:
                 await self._fail_child_start(command, exc)

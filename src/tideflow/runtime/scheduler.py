@@ -2,9 +2,16 @@
 
 It takes every event the bus has ready (up to ``batch_size``), applies each to
 its run through the pure core, commits the whole batch to the store in one call
-(group commit), tells the listeners, and hands the commands to ``relay``. A
-batch whose commit fails is forgotten (the changed runs reload from the store)
-and its events are delivered again after a backoff.
+(group commit), tells the listeners, and hands the commands to ``relay``.
+
+One run never holds up the others (see ``poison``). A run whose event cannot be
+applied, or whose events cannot be stored, is failed with an ``EngineError``
+(an ``EngineFailed`` event through the core) and the rest of its batch goes on.
+When a group commit fails, the batch is forgotten (its runs reload from the
+store) and, unless the store is unavailable, each run is committed alone to
+find the one at fault. A store that is unavailable fails no run: the whole
+batch comes again after a backoff; a run that alone could not be committed
+comes again after a backoff of its own, without blocking the loop.
 """
 
 from __future__ import annotations
@@ -16,11 +23,13 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from tideflow.bus.base import Bus
 from tideflow.core.decide import decide
-from tideflow.errors import NotFound, TideflowError
+from tideflow.errors import NotFound
 from tideflow.model.commands import Command
-from tideflow.model.events import Event, Transition
+from tideflow.model.events import EngineFailed, Event, Transition
 from tideflow.model.run import RunState
 from tideflow.runtime import faults
+from tideflow.runtime.commits import Outcome, commit_apart
+from tideflow.runtime.poison import DEFINITELY_DATA, Failure, classify, describe, engine_failed
 from tideflow.runtime.runs import Plans, RunCache
 from tideflow.store.base import AppliedEvent, Store
 
@@ -56,6 +65,10 @@ class Scheduler:
         self._relayed: list[str] = []
         """Outbox ids relayed since the last commit; the next commit forgets them."""
         self._retry_delay = 0.05
+        self._run_retries: dict[str, int] = {}
+        """Runs whose commit alone failed while the store was up: how many times in a row."""
+        self._later: set[asyncio.Task[None]] = set()
+        """Redeliveries waiting out a run's own backoff."""
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="tideflow-scheduler")
@@ -68,6 +81,8 @@ class Scheduler:
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._task
                 self._task = None
+            for task in list(self._later):
+                task.cancel()
             if self._relayed:
                 with contextlib.suppress(Exception):
                     await self._store.commit([], self._relayed)
@@ -86,45 +101,125 @@ class Scheduler:
             try:
                 await self.apply(events)
             except Exception:
-                log.exception("scheduler batch failed; its events are delivered again")
+                log.exception("scheduler batch failed")
 
-    async def apply(self, events: list[Event]) -> set[str]:
+    async def apply(self, events: list[Event], *, redeliver: bool = True) -> set[str]:
         """Apply, commit and relay one batch; return the ids of the events that changed a
-        run (the others were duplicates or stale). Nothing a caller sees counts a run as
-        ended before the batch that ended it is committed."""
+        run and were committed (the others were duplicates, stale, or not stored). Nothing
+        a caller sees counts a run as ended before the batch that ended it is committed.
+        With ``redeliver=False`` (a tool that applies one event and stops) a commit that
+        fails raises instead of coming again later."""
         async with self._lock:
             try:
-                return await self._apply_committed(events)
+                return await self._apply_committed(events, redeliver)
             finally:
                 self._in_flight.clear()
 
-    async def _apply_committed(self, events: list[Event]) -> set[str]:
-        batch = [applied for event in events if (applied := await self._apply(event))]
+    async def _apply_committed(self, events: list[Event], redeliver: bool = True) -> set[str]:
+        batch = await self._apply_all(events)
         if not batch:
             return set()
         if faults.ARMED:
             faults.checkpoint("before_commit")
-        try:
-            await self._store.commit(batch, self._relayed)
-        except Exception:
-            for applied in batch:
-                self._runs.evict(applied.event.run_id)
-            await self._redeliver(events)
-            raise
+        out = await commit_apart(self._commit, batch, self._run_retries.keys())
         if faults.ARMED:
             faults.checkpoint("after_commit")
+        if out.committed:
+            self._retry_delay = 0.05
+        if not redeliver and (out.down or out.failures):
+            for run_id in self._in_flight:
+                self._runs.evict(run_id)
+            raise out.down or next(iter(out.failures.values()))
+        await self._not_committed(out, events)
+        await self._committed(out.committed)
+        return {applied.event.event_id for applied in out.committed}
+
+    async def _commit(self, part: Sequence[AppliedEvent]) -> None:
+        await self._store.commit(part, self._relayed)
         self._relayed = []
-        self._retry_delay = 0.05
+        if self._run_retries:
+            for applied in part:
+                self._run_retries.pop(applied.event.run_id, None)
+
+    async def _not_committed(self, out: Outcome, events: list[Event]) -> None:
+        if out.down is not None:
+            for run_id in self._in_flight:
+                self._runs.evict(run_id)
+            log.warning("commit failed (%s); %d events come again", describe(out.down), len(events))
+            await self._redeliver(events)
+            return
+        for run_id, error in out.failures.items():
+            mine = [e for e in events if e.run_id == run_id]
+            await self._run_failed(run_id, mine, error, alone=not out.committed)
+
+    async def _committed(self, batch: list[AppliedEvent]) -> None:
         commands: list[Command] = []
         for applied in batch:
             commands.extend(applied.commands)
             self._relayed.extend(outbox_id for outbox_id, _ in applied.outbox)
             for listener in self._listeners:
                 listener(applied.state, applied.transitions)
-        await self._relay(commands)
+        if commands:
+            await self._relay(commands)
         if faults.ARMED:
             faults.checkpoint("after_relay")
-        return {applied.event.event_id for applied in batch}
+
+    async def _apply_all(self, events: list[Event]) -> list[AppliedEvent]:
+        """Apply each event; a run whose event cannot be applied drops out of the batch."""
+        batch: list[AppliedEvent] = []
+        failed: set[str] = set()
+        for event in events:
+            if event.run_id in failed:
+                continue
+            try:
+                applied = await self._apply(event)
+            except _ApplyFailed:
+                failed.add(event.run_id)
+                continue
+            if applied is not None:
+                batch.append(applied)
+        if failed:
+            batch = [a for a in batch if a.event.run_id not in failed]
+            self._in_flight.difference_update(failed)
+        return batch
+
+    async def _run_failed(
+        self, run_id: str, events: list[Event], exc: Exception, *, alone: bool
+    ) -> None:
+        """One run's events could not be committed (the store took the others, if any)."""
+        self._runs.evict(run_id)
+        self._in_flight.discard(run_id)
+        kind = classify(exc)
+        if kind is Failure.DATA and (not alone or isinstance(exc, DEFINITELY_DATA)):
+            await self._fail_run(run_id, events, f"storing them failed: {describe(exc)}")
+            return
+        if kind is Failure.CONFLICT:
+            await self._bus.publish_events(events)  # reload and apply again, at once
+            return
+        tries = self._run_retries[run_id] = self._run_retries.get(run_id, 0) + 1
+        delay = min(0.05 * 2 ** (tries - 1), 5.0)
+        log.warning(
+            "run %s: commit failed (%s), try %d; its events come again in %.2fs",
+            run_id,
+            describe(exc),
+            tries,
+            delay,
+        )
+        task = asyncio.create_task(self._publish_later(events, delay))
+        self._later.add(task)
+        task.add_done_callback(self._later.discard)
+
+    async def _fail_run(self, run_id: str, events: list[Event], cause: str) -> None:
+        self._run_retries.pop(run_id, None)
+        if any(isinstance(e, EngineFailed) for e in events):
+            log.error("run %s could not be failed either, it is left as stored: %s", run_id, cause)
+            return
+        log.error("run %s fails with EngineError: %s", run_id, cause)
+        await self._bus.publish_events([engine_failed(run_id, events, cause)])
+
+    async def _publish_later(self, events: list[Event], delay: float) -> None:
+        await asyncio.sleep(delay)
+        await self._bus.publish_events(events)
 
     async def _redeliver(self, events: list[Event]) -> None:
         await asyncio.sleep(self._retry_delay)
@@ -139,15 +234,20 @@ class Scheduler:
         except NotFound:
             log.warning("event %s for unknown run %s dropped", kind, event.run_id)
             return None
-        except TideflowError as exc:
-            log.error("run %s cannot be loaded, event %s not applied: %s", event.run_id, kind, exc)
+        except Exception as exc:  # a damaged snapshot or history, a plan that no longer compiles
+            log.error(
+                "run %s cannot be loaded, event %s not applied: %s",
+                event.run_id,
+                kind,
+                describe(exc),
+            )
             return None
         try:
             decision = decide(plan, live.state, event)
-        except TideflowError as exc:
-            log.error("run %s: event %s could not be applied: %s", event.run_id, kind, exc)
+        except Exception as exc:
             self._runs.evict(event.run_id)
-            return None
+            await self._fail_run(event.run_id, [event], f"applying {kind} failed: {describe(exc)}")
+            raise _ApplyFailed from exc
         if not decision.changed:
             return None
         self._in_flight.add(event.run_id)
@@ -160,3 +260,7 @@ class Scheduler:
             seq=seq,
             snapshot=snapshot,
         )
+
+
+class _ApplyFailed(Exception):
+    """An event of this run could not be applied (the run is being failed)."""

@@ -15,6 +15,11 @@ re-derived from state (finished runs, child runs, emitted events), and the
 deletion of outbox rows already relayed. Optimistic concurrency: each run's
 ``last_seq`` must still be what the applier loaded, or the whole commit fails
 with ``ConcurrencyConflict`` and nothing is written.
+
+A failed commit says why, so the runtime can react: ``StoreUnavailable`` (the
+store is down or busy: try again later), ``UnstorableData`` (a value of the
+batch cannot be stored: it never will be), ``ConcurrencyConflict`` (reload and
+apply again).
 """
 
 from __future__ import annotations
@@ -43,6 +48,14 @@ cancellations) are re-derived from the run state on recovery."""
 
 class StoreError(TideflowError):
     """The store cannot be used (damaged file, unreachable server, wrong schema)."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached or is busy right now; the same write may succeed later."""
+
+
+class UnstorableData(StoreError):
+    """The store cannot hold a value of this batch; writing it again would fail again."""
 
 
 class ConcurrencyConflict(StoreError):

@@ -23,6 +23,7 @@ from tideflow.store.base import (
     RunFilter,
     RunPage,
     RunSummary,
+    UnstorableData,
 )
 from tideflow.store.paging import decode_cursor, encode_cursor
 
@@ -32,7 +33,10 @@ _DUMPS_OPTIONS = orjson.OPT_NON_STR_KEYS
 
 
 def dumps(value: Any) -> str:
-    return orjson.dumps(value, option=_DUMPS_OPTIONS, default=str).decode()
+    try:
+        return orjson.dumps(value, option=_DUMPS_OPTIONS, default=str).decode()
+    except TypeError as exc:  # an integer beyond 64 bits, a string that is not UTF-8, ...
+        raise UnstorableData(f"a value cannot be stored as JSON: {exc}") from None
 
 
 def loads(text: str | bytes | None, what: str) -> Any:
@@ -76,17 +80,7 @@ def batch_rows(batch: Sequence[AppliedEvent]) -> BatchRows:
     for applied in batch:
         event = applied.event
         run_id = event.run_id
-        history.append(
-            (
-                run_id,
-                applied.seq,
-                event.event_id,
-                codec.event_kind(event),
-                event.time,
-                dumps(codec.event_to_data(event)),
-                dumps([codec.transition_to_data(t) for t in applied.transitions]),
-            )
-        )
+        history.append(_history_row(applied))
         first_seq.setdefault(run_id, applied.seq)
         last[run_id] = applied
         if applied.snapshot:
@@ -102,6 +96,17 @@ def batch_rows(batch: Sequence[AppliedEvent]) -> BatchRows:
         for run_id in snapshots
     ]
     return BatchRows(history=history, runs=runs, snapshots=snaps, outbox=outbox)
+
+
+def _history_row(applied: AppliedEvent) -> tuple[str, int, str, str, float, str, str]:
+    event = applied.event
+    kind = codec.event_kind(event)
+    try:
+        data = dumps(codec.event_to_data(event))
+        transitions = dumps([codec.transition_to_data(t) for t in applied.transitions])
+    except UnstorableData as exc:
+        raise UnstorableData(f"event {kind} of run {event.run_id}: {exc.message}") from None
+    return (event.run_id, applied.seq, event.event_id, kind, event.time, data, transitions)
 
 
 def _run_update(applied: AppliedEvent, expected: int) -> RunUpdate:

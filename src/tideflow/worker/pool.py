@@ -16,11 +16,9 @@ import contextlib
 import logging
 import random
 from collections.abc import Callable
-from typing import Any
-
-import orjson
 
 from tideflow.bus.base import Bus
+from tideflow.model import storable
 from tideflow.model.commands import DispatchTask
 from tideflow.model.events import Event, TaskCompleted, TaskFailed
 from tideflow.runtime import faults
@@ -46,6 +44,7 @@ class WorkerPool:
         new_event_id: Callable[[], str],
         secrets: SecretProvider | None = None,
         start_durably: StartDurably | None = None,
+        max_output: int = storable.MAX_STEP_OUTPUT,
     ) -> None:
         self._bus = bus
         self._starts = StartReports(
@@ -56,6 +55,8 @@ class WorkerPool:
         self._clock = clock
         self._new_id = new_event_id
         self._secrets = secrets or default_provider()
+        self._max_output = max_output
+        """Largest step output accepted (JSON bytes); a larger one fails the step."""
         self._loops: list[asyncio.Task[None]] = []
         self._running: dict[tuple[str, str, int], asyncio.Task[Event | None]] = {}
         self._cancelled: dict[tuple[str, str, int], None] = {}
@@ -145,10 +146,12 @@ class WorkerPool:
                 faults.checkpoint("task_finished")
             if redactor is not None:
                 output = redactor.redact(output)
-            _check_serialisable(output)
+            storable.check(output, f"the output of step {task.step_key!r}", self._max_output)
         except asyncio.CancelledError:
             return None
-        except Exception as exc:
+        except KeyboardInterrupt:  # Ctrl-C reaches the loop here; the python executor
+            raise  # turns one that user code raises into a step error itself
+        except BaseException as exc:  # SystemExit and the like from an executor fail the step
             error = error_info_from_exception(exc)
             if redactor is not None:
                 error = redactor.redact_error(error)
@@ -177,18 +180,3 @@ class WorkerPool:
             started_at=started,
             worker=self._starts.worker if started is not None else "",
         )
-
-
-def _check_serialisable(output: Any) -> None:
-    if output is None or isinstance(output, str | int | float | bool):
-        return
-    try:
-        orjson.dumps(output)
-    except TypeError as exc:
-        from tideflow.errors import StepError
-
-        raise StepError(
-            f"the step's output is not JSON-serialisable: {exc}",
-            type_name="OutputNotSerializable",
-            retryable=False,
-        ) from None

@@ -94,7 +94,7 @@ def test_options_reach_builtin_constructors() -> None:
     registry = ExecutorRegistry(discover=False, options={"python": {"max_workers": 3}})
     executor = registry.get("python")
     assert isinstance(executor, PythonExecutor)
-    assert executor.pool._max_workers == 3
+    assert executor.pool.max_workers == 3
     executor.pool.shutdown()
 
 

@@ -1,8 +1,11 @@
 """The in-memory store: the embedded default when no durable store is asked for, and the
 reference backend of the contract tests. Nothing survives the process.
 
-It keeps the live RunState objects themselves as snapshots (the runtime mutates
-them in place), so loading a run never needs a replay.
+Like the SQL stores it keeps each run's latest snapshot as JSON (written when
+the runtime asks for one, always when the run ends) and the events after it, so
+a run reloaded after a failed commit is exactly what was committed, never the
+runtime's half-applied live state; and a value the SQL stores cannot hold fails
+here too. History rows stay objects until they are read.
 """
 
 from __future__ import annotations
@@ -10,14 +13,18 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
 
 from tideflow.errors import DefinitionConflict, NotFound
 from tideflow.model import codec
-from tideflow.model.events import Event, Transition
+from tideflow.model.events import ErrorInfo, Event, Transition
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
 from tideflow.model.states import RUN_TERMINAL
 from tideflow.model.versions import latest
+from tideflow.store import sqlbase as sb
 from tideflow.store.base import (
     AppliedEvent,
     Archive,
@@ -30,18 +37,51 @@ from tideflow.store.base import (
     RunSummary,
     Store,
     StoredRun,
+    UnstorableData,
 )
 from tideflow.store.paging import decode_cursor, encode_cursor
 
 
 @dataclass(slots=True)
 class _Run:
-    state: RunState
+    first: RunState
+    """The state as created: for the fields that never change (id, workflow, parent)."""
+    snapshot: str | RunState
+    """The state as JSON, as of history entry ``snapshot_at`` (exclusive); once the run
+    has ended, the final state itself (nothing changes it any more)."""
     created_at: float
     updated_at: float
+    status: str
+    finished_at: float | None = None
+    output: Any = None
+    error: ErrorInfo | None = None
+    snapshot_at: int = 0
     last_seq: int = 0
     log: list[tuple[int, Event, list[Transition]]] = field(default_factory=list)
     """Kept as objects; turned into HistoryEntry rows only when read."""
+
+    def advance(self, state: RunState, time: float) -> None:
+        self.status = state.status.value
+        self.updated_at = time
+        self.finished_at = state.finished_at
+        self.output = state.output
+        self.error = state.error
+
+    @property
+    def summary(self) -> RunSummary:
+        s = self.first
+        return RunSummary(
+            run_id=s.run_id,
+            workflow=s.workflow,
+            version=s.version,
+            status=self.status,
+            created_at=self.created_at,
+            updated_at=self.updated_at,
+            finished_at=self.finished_at,
+            parent_run_id=s.parent_run_id,
+            output=self.output,
+            error=codec.error_to_data(self.error),
+        )
 
 
 class MemoryStore(Store):
@@ -99,7 +139,9 @@ class MemoryStore(Store):
             if existing is not None:
                 return existing, False
             self._idempotency[idempotency_key] = state.run_id
-        self._runs[state.run_id] = _Run(state, state.created_at, state.created_at)
+        snapshot = _snapshot(state)
+        at = state.created_at
+        self._runs[state.run_id] = _Run(state, snapshot, at, at, state.status.value)
         return state.run_id, True
 
     def _run(self, run_id: str) -> _Run:
@@ -110,7 +152,11 @@ class MemoryStore(Store):
 
     async def load_run(self, run_id: str) -> StoredRun:
         run = self._run(run_id)
-        return StoredRun(snapshot=run.state, tail=[], last_seq=run.last_seq)
+        if isinstance(run.snapshot, RunState):
+            return StoredRun(snapshot=run.snapshot, tail=[], last_seq=run.last_seq)
+        state = sb.snapshot_from_row(run_id, run.snapshot)
+        tail = [event for _, event, _ in run.log[run.snapshot_at :]]
+        return StoredRun(snapshot=state, tail=tail, last_seq=run.last_seq)
 
     async def commit(self, batch: Sequence[AppliedEvent], relayed: Sequence[str] = ()) -> None:
         expected: dict[str, int] = {}
@@ -120,8 +166,18 @@ class MemoryStore(Store):
         for run_id, seq in expected.items():
             if self._run(run_id).last_seq != seq:
                 raise ConcurrencyConflict(f"run {run_id} was advanced by another applier")
+        last = {applied.event.run_id: applied for applied in batch}
+        # As in the SQL stores, a snapshot asked for mid-batch is stored as of the run's
+        # last event of the batch; serialised before anything changes (it may fail).
+        wanted = {applied.event.run_id for applied in batch if applied.snapshot}
+        snapshots = {run_id: _snapshot(last[run_id].state) for run_id in wanted}
         for applied in batch:
             self._apply(applied)
+        for run_id, applied in last.items():
+            run = self._runs[run_id]
+            run.advance(applied.state, applied.event.time)
+            if run_id in snapshots:
+                run.snapshot, run.snapshot_at = snapshots[run_id], len(run.log)
         for outbox_id in relayed:
             self._outbox.pop(outbox_id, None)
 
@@ -129,9 +185,7 @@ class MemoryStore(Store):
         event = applied.event
         run = self._runs[event.run_id]
         self._event_ids.add(event.event_id)
-        run.state = applied.state
         run.last_seq = applied.seq
-        run.updated_at = event.time
         run.log.append((applied.seq, event, applied.transitions))
         for outbox_id, command in applied.outbox:
             self._outbox[outbox_id] = OutboxItem(id=outbox_id, run_id=event.run_id, command=command)
@@ -140,7 +194,7 @@ class MemoryStore(Store):
         return [_entry(run_id, *row) for row in self._run(run_id).log]
 
     async def get_run(self, run_id: str) -> RunSummary:
-        return _summary(self._run(run_id))
+        return self._run(run_id).summary
 
     async def list_runs(
         self, filter: RunFilter | None = None, *, limit: int = 100, cursor: str | None = None
@@ -148,22 +202,21 @@ class MemoryStore(Store):
         f = filter or RunFilter()
         after = decode_cursor(cursor) if cursor else None
         rows = sorted(
-            self._runs.values(), key=lambda r: (r.created_at, r.state.run_id), reverse=True
+            self._runs.values(), key=lambda r: (r.created_at, r.first.run_id), reverse=True
         )
         out: list[RunSummary] = []
-        for run in rows:
-            s = run.state
-            if after is not None and (run.created_at, s.run_id) >= after:
+        for r in rows:
+            if after is not None and (r.created_at, r.first.run_id) >= after:
                 continue
-            if f.status is not None and s.status.value != f.status:
+            if f.status is not None and r.status != f.status:
                 continue
-            if f.workflow is not None and s.workflow != f.workflow:
+            if f.workflow is not None and r.first.workflow != f.workflow:
                 continue
-            if f.created_after is not None and run.created_at < f.created_after:
+            if f.created_after is not None and r.created_at < f.created_after:
                 continue
-            if f.created_before is not None and run.created_at >= f.created_before:
+            if f.created_before is not None and r.created_at >= f.created_before:
                 continue
-            out.append(_summary(run))
+            out.append(r.summary)
             if len(out) > limit:
                 break
         page, more = out[:limit], len(out) > limit
@@ -171,7 +224,7 @@ class MemoryStore(Store):
         return RunPage(runs=page, next_cursor=next_cursor)
 
     async def unfinished_runs(self) -> list[str]:
-        return [run_id for run_id, r in self._runs.items() if r.state.status not in RUN_TERMINAL]
+        return [run_id for run_id, r in self._runs.items() if r.status not in _TERMINAL]
 
     async def pending_outbox(self, limit: int = 1000) -> list[OutboxItem]:
         return list(self._outbox.values())[:limit]
@@ -182,16 +235,14 @@ class MemoryStore(Store):
         doomed = [
             run_id
             for run_id, r in self._runs.items()
-            if r.state.status in RUN_TERMINAL
-            and r.state.finished_at is not None
-            and r.state.finished_at < older_than
+            if r.status in _TERMINAL and r.finished_at is not None and r.finished_at < older_than
         ]
         for run_id in doomed:
             run = self._runs.pop(run_id)
             if archive is not None:
                 archive(
                     {
-                        "run": _summary(run).to_dict(),
+                        "run": run.summary.to_dict(),
                         "history": [_entry(run_id, *row).to_dict() for row in run.log],
                     }
                 )
@@ -201,20 +252,26 @@ class MemoryStore(Store):
         return len(doomed)
 
 
-def _summary(run: _Run) -> RunSummary:
-    s = run.state
-    return RunSummary(
-        run_id=s.run_id,
-        workflow=s.workflow,
-        version=s.version,
-        status=s.status.value,
-        created_at=run.created_at,
-        updated_at=run.updated_at,
-        finished_at=s.finished_at,
-        parent_run_id=s.parent_run_id,
-        output=s.output,
-        error=codec.error_to_data(s.error),
-    )
+def _snapshot(state: RunState) -> str | RunState:
+    """What a SQL store would write; an ended run's state is kept as the object after
+    checking that a SQL store could write it (orjson walks the dataclasses natively)."""
+    try:
+        if state.is_terminal:
+            orjson.dumps(state, option=orjson.OPT_NON_STR_KEYS, default=_plain)
+            return state
+        return sb.dumps(codec.state_to_data(state))
+    except (UnstorableData, TypeError) as exc:
+        text = exc.message if isinstance(exc, UnstorableData) else str(exc)
+        raise UnstorableData(f"the state of run {state.run_id}: {text}") from None
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    return str(value)
+
+
+_TERMINAL = frozenset(status.value for status in RUN_TERMINAL)
 
 
 def _entry(run_id: str, seq: int, event: Event, transitions: list[Transition]) -> HistoryEntry:

@@ -40,6 +40,8 @@ from tideflow.store.base import (
     Store,
     StoredRun,
     StoreError,
+    StoreUnavailable,
+    UnstorableData,
 )
 from tideflow.store.sqlfiles import latest_version, migrations, queries
 
@@ -50,6 +52,13 @@ _CONFLICTS = (asyncpg.SerializationError, asyncpg.DeadlockDetectedError)
 """Two transactions raced for the same rows: the loser reloads and applies again."""
 _DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError)
 """Everything the driver raises (OSError covers refused connections and timeouts)."""
+_UNAVAILABLE = (
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.OperatorInterventionError,
+    asyncpg.InsufficientResourcesError,
+)
+"""The server is gone, shutting down, or out of connections, memory or disk: try later."""
 _REFUSED_LOGIN = (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError)
 
 
@@ -124,11 +133,15 @@ class PostgresStore(Store):
                 "store URL and the server's pg_hba.conf"
             )
         if isinstance(exc, OSError):
-            return StoreError(
+            return StoreUnavailable(
                 f"cannot reach PostgreSQL at {self.server} ({_one_line(exc)}): check that the "
                 "server is running and accepts TCP connections there, and the host and port "
                 "in the store URL"
             )
+        if isinstance(exc, asyncpg.DataError):
+            return UnstorableData(f"PostgreSQL store {self.where}: {_one_line(exc)}")
+        if isinstance(exc, _UNAVAILABLE):
+            return StoreUnavailable(f"PostgreSQL store {self.where}: {_one_line(exc)}")
         return StoreError(f"PostgreSQL store {self.where}: {_one_line(exc)}")
 
     async def open(self) -> None:

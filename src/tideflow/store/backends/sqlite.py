@@ -33,6 +33,8 @@ from tideflow.store.base import (
     Store,
     StoredRun,
     StoreError,
+    StoreUnavailable,
+    UnstorableData,
 )
 from tideflow.store.sqlfiles import latest_version, migrations, queries, statements
 
@@ -81,10 +83,14 @@ class SqliteStore(Store):
     def _translate(self, exc: sqlite3.DatabaseError) -> StoreError:
         text = str(exc)
         if "malformed" in text or "not a database" in text:
-            return StoreError(
+            return StoreUnavailable(
                 f"the SQLite file {self.path} is damaged ({text}); restore it from a backup "
                 "or point --store at another file"
             )
+        if isinstance(exc, sqlite3.DataError):  # e.g. "string or blob too big"
+            return UnstorableData(f"SQLite store {self.path}: {text}")
+        if isinstance(exc, sqlite3.OperationalError):  # locked, disk full, I/O error, ...
+            return StoreUnavailable(f"SQLite store {self.path}: {text}")
         return StoreError(f"SQLite store {self.path}: {text}")
 
     @property

@@ -18,17 +18,18 @@
     ├── ShellCommandFailed       non-zero exit status                          (retryable)
     ├── ShellCommandNotFound     the program is not found or not executable    (not retryable)
     ├── FunctionNotFound         a python function cannot be imported          (not retryable)
-    ├── OutputNotSerializable    a python function returned non-JSON data      (not retryable)
     ├── FunctionRaised           an isolated python function raised (type = its class)
     └── IsolatedProcessDied      an isolated python process died without a result (retryable)
 
-Time-outs are ``tideflow.errors.StepTimeout`` (type name ``TimeoutError``).
+Time-outs are ``tideflow.errors.StepTimeout`` (type name ``TimeoutError``); an output
+that cannot be stored is ``tideflow.errors.OutputNotSerializable`` (re-exported here).
 Every class's ``type_name`` is its class name unless stated otherwise.
 """
 
 from __future__ import annotations
 
 from tideflow.errors import ExecutorError
+from tideflow.errors import OutputNotSerializable as OutputNotSerializable  # moved; still here
 
 BODY_SNIPPET_CHARS = 500
 
@@ -169,13 +170,6 @@ class FunctionNotFound(ExecutorError):
     retryable = False
     details: str | None = None
     """The traceback of the failed import, when importing raised."""
-
-
-class OutputNotSerializable(ExecutorError):
-    """The step's output cannot be serialised as JSON."""
-
-    type_name = "OutputNotSerializable"
-    retryable = False
 
 
 class FunctionRaised(ExecutorError):

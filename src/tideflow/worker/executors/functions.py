@@ -22,12 +22,12 @@ from typing import Any, TypeVar, overload
 
 import orjson
 
+from tideflow.model import storable
 from tideflow.worker.executors.base import StepContext
 from tideflow.worker.executors.errorinfo import trimmed_traceback
 from tideflow.worker.executors.errors import (
     FunctionNotFound,
     InvalidStepInput,
-    OutputNotSerializable,
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -240,14 +240,9 @@ def _wants_ctx(signature: inspect.Signature) -> bool:
 
 
 def dump_output(value: Any, spec: str) -> bytes:
-    """``value`` as JSON bytes, or ``OutputNotSerializable``."""
-    try:
-        return orjson.dumps(value, option=_JSON_OPTIONS)
-    except TypeError as exc:
-        raise OutputNotSerializable(
-            f"function {spec!r} returned a value that is not JSON-serialisable "
-            f"({type(value).__name__}): {exc}"
-        ) from None
+    """``value`` as JSON bytes, or ``OutputNotSerializable`` (see ``model.storable``)."""
+    what = f"the {type(value).__name__} that function {spec!r} returned"
+    return storable.encode(value, what, option=_JSON_OPTIONS)
 
 
 def json_output(value: Any, spec: str) -> Any:

@@ -1,9 +1,11 @@
 """The ``python`` executor: call a function with the step's input as keyword arguments.
 
 Async functions run on the worker's event loop; sync functions run in a bounded
-thread pool owned by the executor. ``isolation: process`` runs the function in a
-spawned child process instead, which is killed at the timeout (a thread cannot
-be: a timed-out sync function keeps its thread until it returns).
+pool of daemon threads owned by the executor (``threads``). ``isolation: process``
+runs the function in a spawned child process instead, which is killed at the
+timeout (a thread cannot be: a timed-out sync function keeps its thread until it
+returns, but it is abandoned, named in a warning, and does not keep the process
+alive). Whatever the function raises fails the step, ``SystemExit`` included.
 
 An exception raised by the function propagates unchanged; the worker records it
 with :func:`~tideflow.worker.executors.errorinfo.error_info_from_exception`
@@ -14,17 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import functools
 import inspect
+import logging
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from tideflow.errors import StepTimeout
 from tideflow.model.action_schemas import PYTHON_CONFIG_SCHEMA
 from tideflow.worker.executors.base import Executor, StepContext
 from tideflow.worker.executors.config import check_config, seconds
-from tideflow.worker.executors.errors import FunctionNotFound
+from tideflow.worker.executors.errorinfo import error_info_from_exception
+from tideflow.worker.executors.errors import FunctionNotFound, FunctionRaised
 from tideflow.worker.executors.functions import (
     bind_arguments,
     import_path,
@@ -37,10 +39,13 @@ from tideflow.worker.executors.functions import (
     unregister,
 )
 from tideflow.worker.executors.isolated import DEFAULT_KILL_GRACE, run_isolated
+from tideflow.worker.executors.threads import DaemonThreadPool
 
 __all__ = ["PythonExecutor", "register", "registered", "unregister"]
 
 DEFAULT_MAX_WORKERS = 16
+
+log = logging.getLogger("tideflow.worker")
 
 
 class PythonExecutor(Executor):
@@ -51,7 +56,7 @@ class PythonExecutor(Executor):
 
     def __init__(self, *, max_workers: int = DEFAULT_MAX_WORKERS) -> None:
         self._max_workers = max_workers
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: DaemonThreadPool | None = None
         self._imported: dict[str, Callable[..., Any]] = {}
 
     async def execute(self, ctx: StepContext, config: Mapping[str, Any], input: Any) -> Any:
@@ -75,16 +80,16 @@ class PythonExecutor(Executor):
     async def aclose(self) -> None:
         if self._pool is not None:
             pool, self._pool = self._pool, None
-            # Not waiting: a timed-out sync function may hold its thread for a long time.
+            # Not waiting: an abandoned sync function may hold its thread for a long time.
             pool.shutdown(wait=False, cancel_futures=True)
+            for thread in pool.abandoned():
+                log.warning("python thread %s is still running an abandoned function", thread)
 
     @property
-    def pool(self) -> ThreadPoolExecutor:
+    def pool(self) -> DaemonThreadPool:
         """The thread pool of sync functions, created on first use."""
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(
-                max_workers=self._max_workers, thread_name_prefix="tideflow-python"
-            )
+            self._pool = DaemonThreadPool(self._max_workers, thread_name_prefix="tideflow-python")
         return self._pool
 
     async def _resolve(self, spec: str) -> Callable[..., Any]:
@@ -97,17 +102,64 @@ class PythonExecutor(Executor):
 
     async def _run_here(self, spec: str, kwargs: dict[str, Any], ctx: StepContext) -> Any:
         fn = await self._resolve(spec)
-        return await self._call(fn, bind_arguments(fn, kwargs, ctx, spec))
+        kwargs = bind_arguments(fn, kwargs, ctx, spec)
+        try:
+            if inspect.iscoroutinefunction(fn):
+                return await fn(**kwargs)
+            result = await self._in_thread(fn, kwargs, ctx, spec)
+            if inspect.isawaitable(result):  # a sync callable that returned a coroutine
+                result = await result
+            return result
+        except (Exception, asyncio.CancelledError):
+            raise
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt, ... from an async function
+            raise escaped(exc) from None
 
-    async def _call(self, fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
-        if inspect.iscoroutinefunction(fn):
-            return await fn(**kwargs)
+    async def _in_thread(
+        self, fn: Callable[..., Any], kwargs: dict[str, Any], ctx: StepContext, spec: str
+    ) -> Any:
+        pool = self.pool
         context = contextvars.copy_context()
-        call = functools.partial(context.run, fn, **kwargs)
-        result = await asyncio.get_running_loop().run_in_executor(self.pool, call)
-        if inspect.isawaitable(result):  # a sync callable that returned a coroutine
-            result = await result
-        return result
+        future = pool.submit(context.run, _contained, fn, kwargs)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            thread = pool.abandon(future)
+            if thread is not None:
+                log.warning(
+                    "run %s step %s: python function %r is still running in thread %s after "
+                    "its attempt ended; the thread is abandoned (it does not keep the process "
+                    "alive; use isolation: process to have such a function killed)",
+                    ctx.run_id,
+                    ctx.step_id,
+                    spec,
+                    thread,
+                )
+            raise
+
+
+def _contained(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+    """Call ``fn`` in a pool thread; what is not an Exception (``sys.exit(3)``) must not
+    reach the event loop, where it would stop the whole engine: it fails the step."""
+    try:
+        return fn(**kwargs)
+    except Exception:
+        raise
+    except BaseException as exc:
+        raise escaped(exc) from None
+
+
+def escaped(exc: BaseException) -> FunctionRaised:
+    """A ``BaseException`` raised by user code as a step error of the same type name,
+    as ``isolation: process`` reports it (``SystemExit`` with message ``3``)."""
+    info = error_info_from_exception(exc)
+    return FunctionRaised(
+        info.message,
+        type_name=info.type,
+        retryable=True,
+        classes=info.classes,
+        details=info.details,
+    )
 
 
 def _timeout_message(spec: str, timeout: float | None, isolation: str | None) -> str:
