@@ -17,13 +17,13 @@ dispatches it again, whatever the step's ``idempotent``.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from tideflow.core.retry import stable_seed
-from tideflow.core.scope import build_scope, redraw
+from tideflow.core.retry import engine_error, retry_delay, stable_seed
+from tideflow.core.tasks import action_task, render_config
+from tideflow.core.timers import arm, disarm, timer_id
 from tideflow.errors import ExpressionEvaluationError
-from tideflow.model.commands import CancelTask, DispatchTask
+from tideflow.model.commands import CancelTask
 from tideflow.model.events import (
     ErrorInfo,
     TaskCompleted,
@@ -32,14 +32,15 @@ from tideflow.model.events import (
     TaskStarted,
     Transition,
 )
-from tideflow.model.plan import Plan, StepSpec
-from tideflow.model.run import RunState, StepState
+from tideflow.model.plan import StepSpec
+from tideflow.model.run import StepState
 from tideflow.model.states import StepStatus
 
 if TYPE_CHECKING:
     from tideflow.core.decide import Decider
 
 _RUNNING = StepStatus.RUNNING
+_RETRYING = StepStatus.RETRYING
 
 
 def dispatch(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, Any] | None) -> None:
@@ -49,7 +50,7 @@ def dispatch(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, Any] | 
     st.attempts += 1
     if st.attempts == 1 and spec.deadline is not None:
         st.deadline_at = d.now + spec.deadline
-        d.arm("deadline", st, st.deadline_at)
+        arm(d, "deadline", st, st.deadline_at)
     d.set_step(st, _RUNNING, f"attempt {st.attempts} dispatched", st.attempts)
     d.commands.append(action_task(d.plan, d.state.run_id, st, config))
     dispatched(d, st)
@@ -63,66 +64,11 @@ def redispatch(d: Decider, st: StepState) -> None:
     dispatched(d, st)
 
 
-def render_config(
-    plan: Plan, state: RunState, st: StepState, now: float, scope: dict[str, Any] | None = None
-) -> Any:
-    """An action's config for its current attempt; it draws from a stream of its own, so
-    every attempt, and a re-dispatch on recovery, renders the same ``uuid()``s."""
-    config = plan.specs[st.step_id].config
-    if config is None:
-        return {}
-    if config.is_constant:
-        return config.render(_EMPTY)
-    instance = f"{st.key}:config"
-    if scope is None:
-        return config.render(build_scope(state, st.scope, now, instance=instance))
-    return config.render(redraw(scope, state.run_id, instance))
-
-
-_EMPTY: dict[str, Any] = {}
-
-
-def action_task(plan: Plan, run_id: str, st: StepState, config: Any) -> DispatchTask:
-    """The task message for the current attempt of action step instance ``st``."""
-    spec = plan.specs[st.step_id]
-    return DispatchTask(
-        run_id=run_id,
-        step_key=st.key,
-        step_id=st.step_id,
-        type=spec.type,
-        config=config,
-        input=st.input,
-        attempt=st.attempts,
-        idempotency_key=f"{run_id}:{st.key}",
-        timeout=spec.timeout,
-        queue=spec.queue,
-        priority=spec.priority,
-        sensitive=spec.sensitive,
-        secrets=secret_names(plan, spec.id),
-        idempotent=spec.idempotent,
-    )
-
-
-@lru_cache(maxsize=4096)
-def _secret_names_cached(plan: Plan, step_id: str) -> tuple[str, ...]:
-    spec = plan.specs[step_id]
-    names: set[str] = set()
-    for template in (spec.config, spec.input):
-        if template is not None:
-            names |= template.secret_references()
-    return tuple(sorted(names))
-
-
-def secret_names(plan: Plan, step_id: str) -> tuple[str, ...]:
-    """Secret names the step's config and input templates reference."""
-    return _secret_names_cached(plan, step_id)
-
-
 def timer_ids(st: StepState) -> tuple[str, str]:
     """The ids of the current attempt's two clocks: schedule-to-start and timeout."""
     return (
-        f"schedule_to_start:{st.key}:{st.attempts}",
-        f"attempt_timeout:{st.key}:{st.attempts}",
+        timer_id("schedule_to_start", st.key, st.attempts),
+        timer_id("attempt_timeout", st.key, st.attempts),
     )
 
 
@@ -131,7 +77,7 @@ def dispatched(d: Decider, st: StepState) -> None:
     st.attempt_started_at = None
     limit = d.plan.specs[st.step_id].schedule_to_start
     if limit is not None:
-        d.arm("schedule_to_start", st, d.now + limit, st.attempts)
+        arm(d, "schedule_to_start", st, d.now + limit, st.attempts)
 
 
 def ended(d: Decider, st: StepState, event: TaskCompleted | TaskFailed | None = None) -> None:
@@ -141,8 +87,8 @@ def ended(d: Decider, st: StepState, event: TaskCompleted | TaskFailed | None = 
         st.attempt_started_at = event.started_at
         record_fact(d, st, _started_cause(st, event.worker))
     if st.timers:
-        for timer_id in timer_ids(st):
-            d.disarm(st, timer_id)
+        for tid in timer_ids(st):
+            disarm(d, st, tid)
 
 
 def record_fact(d: Decider, st: StepState, cause: str) -> None:
@@ -179,12 +125,12 @@ def on_started(d: Decider, event: TaskStarted) -> None:
     if st is None or st.attempt_started_at is not None:
         return  # stale, or a duplicate: the first start counts
     st.attempt_started_at = d.now
-    for timer_id in timer_ids(st):  # the timeout restarts now, even if armed at dispatch
-        d.disarm(st, timer_id)
+    for tid in timer_ids(st):  # the timeout restarts now, even if armed at dispatch
+        disarm(d, st, tid)
     record_fact(d, st, _started_cause(st, event.worker))
     timeout = d.plan.specs[st.step_id].timeout
     if timeout is not None:
-        d.arm("attempt_timeout", st, d.now + timeout, st.attempts)
+        arm(d, "attempt_timeout", st, d.now + timeout, st.attempts)
 
 
 def on_lost(d: Decider, event: TaskLost) -> None:
@@ -202,22 +148,74 @@ def on_lost(d: Decider, event: TaskLost) -> None:
             ),
             only_if_named=True,
         )
-        d.attempt_failed(st, error, stable_seed(d.state.run_id, st.key, "lost", str(st.attempts)))
+        attempt_failed(d, st, error, stable_seed(d.state.run_id, st.key, "lost", str(st.attempts)))
         return
     cause = f"attempt {st.attempts} started but its execution was lost ({event.reason})"
     record_fact(d, st, cause + ": dispatched again")
     try:
         redispatch(d, st)
     except ExpressionEvaluationError as exc:
-        d.fail_step(st, ErrorInfo(type="ExpressionError", message=exc.message, retryable=False))
+        d.fail_step(st, engine_error("ExpressionError", exc.message))
 
 
 def schedule_to_start_passed(d: Decider, st: StepState) -> None:
     """No worker started the current attempt in time: it fails, retryable (it never ran)."""
     d.commands.append(CancelTask(run_id=d.state.run_id, step_key=st.key, attempt=st.attempts))
     limit = d.plan.specs[st.step_id].schedule_to_start
-    error = ErrorInfo(
-        type="ScheduleToStartTimeout",
-        message=f"no worker started attempt {st.attempts} within {limit}s of its dispatch",
+    error = engine_error(
+        "ScheduleToStartTimeout",
+        f"no worker started attempt {st.attempts} within {limit}s of its dispatch",
+        retryable=True,
     )
-    d.attempt_failed(st, error, stable_seed(d.state.run_id, st.key, "queued", str(st.attempts)))
+    attempt_failed(d, st, error, stable_seed(d.state.run_id, st.key, "queued", str(st.attempts)))
+
+
+def timed_out(d: Decider, st: StepState) -> None:
+    """The current attempt ran past its ``timeout`` (counted from its start)."""
+    d.commands.append(CancelTask(run_id=d.state.run_id, step_key=st.key, attempt=st.attempts))
+    timeout = d.plan.specs[st.step_id].timeout
+    error = engine_error(
+        "TimeoutError",
+        f"attempt {st.attempts} exceeded its timeout of {timeout}s (counted from when a "
+        "worker started it)",
+        retryable=True,
+    )
+    attempt_failed(d, st, error, stable_seed(d.state.run_id, st.key, str(st.attempts)))
+
+
+def on_completed(d: Decider, event: TaskCompleted) -> None:
+    st = _current(d, event.step_key, event.attempt)
+    if st is None:
+        return
+    ended(d, st, event)
+    d.succeed(st, event.output, "task completed")
+
+
+def on_failed(d: Decider, event: TaskFailed) -> None:
+    st = _current(d, event.step_key, event.attempt)
+    if st is None:
+        return
+    ended(d, st, event)
+    attempt_failed(d, st, event.error, event.seed)
+
+
+def attempt_failed(d: Decider, st: StepState, error: ErrorInfo, seed: int) -> None:
+    """Retry the failed attempt when its policy (and its deadline) allow, else fail the step."""
+    delay = retry_delay(d.plan.specs[st.step_id].retry, error, st.attempts, seed)
+    if delay is not None and st.deadline_at is not None and d.now + delay >= st.deadline_at:
+        error = engine_error(
+            "DeadlineExceeded",
+            "no retry can start before the step's deadline; last error: "
+            f"{error.type}: {error.message}",
+        )
+    elif delay is not None:
+        st.error = error
+        d.set_step(
+            st,
+            _RETRYING,
+            f"attempt {st.attempts} failed: {error.type}: {error.message}",
+            st.attempts,
+        )
+        arm(d, "retry", st, d.now + delay, st.attempts)
+        return
+    d.fail_step(st, error)

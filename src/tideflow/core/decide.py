@@ -18,22 +18,15 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, NamedTuple
 
-from tideflow.core import attempts, joins, reopen, saga
+from tideflow.core import attempts, fired, joins, reopen, saga
 from tideflow.core import steps as kinds
 from tideflow.core.engine_failure import fail_by_engine
-from tideflow.core.retry import backoff_delay, may_retry
+from tideflow.core.retry import engine_error
 from tideflow.core.scope import build_scope
-from tideflow.core.timers import fire_step_timer
+from tideflow.core.timers import arm, disarm_all
 from tideflow.errors import StepError
 from tideflow.model import storable
-from tideflow.model.commands import (
-    CancelChildRun,
-    CancelTask,
-    CancelTimer,
-    Command,
-    RunFinished,
-    StartTimer,
-)
+from tideflow.model.commands import CancelChildRun, CancelTask, CancelTimer, Command, RunFinished
 from tideflow.model.events import (
     CancelRequested,
     ChildRunFinished,
@@ -51,7 +44,7 @@ from tideflow.model.events import (
     Transition,
 )
 from tideflow.model.plan import Graph, OnError, Plan, StepSpec
-from tideflow.model.run import RunState, ScopeState, StepState, TimerKind, TimerRef
+from tideflow.model.run import RunState, ScopeState, StepState
 from tideflow.model.states import (
     STEP_TERMINAL,
     RunStatus,
@@ -88,10 +81,6 @@ def decide(plan: Plan, state: RunState, event: Event) -> Decision:
     return Decision(state, decider.commands, decider.transitions, changed)
 
 
-def error_info(type_: str, message: str, *, retryable: bool = False) -> ErrorInfo:
-    return ErrorInfo(type=type_, message=message, retryable=retryable)
-
-
 class Decider:
     """The working set of one ``decide`` call."""
 
@@ -110,19 +99,19 @@ class Decider:
 
     def apply(self, event: Event) -> None:
         if isinstance(event, TaskStarted):
-            attempts.on_started(self, event)
+            (saga.on_started if event.compensation else attempts.on_started)(self, event)
         elif isinstance(event, TaskCompleted):
-            self._on_task_completed(event)
+            (saga.on_completed if event.compensation else attempts.on_completed)(self, event)
         elif isinstance(event, TaskFailed):
-            self._on_task_failed(event)
+            (saga.on_failed if event.compensation else attempts.on_failed)(self, event)
         elif isinstance(event, TaskLost):
-            attempts.on_lost(self, event)
+            (saga.on_lost if event.compensation else attempts.on_lost)(self, event)
         elif isinstance(event, TimerFired):
-            self._on_timer(event)
+            fired.on_timer(self, event)
         elif isinstance(event, SignalReceived):
-            self._on_signal(event)
+            kinds.on_signal(self, event)
         elif isinstance(event, ChildRunFinished):
-            self._on_child_finished(event)
+            kinds.on_child_finished(self, event)
         elif isinstance(event, RunStarted):
             self._on_run_started(event)
         elif isinstance(event, CancelRequested):
@@ -153,7 +142,7 @@ class Decider:
         state.parent_step_key = event.parent_step_key or state.parent_step_key
         self.set_run(RunStatus.RUNNING, "run started")
         if self.plan.timeout is not None:
-            self._arm(TimerRef(kind="run_timeout", fire_at=self.now + self.plan.timeout), None)
+            arm(self, "run_timeout", None, self.now + self.plan.timeout)
         self.open_scope("", None, None, "top", {}, self.plan.graph)
 
     def set_run(self, new: RunStatus, cause: str) -> None:
@@ -194,7 +183,7 @@ class Decider:
                 state.output = self._default_output()
         except StepError as exc:
             state.output = None
-            self._fail_run(error_info(exc.type_name, f"run output: {exc.message}"))
+            self._fail_run(engine_error(exc.type_name, f"run output: {exc.message}"))
             return
         self.finish_run(RunStatus.SUCCEEDED, "every step finished")
 
@@ -224,7 +213,7 @@ class Decider:
             return
         if "" in state.scopes:
             self._close_scope(state.scopes[""], cause)
-        state.error = error_info(
+        state.error = engine_error(
             "Cancelled" if status is RunStatus.CANCELLED else "TimeoutError", cause
         )
         if self.plan.on_failure is OnError.COMPENSATE and state.compensable:
@@ -253,7 +242,7 @@ class Decider:
         if new in STEP_TERMINAL:
             st.finished_at = self.now
             if st.timers:
-                self._disarm_all(st)
+                disarm_all(self, st)
             self.state.scopes[st.scope].remaining -= 1
             self._finished.append(st.key)
 
@@ -393,136 +382,6 @@ class Decider:
         else:
             kinds.map_item_done(self, owner, scope)
 
-    # -- tasks ------------------------------------------------------------------
-
-    def _on_task_completed(self, event: TaskCompleted) -> None:
-        if event.compensation:
-            saga.on_completed(self, event)
-            return
-        st = self.state.steps.get(event.step_key)
-        if st is None or st.status is not _RUNNING or st.attempts != event.attempt:
-            return
-        attempts.ended(self, st, event)
-        self.succeed(st, event.output, "task completed")
-
-    def _on_task_failed(self, event: TaskFailed) -> None:
-        if event.compensation:
-            saga.on_failed(self, event)
-            return
-        st = self.state.steps.get(event.step_key)
-        if st is None or st.status is not _RUNNING or st.attempts != event.attempt:
-            return
-        attempts.ended(self, st, event)
-        self.attempt_failed(st, event.error, event.seed)
-
-    def attempt_failed(self, st: StepState, error: ErrorInfo, seed: int) -> None:
-        spec = self.plan.specs[st.step_id]
-        policy = spec.retry
-        if may_retry(policy, error, st.attempts):
-            delay = backoff_delay(policy, st.attempts, seed)
-            if error.retry_after is not None:
-                delay = max(delay, error.retry_after)
-            if st.deadline_at is not None and self.now + delay >= st.deadline_at:
-                error = error_info(
-                    "DeadlineExceeded",
-                    f"no retry can start before the step's deadline; last error: "
-                    f"{error.type}: {error.message}",
-                )
-            else:
-                st.error = error
-                self.set_step(
-                    st,
-                    _RETRYING,
-                    f"attempt {st.attempts} failed: {error.type}: {error.message}",
-                    st.attempts,
-                )
-                self._arm(
-                    TimerRef(
-                        kind="retry", step_key=st.key, attempt=st.attempts, fire_at=self.now + delay
-                    ),
-                    st,
-                )
-                return
-        self.fail_step(st, error)
-
-    # -- timers -----------------------------------------------------------------
-
-    def arm(self, kind: TimerKind, st: StepState | None, fire_at: float, attempt: int = 0) -> None:
-        self._arm(
-            TimerRef(kind=kind, step_key=st.key if st else "", attempt=attempt, fire_at=fire_at), st
-        )
-
-    def _arm(self, ref: TimerRef, st: StepState | None) -> None:
-        timer_id = f"{ref.kind}:{ref.step_key}:{ref.attempt}" if ref.step_key else ref.kind
-        self.state.timers[timer_id] = ref
-        if st is not None:
-            st.timers.append(timer_id)
-        self.commands.append(
-            StartTimer(run_id=self.state.run_id, timer_id=timer_id, fire_at=ref.fire_at)
-        )
-
-    def disarm(self, st: StepState, timer_id: str) -> None:
-        if self.state.timers.pop(timer_id, None) is not None:
-            st.timers.remove(timer_id)
-            self.commands.append(CancelTimer(run_id=self.state.run_id, timer_id=timer_id))
-
-    def _disarm_all(self, st: StepState) -> None:
-        timers = self.state.timers
-        for timer_id in st.timers:
-            if timers.pop(timer_id, None) is not None:
-                self.commands.append(CancelTimer(run_id=self.state.run_id, timer_id=timer_id))
-        st.timers.clear()
-
-    def _on_timer(self, event: TimerFired) -> None:
-        state = self.state
-        ref = state.timers.pop(event.timer_id, None)
-        if ref is None:
-            return
-        if ref.kind == "run_timeout":
-            self.end_run_early(RunStatus.TIMED_OUT, "the run's timeout passed")
-            return
-        if ref.kind.startswith("compensation"):
-            saga.on_timer(self, ref)
-            return
-        st = state.steps[ref.step_key]
-        if event.timer_id in st.timers:
-            st.timers.remove(event.timer_id)
-        fire_step_timer(self, st, ref)
-
-    # -- signals and child runs -------------------------------------------------
-
-    def _on_signal(self, event: SignalReceived) -> None:
-        state = self.state
-        if state.is_terminal or event.event_id in state.seen_signals:
-            return
-        state.seen_signals.add(event.event_id)
-        self.touched = True
-        if not kinds.deliver_signal(self, event.name, event.payload) and event.buffer:
-            from tideflow.model.run import BufferedSignal
-
-            state.signals.append(
-                BufferedSignal(
-                    event_id=event.event_id, name=event.name, payload=event.payload, time=self.now
-                )
-            )
-
-    def _on_child_finished(self, event: ChildRunFinished) -> None:
-        st = self.state.steps.get(event.step_key)
-        if st is None or st.status is not _RUNNING or st.child_run_id != event.child_run_id:
-            return
-        if event.status == RunStatus.SUCCEEDED.value:
-            self.succeed(st, event.output, f"child run {event.child_run_id} succeeded")
-            return
-        detail = (
-            f"{event.error.type}: {event.error.message}" if event.error else "no error recorded"
-        )
-        self.fail_step(
-            st,
-            error_info(
-                "ChildRunFailed", f"child run {event.child_run_id} ended {event.status} ({detail})"
-            ),
-        )
-
     # -- starting steps ---------------------------------------------------------
 
     def _start(self, key: str) -> None:
@@ -538,7 +397,7 @@ class Decider:
             kinds.start_step(self, st, spec)
         except StepError as exc:  # an expression that fails, a value that cannot be stored
             if st.status not in STEP_TERMINAL:
-                self.fail_step(st, error_info(exc.type_name, exc.message))
+                self.fail_step(st, engine_error(exc.type_name, exc.message))
 
     def _cancel_other_dependencies(self, st: StepState, spec: StepSpec) -> None:
         steps = self.state.steps

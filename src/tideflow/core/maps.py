@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from tideflow.core.retry import engine_error
+from tideflow.core.timers import arm
 from tideflow.model import storable
-from tideflow.model.events import ErrorInfo
 from tideflow.model.plan import StepSpec
 from tideflow.model.run import MapProgress, ScopeState, StepState
 from tideflow.model.states import StepStatus
@@ -23,17 +24,14 @@ _RUNNING = StepStatus.RUNNING
 _SUCCEEDED = StepStatus.SUCCEEDED
 
 
-def _error(type_: str, message: str) -> ErrorInfo:
-    return ErrorInfo(type=type_, message=message, retryable=False)
-
-
 def start_map(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, Any]) -> None:
     assert spec.map is not None
     items = spec.map.items.render(scope)
     storable.check(items, f"the items of map step {st.key!r}")
     if not isinstance(items, list):
         d.fail_step(
-            st, _error("InvalidItems", f"map `items` must be a list, got {type(items).__name__}")
+            st,
+            engine_error("InvalidItems", f"map `items` must be a list, got {type(items).__name__}"),
         )
         return
     st.map = MapProgress(total=len(items), items=items, outputs=[None] * len(items))
@@ -91,7 +89,7 @@ def map_item_done(d: Decider, st: StepState, scope: ScopeState) -> None:
         detail = f"{child.error.type}: {child.error.message}" if child.error else child.status.value
         d.fail_step(
             st,
-            _error(
+            engine_error(
                 "TooManyFailures",
                 f"{progress.failures} item(s) failed, {tolerated.tolerated_failures} tolerated "
                 f"(item {index}: {detail})",
@@ -140,4 +138,4 @@ def resume_map(d: Decider, st: StepState) -> None:
 def arm_step_timeout(d: Decider, st: StepState) -> None:
     timeout = d.plan.specs[st.step_id].timeout
     if timeout is not None:
-        d.arm("step_timeout", st, d.now + timeout)
+        arm(d, "step_timeout", st, d.now + timeout)

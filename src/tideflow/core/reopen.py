@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from tideflow.core import joins
 from tideflow.core import steps as kinds
+from tideflow.core.timers import arm
 from tideflow.model.events import RunRetried
 from tideflow.model.run import ScopeState, StepState
 from tideflow.model.states import RunStatus, StepStatus
@@ -39,7 +40,7 @@ def retry_run(d: Decider, event: RunRetried) -> None:
     state.compensate_requested = False
     d.set_run(RunStatus.RUNNING, f"retried: {event.reason}")
     if d.plan.timeout is not None:  # a fresh run timeout: the old one has passed
-        d.arm("run_timeout", None, d.now + d.plan.timeout)
+        arm(d, "run_timeout", None, d.now + d.plan.timeout)
     top = state.scopes.get("")
     if top is None:  # failed before it started (its input was refused)
         state.started_at = d.now

@@ -1,4 +1,5 @@
-"""Retry maths: whether an attempt may be retried, and after how long."""
+"""The retry decision: whether a failed attempt (of an action or a compensation) is
+retried, and after how long; and the errors the engine records itself."""
 
 from __future__ import annotations
 
@@ -19,6 +20,21 @@ def may_retry(policy: RetryPolicy, error: ErrorInfo, attempts: int) -> bool:
     if error.only_if_named:
         return error.matches(policy.retry_on)
     return not policy.retry_on or error.matches(policy.retry_on)
+
+
+def retry_delay(policy: RetryPolicy, error: ErrorInfo, attempts: int, seed: int) -> float | None:
+    """How long to wait before retrying after attempt ``attempts`` failed with ``error``;
+    None when the policy gives up. A ``retry_after`` the failure asked for is a floor."""
+    if not may_retry(policy, error, attempts):
+        return None
+    delay = backoff_delay(policy, attempts, seed)
+    return delay if error.retry_after is None else max(delay, error.retry_after)
+
+
+def engine_error(type_: str, message: str, *, retryable: bool = False) -> ErrorInfo:
+    """An error the engine itself records (a timeout, a switch with no case, an expression
+    that fails): not retryable unless the caller says so."""
+    return ErrorInfo(type=type_, message=message, retryable=retryable)
 
 
 def backoff_delay(policy: RetryPolicy, attempts: int, seed: int) -> float:

@@ -8,28 +8,37 @@ compensation has its own retry policy and timeout, and sees the step it undoes
 as ``steps.<id>`` (its input and output). A compensation that exhausts its
 retries is recorded and the remaining ones still run (leaving fewer effects
 behind); the run then ends ``compensation_failed`` for an operator to look at.
+
+A compensation attempt's clocks work as an action attempt's do (``attempts``): its
+``timeout`` counts from the worker's start (``TaskStarted`` with ``compensation``), not
+from its dispatch, so a compensation dispatched with no worker running (``runs cancel``
+on a store no engine drives) cannot time out before it ran. A started attempt whose
+execution is lost (``TaskLost``) is dispatched again under the same attempt number.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tideflow.core.retry import backoff_delay, may_retry, stable_seed
-from tideflow.core.scope import build_scope
+from tideflow.core.retry import engine_error, retry_delay, stable_seed
+from tideflow.core.tasks import compensation_subject, compensation_task
+from tideflow.core.timers import arm, disarm, timer_id
 from tideflow.errors import ExpressionEvaluationError
 from tideflow.model.commands import CancelTask, DispatchTask
-from tideflow.model.events import ErrorInfo, TaskCompleted, TaskFailed, Transition
+from tideflow.model.events import (
+    ErrorInfo,
+    TaskCompleted,
+    TaskFailed,
+    TaskLost,
+    TaskStarted,
+    Transition,
+)
 from tideflow.model.plan import Plan
 from tideflow.model.run import CompensationState, RunState, TimerRef
 from tideflow.model.states import RunStatus
 
 if TYPE_CHECKING:
     from tideflow.core.decide import Decider
-
-
-def subject(key: str) -> str:
-    """The history subject of a step's compensation."""
-    return f"{key}:compensate"
 
 
 def start(d: Decider, ends: RunStatus = RunStatus.COMPENSATED) -> None:
@@ -48,7 +57,14 @@ def _record(d: Decider, key: str, new: str, cause: str, attempt: int | None = No
     assert comp is not None
     old = comp.results.get(key, {}).get("status")
     d.transitions.append(
-        Transition(subject=subject(key), old=old, new=new, time=d.now, cause=cause, attempt=attempt)
+        Transition(
+            subject=compensation_subject(key),
+            old=old,
+            new=new,
+            time=d.now,
+            cause=cause,
+            attempt=attempt,
+        )
     )
     entry = comp.results.setdefault(key, {"status": new, "attempts": 0, "error": None})
     entry["status"] = new
@@ -70,59 +86,53 @@ def _next(d: Decider) -> None:
 
 
 def _dispatch(d: Decider, key: str) -> bool:
-    """Dispatch the next attempt of ``key``'s compensation; False if it failed to start."""
+    """Dispatch the next attempt of ``key``'s compensation; False if it failed to start.
+    Its timeout waits for the worker's start."""
     comp = d.state.compensation
     assert comp is not None
     try:
         task = compensation_task(d.plan, d.state, key, comp.attempt + 1, d.now)
     except ExpressionEvaluationError as exc:
-        _give_up(d, key, ErrorInfo(type="ExpressionError", message=exc.message, retryable=False))
+        _give_up(d, key, engine_error("ExpressionError", exc.message))
         return False
     comp.attempt += 1
+    comp.started_at = None
     _record(d, key, "running", f"compensation attempt {comp.attempt} dispatched", comp.attempt)
     d.commands.append(task)
-    if task.timeout is not None:
-        d.arm("compensation_timeout", d.state.steps[key], d.now + task.timeout, comp.attempt)
     return True
 
 
-def compensation_task(
-    plan: Plan, state: RunState, key: str, attempt: int, now: float
-) -> DispatchTask:
-    """The task that runs attempt ``attempt`` of the compensation of step instance ``key``."""
-    st = state.steps[key]
-    spec = plan.specs[st.step_id]
-    action = spec.compensate
-    assert action is not None
-    scope = build_scope(state, st.scope, now, instance=f"{key}:compensate")
-    secrets = sorted(action.config.secret_references() | action.input.secret_references())
-    return DispatchTask(
-        run_id=state.run_id,
-        step_key=key,
-        step_id=st.step_id,
-        type=action.type,
-        config=action.config.render(scope),
-        input=action.input.render(scope),
-        attempt=attempt,
-        idempotency_key=f"{state.run_id}:{key}:compensate",
-        timeout=action.timeout,
-        queue=spec.queue,
-        priority=spec.priority,
-        compensation=True,
-        secrets=tuple(secrets),
-    )
-
-
 def running_compensation(plan: Plan, state: RunState, now: float) -> DispatchTask | None:
-    """The compensation attempt in flight, if any (for recovery)."""
+    """The compensation attempt dispatched but not started, if any (recovery sends it
+    again; a started one is lost: see ``lost_compensation``)."""
     comp = state.compensation
-    key = comp.current if comp is not None else None
-    if comp is None or key is None or comp.results.get(key, {}).get("status") != "running":
+    key = _running_key(state)
+    if comp is None or key is None or comp.started_at is not None:
         return None
     try:
         return compensation_task(plan, state, key, comp.attempt, now)
     except ExpressionEvaluationError:
         return None
+
+
+def lost_compensation(state: RunState) -> tuple[str, int] | None:
+    """(step key, attempt) of the compensation attempt a worker started and that has no
+    outcome, if any."""
+    comp = state.compensation
+    key = _running_key(state)
+    if comp is None or key is None or comp.started_at is None:
+        return None
+    return key, comp.attempt
+
+
+def _running_key(state: RunState) -> str | None:
+    comp = state.compensation
+    if comp is None or state.status is not RunStatus.COMPENSATING:
+        return None
+    key = comp.current
+    if key is None or comp.results.get(key, {}).get("status") != "running":
+        return None
+    return key
 
 
 def _give_up(d: Decider, key: str, error: ErrorInfo) -> None:
@@ -145,12 +155,50 @@ def _active(d: Decider, key: str, attempt: int) -> bool:
     )
 
 
+def on_started(d: Decider, event: TaskStarted) -> None:
+    """A worker started the current attempt: its timeout counts from now."""
+    comp = d.state.compensation
+    if not _active(d, event.step_key, event.attempt) or comp is None:
+        return
+    if comp.started_at is not None:
+        return  # stale, or a duplicate: the first start counts
+    _started(d, event.step_key, d.now, event.worker)
+
+
+def _started(d: Decider, key: str, at: float, worker: str) -> None:
+    comp = d.state.compensation
+    assert comp is not None
+    comp.started_at = at
+    by = f" by {worker}" if worker else ""
+    _record(d, key, "running", f"compensation attempt {comp.attempt} started{by}", comp.attempt)
+    action = d.plan.specs[d.state.steps[key].step_id].compensate
+    if action is not None and action.timeout is not None:
+        arm(d, "compensation_timeout", d.state.steps[key], at + action.timeout, comp.attempt)
+
+
+def on_lost(d: Decider, event: TaskLost) -> None:
+    """A started attempt's execution is gone: dispatch it again, same attempt and key."""
+    comp = d.state.compensation
+    key = event.step_key
+    if not _active(d, key, event.attempt) or comp is None or comp.started_at is None:
+        return
+    _drop_timers(d, key)
+    comp.started_at = None
+    cause = f"compensation attempt {comp.attempt} started but its execution was lost"
+    _record(d, key, "running", f"{cause} ({event.reason}): dispatched again", comp.attempt)
+    try:
+        d.commands.append(compensation_task(d.plan, d.state, key, comp.attempt, d.now))
+    except ExpressionEvaluationError as exc:
+        _give_up(d, key, engine_error("ExpressionError", exc.message))
+        _next(d)
+
+
 def on_completed(d: Decider, event: TaskCompleted) -> None:
     if not _active(d, event.step_key, event.attempt):
         return
     comp = d.state.compensation
     assert comp is not None
-    _drop_timers(d, event.step_key)
+    _ended(d, event)
     _record(d, event.step_key, "succeeded", "compensation completed", event.attempt)
     comp.index += 1
     _next(d)
@@ -159,8 +207,21 @@ def on_completed(d: Decider, event: TaskCompleted) -> None:
 def on_failed(d: Decider, event: TaskFailed) -> None:
     if not _active(d, event.step_key, event.attempt):
         return
-    _drop_timers(d, event.step_key)
+    _ended(d, event)
     _attempt_failed(d, event.step_key, event.error, event.seed)
+
+
+def _ended(d: Decider, event: TaskCompleted | TaskFailed) -> None:
+    """Record the start an outcome carries (one the worker did not report on its own),
+    then stop the attempt's clocks."""
+    comp = d.state.compensation
+    assert comp is not None
+    if event.started_at is not None and comp.started_at is None:
+        comp.started_at = event.started_at
+        by = f" by {event.worker}" if event.worker else ""
+        cause = f"compensation attempt {comp.attempt} started{by}"
+        _record(d, event.step_key, "running", cause, comp.attempt)
+    _drop_timers(d, event.step_key)
 
 
 def _attempt_failed(d: Decider, key: str, error: ErrorInfo, seed: int) -> None:
@@ -168,10 +229,8 @@ def _attempt_failed(d: Decider, key: str, error: ErrorInfo, seed: int) -> None:
     assert comp is not None
     action = d.plan.specs[d.state.steps[key].step_id].compensate
     assert action is not None
-    if may_retry(action.retry, error, comp.attempt):
-        delay = backoff_delay(action.retry, comp.attempt, seed)
-        if error.retry_after is not None:
-            delay = max(delay, error.retry_after)
+    delay = retry_delay(action.retry, error, comp.attempt, seed)
+    if delay is not None:
         _record(
             d,
             key,
@@ -179,7 +238,7 @@ def _attempt_failed(d: Decider, key: str, error: ErrorInfo, seed: int) -> None:
             f"attempt {comp.attempt} failed: {error.type}: {error.message}",
             comp.attempt,
         )
-        d.arm("compensation_retry", d.state.steps[key], d.now + delay, comp.attempt)
+        arm(d, "compensation_retry", d.state.steps[key], d.now + delay, comp.attempt)
         return
     _give_up(d, key, error)
     _next(d)
@@ -190,9 +249,6 @@ def on_timer(d: Decider, ref: TimerRef) -> None:
     st = d.state.steps.get(ref.step_key)
     if comp is None or st is None or comp.current != ref.step_key or comp.attempt != ref.attempt:
         return
-    timer_id = f"{ref.kind}:{ref.step_key}:{ref.attempt}"
-    if timer_id in st.timers:
-        st.timers.remove(timer_id)
     status = comp.results.get(ref.step_key, {}).get("status")
     if ref.kind == "compensation_retry" and status == "retrying":
         if not _dispatch(d, ref.step_key):
@@ -201,7 +257,14 @@ def on_timer(d: Decider, ref: TimerRef) -> None:
         d.commands.append(
             CancelTask(run_id=d.state.run_id, step_key=ref.step_key, attempt=ref.attempt)
         )
-        error = ErrorInfo(type="TimeoutError", message="compensation attempt exceeded its timeout")
+        action = d.plan.specs[st.step_id].compensate
+        limit = action.timeout if action is not None else None
+        error = engine_error(
+            "TimeoutError",
+            f"compensation attempt {ref.attempt} exceeded its timeout of {limit}s (counted "
+            "from when a worker started it)",
+            retryable=True,
+        )
         _attempt_failed(
             d, ref.step_key, error, stable_seed(d.state.run_id, ref.step_key, "c", str(ref.attempt))
         )
@@ -209,8 +272,9 @@ def on_timer(d: Decider, ref: TimerRef) -> None:
 
 def _drop_timers(d: Decider, key: str) -> None:
     st = d.state.steps[key]
-    for timer_id in [t for t in st.timers if t.startswith("compensation")]:
-        d.disarm(st, timer_id)
+    attempt = d.state.compensation.attempt if d.state.compensation is not None else 0
+    for kind in ("compensation_timeout", "compensation_retry"):
+        disarm(d, st, timer_id(kind, key, attempt))
 
 
 def _finish(d: Decider) -> None:

@@ -10,17 +10,19 @@ import re
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from tideflow.core.attempts import action_task, dispatch, secret_names
+from tideflow.core.attempts import dispatch
 from tideflow.core.maps import arm_step_timeout, map_item_done, resume_map, start_map
+from tideflow.core.retry import engine_error
 from tideflow.core.scope import build_scope, iso
+from tideflow.core.timers import arm
 from tideflow.errors import ExpressionEvaluationError
 from tideflow.model import storable
 from tideflow.model.commands import EmitEvent, StartChildRun
-from tideflow.model.events import ErrorInfo
+from tideflow.model.events import ChildRunFinished, SignalReceived
 from tideflow.model.expressions import Expression
 from tideflow.model.plan import StepSpec
-from tideflow.model.run import ScopeState, StepState
-from tideflow.model.states import STEP_TERMINAL, StepStatus
+from tideflow.model.run import BufferedSignal, ScopeState, StepState
+from tideflow.model.states import STEP_TERMINAL, RunStatus, StepStatus
 
 if TYPE_CHECKING:
     from tideflow.core.decide import Decider
@@ -28,10 +30,6 @@ if TYPE_CHECKING:
 _RUNNING = StepStatus.RUNNING
 _SUCCEEDED = StepStatus.SUCCEEDED
 _WAITING = StepStatus.WAITING
-
-
-def _error(type_: str, message: str) -> ErrorInfo:
-    return ErrorInfo(type=type_, message=message, retryable=False)
 
 
 def start_step(d: Decider, st: StepState, spec: StepSpec) -> None:
@@ -51,7 +49,7 @@ def start_step(d: Decider, st: StepState, spec: StepSpec) -> None:
         return
     _ENGINE_STARTERS[spec.type](d, st, spec, scope)
     if spec.timeout is not None and spec.wait is None and st.status not in STEP_TERMINAL:
-        d.arm("step_timeout", st, d.now + spec.timeout)
+        arm(d, "step_timeout", st, d.now + spec.timeout)
 
 
 _EMPTY: dict[str, Any] = {}
@@ -89,7 +87,7 @@ def _start_switch(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, An
             return
     if switch.default is None:
         d.fail_step(
-            st, _error("NoMatchingCase", "no case matched and the switch has `default: fail`")
+            st, engine_error("NoMatchingCase", "no case matched and the switch has `default: fail`")
         )
         return
     d.succeed(st, {"case": "default", "next": list(switch.default)}, "no case matched: default")
@@ -107,7 +105,7 @@ def _start_wait(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, Any]
             return
     state.waiting.setdefault(wait.signal, []).append(st.key)
     if wait.timeout is not None:
-        d.arm("wait_timeout", st, d.now + wait.timeout)
+        arm(d, "wait_timeout", st, d.now + wait.timeout)
 
 
 def _matches(d: Decider, st: StepState, payload: Any) -> bool:
@@ -125,6 +123,20 @@ def _matches(d: Decider, st: StepState, payload: Any) -> bool:
         return bool(wait.match.evaluate(scope))
     except ExpressionEvaluationError:
         return False
+
+
+def on_signal(d: Decider, event: SignalReceived) -> None:
+    state = d.state
+    if state.is_terminal or event.event_id in state.seen_signals:
+        return
+    state.seen_signals.add(event.event_id)
+    d.touched = True
+    if not deliver_signal(d, event.name, event.payload) and event.buffer:
+        state.signals.append(
+            BufferedSignal(
+                event_id=event.event_id, name=event.name, payload=event.payload, time=d.now
+            )
+        )
 
 
 def deliver_signal(d: Decider, name: str, payload: Any) -> bool:
@@ -158,7 +170,7 @@ def wait_timed_out(d: Decider, st: StepState) -> None:
         d.succeed(st, {"timed_out": True}, "wait timed out (timeout_action: continue)")
     else:
         d.fail_step(
-            st, _error("SignalTimeout", f"no signal '{wait.signal}' within {wait.timeout}s")
+            st, engine_error("SignalTimeout", f"no signal '{wait.signal}' within {wait.timeout}s")
         )
 
 
@@ -174,7 +186,7 @@ def _start_sleep(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, Any
         d.succeed(st, {"until": iso(fire_at)}, "sleep: the time has already passed")
         return
     d.set_step(st, _WAITING, f"sleeping until {iso(fire_at)}")
-    d.arm("sleep", st, fire_at)
+    arm(d, "sleep", st, fire_at)
 
 
 def _parse_instant(value: Any) -> float:
@@ -221,6 +233,22 @@ def _start_subflow(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, A
         d.set_step(st, _RUNNING, f"child run {child_id} started")
     else:
         d.succeed(st, {"run_id": child_id}, f"child run {child_id} started (async)")
+
+
+def on_child_finished(d: Decider, event: ChildRunFinished) -> None:
+    st = d.state.steps.get(event.step_key)
+    if st is None or st.status is not _RUNNING or st.child_run_id != event.child_run_id:
+        return
+    if event.status == RunStatus.SUCCEEDED.value:
+        d.succeed(st, event.output, f"child run {event.child_run_id} succeeded")
+        return
+    detail = f"{event.error.type}: {event.error.message}" if event.error else "no error recorded"
+    d.fail_step(
+        st,
+        engine_error(
+            "ChildRunFailed", f"child run {event.child_run_id} ended {event.status} ({detail})"
+        ),
+    )
 
 
 def _start_emit(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, Any]) -> None:
@@ -305,14 +333,16 @@ def _condition(d: Decider, st: StepState, expr: Expression, scope: dict[str, Any
     try:
         return bool(expr.evaluate(scope))
     except ExpressionEvaluationError as exc:
-        d.fail_step(st, _error("ExpressionError", f"loop condition {expr.source!r}: {exc.message}"))
+        d.fail_step(
+            st, engine_error("ExpressionError", f"loop condition {expr.source!r}: {exc.message}")
+        )
         return None
 
 
 def _max_iterations(d: Decider, st: StepState, limit: int) -> None:
     d.fail_step(
         st,
-        _error(
+        engine_error(
             "MaxIterationsExceeded",
             f"the loop reached max_iterations ({limit}) without its condition ending it",
         ),
@@ -339,7 +369,7 @@ def loop_iteration_done(d: Decider, st: StepState, scope: ScopeState) -> None:
             _max_iterations(d, st, loop.max_iterations)
             return
     if loop.delay:
-        d.arm("loop_delay", st, d.now + loop.delay, iteration + 1)
+        arm(d, "loop_delay", st, d.now + loop.delay, iteration + 1)
     else:
         start_iteration(d, st, iteration + 1)
 
@@ -357,10 +387,10 @@ _ENGINE_STARTERS = {
 
 __all__ = [
     "STEP_TERMINAL",
-    "action_task",
     "deliver_signal",
     "dispatch",
     "map_item_done",
-    "secret_names",
+    "on_child_finished",
+    "on_signal",
     "start_step",
 ]

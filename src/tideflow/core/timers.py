@@ -1,61 +1,59 @@
-"""What a fired timer does to its step: retry, time out, end a sleep or a wait, next loop turn."""
+"""Arming and naming timers.
+
+A timer is a ``TimerRef`` kept in ``RunState.timers`` under its id, and, when it
+belongs to a step instance, listed in that step's ``timers`` too (so that a step
+that ends disarms all of its own). Ids name what a timer is for: ``run_timeout``
+for the run, ``<kind>:<step key>:<attempt>`` for a step's (unique while armed, and
+the same on every replay).
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tideflow.core import attempts
-from tideflow.core import steps as kinds
-from tideflow.core.retry import stable_seed
-from tideflow.core.scope import iso
-from tideflow.model.commands import CancelTask
-from tideflow.model.events import ErrorInfo
-from tideflow.model.run import StepState, TimerRef
-from tideflow.model.states import StepStatus
+from tideflow.model.commands import CancelTimer, StartTimer
+from tideflow.model.run import StepState, TimerKind, TimerRef
 
 if TYPE_CHECKING:
     from tideflow.core.decide import Decider
 
-_RUNNING = StepStatus.RUNNING
-_RETRYING = StepStatus.RETRYING
-_WAITING = StepStatus.WAITING
+
+def timer_id(kind: TimerKind, step_key: str = "", attempt: int = 0) -> str:
+    """The id of the timer of this kind for this step instance and attempt."""
+    return f"{kind}:{step_key}:{attempt}" if step_key else kind
 
 
-def error_info(type_: str, message: str) -> ErrorInfo:
-    return ErrorInfo(type=type_, message=message, retryable=False)
+def arm(
+    d: Decider, kind: TimerKind, st: StepState | None, fire_at: float, attempt: int = 0
+) -> None:
+    key = st.key if st is not None else ""
+    tid = timer_id(kind, key, attempt)
+    d.state.timers[tid] = TimerRef(kind=kind, step_key=key, attempt=attempt, fire_at=fire_at)
+    if st is not None:
+        st.timers.append(tid)
+    d.commands.append(StartTimer(run_id=d.state.run_id, timer_id=tid, fire_at=fire_at))
 
 
-def fire_step_timer(d: Decider, st: StepState, ref: TimerRef) -> None:
-    kind = ref.kind
-    if kind == "retry" and st.status is _RETRYING:
-        attempts.dispatch(d, st, d.plan.specs[st.step_id], None)
-    elif kind == "schedule_to_start" and st.status is _RUNNING and st.attempts == ref.attempt:
-        attempts.schedule_to_start_passed(d, st)
-    elif kind == "attempt_timeout" and st.status is _RUNNING and st.attempts == ref.attempt:
-        d.commands.append(CancelTask(run_id=d.state.run_id, step_key=st.key, attempt=st.attempts))
-        timeout = d.plan.specs[st.step_id].timeout
-        error = ErrorInfo(
-            type="TimeoutError",
-            message=f"attempt {st.attempts} exceeded its timeout of {timeout}s (counted from "
-            "when a worker started it)",
-        )
-        d.attempt_failed(st, error, stable_seed(d.state.run_id, st.key, str(st.attempts)))
-    elif kind == "deadline" and st.status in (_RUNNING, _RETRYING):
-        if st.status is _RUNNING:
-            d.commands.append(
-                CancelTask(run_id=d.state.run_id, step_key=st.key, attempt=st.attempts)
-            )
-        deadline = d.plan.specs[st.step_id].deadline
-        d.fail_step(
-            st, error_info("DeadlineExceeded", f"the step's deadline of {deadline}s passed")
-        )
-    elif kind == "step_timeout" and st.status in (_RUNNING, _WAITING):
-        d.stop_inner_work(st, "the step's timeout passed")
-        timeout = d.plan.specs[st.step_id].timeout
-        d.fail_step(st, error_info("TimeoutError", f"the step did not finish within {timeout}s"))
-    elif kind == "wait_timeout" and st.status is _WAITING:
-        kinds.wait_timed_out(d, st)
-    elif kind == "sleep" and st.status is _WAITING:
-        d.succeed(st, {"until": iso(ref.fire_at)}, "sleep finished")
-    elif kind == "loop_delay" and st.status is _RUNNING:
-        kinds.start_iteration(d, st, ref.attempt)
+def disarm(d: Decider, st: StepState, tid: str) -> None:
+    if d.state.timers.pop(tid, None) is not None:
+        st.timers.remove(tid)
+        d.commands.append(CancelTimer(run_id=d.state.run_id, timer_id=tid))
+
+
+def disarm_all(d: Decider, st: StepState) -> None:
+    """Disarm every timer of a step instance that has ended."""
+    timers = d.state.timers
+    for tid in st.timers:
+        if timers.pop(tid, None) is not None:
+            d.commands.append(CancelTimer(run_id=d.state.run_id, timer_id=tid))
+    st.timers.clear()
+
+
+def fired(d: Decider, tid: str) -> TimerRef | None:
+    """Take a timer that fired out of the state; None when it is no longer armed."""
+    ref = d.state.timers.pop(tid, None)
+    if ref is not None and ref.step_key:
+        st = d.state.steps.get(ref.step_key)
+        if st is not None and tid in st.timers:
+            st.timers.remove(tid)
+    return ref

@@ -69,6 +69,8 @@ class TaskStarted(Event):
     attempt: int
     worker: str = ""
     """Which worker took it (``host/pid``), for the history."""
+    compensation: bool = False
+    """The attempt is one of the step's compensation (``step_key`` names the step undone)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,6 +83,7 @@ class TaskLost(Event):
     step_key: str
     attempt: int
     reason: str = "its worker stopped"
+    compensation: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

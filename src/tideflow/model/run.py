@@ -118,6 +118,9 @@ class CompensationState:
     """Step keys to compensate, in the order they will run (reverse completion)."""
     index: int = 0
     attempt: int = 0
+    started_at: float | None = None
+    """When a worker started the current attempt (``TaskStarted``); None while it is only
+    dispatched. Its ``timeout`` counts from here, as an action attempt's does."""
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Step key -> {status, attempts, error} of its compensation."""
     failed: list[str] = field(default_factory=list)

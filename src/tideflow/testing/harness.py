@@ -10,9 +10,9 @@ complete, fail, time out and signal steps in any order it likes::
     h.advance(5)                     # fires due timers
     assert h.state.status == "succeeded"
 
-By default a worker starts every task the moment it is dispatched (``TaskStarted`` is
-applied right after the decision that dispatched it), so an attempt's ``timeout``
-counts from its dispatch. ``CoreHarness(plan, auto_start=False)`` leaves tasks queued
+By default a worker starts every task (compensations too) the moment it is dispatched
+(``TaskStarted`` is applied right after the decision that dispatched it), so an
+attempt's ``timeout`` counts from its dispatch. ``CoreHarness(plan, auto_start=False)`` leaves tasks queued
 until the test calls ``h.started(key)``: that is how a test sees ``schedule_to_start``
 or a timeout that waits for the start.
 """
@@ -98,8 +98,8 @@ class CoreHarness:
             self.on_decision(event, decision)
         if self.auto_start:
             for command in decision.commands:
-                if isinstance(command, DispatchTask) and not command.compensation:
-                    self.started(command.step_key)
+                if isinstance(command, DispatchTask):
+                    self.started(command.step_key, compensation=command.compensation)
         return decision
 
     def _common(self) -> dict[str, Any]:
@@ -108,17 +108,30 @@ class CoreHarness:
     def start(self, input: Any = None) -> Decision:
         return self.apply(RunStarted(**self._common(), input=input))
 
-    def started(self, key: str, worker: str = "test-worker") -> Decision:
-        """A worker starts the outstanding task of step instance ``key``."""
-        task = self._task(key, False)
+    def started(
+        self, key: str, worker: str = "test-worker", *, compensation: bool = False
+    ) -> Decision:
+        """A worker starts the outstanding task of step instance ``key`` (or of its
+        compensation)."""
+        task = self._task(key, compensation)
         return self.apply(
-            TaskStarted(**self._common(), step_key=key, attempt=task.attempt, worker=worker)
+            TaskStarted(
+                **self._common(),
+                step_key=key,
+                attempt=task.attempt,
+                worker=worker,
+                compensation=compensation,
+            )
         )
 
-    def lost(self, key: str) -> Decision:
+    def lost(self, key: str, *, compensation: bool = False) -> Decision:
         """The execution of ``key``'s outstanding task is lost (its process stopped)."""
-        task = self._task(key, False)
-        return self.apply(TaskLost(**self._common(), step_key=key, attempt=task.attempt))
+        task = self._task(key, compensation)
+        return self.apply(
+            TaskLost(
+                **self._common(), step_key=key, attempt=task.attempt, compensation=compensation
+            )
+        )
 
     def complete(self, key: str, output: Any = None, *, compensation: bool = False) -> Decision:
         task = self._task(key, compensation)

@@ -131,7 +131,7 @@ class WorkerPool:
         )
         redactor: Redactor | None = None
         try:
-            if not task.compensation and not await self._starts.report(task):
+            if not await self._starts.report(task):
                 return None  # the attempt is no longer wanted: it must not run
             executor = self._executors.get(task.type)
             config, inp = task.config, task.input
@@ -155,7 +155,7 @@ class WorkerPool:
             error = error_info_from_exception(exc)
             if redactor is not None:
                 error = redactor.redact_error(error)
-            started = self._starts.take((task.run_id, task.step_key, task.attempt))
+            started = self._starts.take(task)
             return TaskFailed(
                 event_id=self._new_id(),
                 run_id=task.run_id,
@@ -168,7 +168,7 @@ class WorkerPool:
                 started_at=started,
                 worker=self._starts.worker if started is not None else "",
             )
-        started = self._starts.take((task.run_id, task.step_key, task.attempt))
+        started = self._starts.take(task)
         return TaskCompleted(
             event_id=self._new_id(),
             run_id=task.run_id,

@@ -1,7 +1,7 @@
 """Reporting that a worker started an attempt (``TaskStarted``), cheaply.
 
 The start is what an attempt's ``timeout`` counts from, so it is reported before the
-attempt runs. Starts are sent in batches, once per turn of the event loop, beside the
+attempt runs, for compensation attempts as for action attempts. Starts are sent in batches, once per turn of the event loop, beside the
 other events. An attempt that ends before its start went out (a ``noop``, an executor
 that fails at once) sends no separate start: the outcome carries it (``started_at``),
 so a step costs one event when nothing could have timed out in between. An
@@ -23,7 +23,15 @@ from tideflow.model.events import TaskStarted
 
 log = logging.getLogger("tideflow.worker")
 
-Key = tuple[str, str, int]
+Key = tuple[str, str, int, bool]
+"""(run id, step key, attempt, compensation): an attempt of a step's action or of its
+compensation."""
+
+
+def attempt_key(task: DispatchTask) -> Key:
+    return (task.run_id, task.step_key, task.attempt, task.compensation)
+
+
 StartDurably = Callable[[TaskStarted], Awaitable[bool]]
 
 
@@ -48,7 +56,7 @@ class StartReports:
     async def report(self, task: DispatchTask) -> bool:
         """Report that ``task`` starts; False when it must not run (its start was refused:
         stale, or a duplicate of an attempt already started elsewhere)."""
-        key = (task.run_id, task.step_key, task.attempt)
+        key = attempt_key(task)
         if not task.idempotent and self._start_durably is not None:
             return await self._start_durably(self._event(key, self._clock()))
         self._unsent[key] = self._clock()
@@ -56,12 +64,12 @@ class StartReports:
             asyncio.get_running_loop().call_soon(self._flush)
         return True
 
-    def take(self, key: Key) -> float | None:
+    def take(self, task: DispatchTask) -> float | None:
         """When the attempt started, if that has not been sent yet (its outcome carries it)."""
-        return self._unsent.pop(key, None) if self._unsent else None
+        return self._unsent.pop(attempt_key(task), None) if self._unsent else None
 
     def _event(self, key: Key, time: float) -> TaskStarted:
-        run_id, step_key, attempt = key
+        run_id, step_key, attempt, compensation = key
         return TaskStarted(
             event_id=self._new_id(),
             run_id=run_id,
@@ -69,6 +77,7 @@ class StartReports:
             step_key=step_key,
             attempt=attempt,
             worker=self.worker,
+            compensation=compensation,
         )
 
     async def sent(self) -> None:

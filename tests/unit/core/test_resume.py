@@ -33,12 +33,13 @@ def test_timers_are_rearmed_and_waits_need_nothing(harness):
     assert not [c for c in commands if isinstance(c, DispatchTask)]
 
 
-def test_a_running_compensation_and_a_sync_child_are_resumed(harness):
+def test_a_compensation_not_started_and_a_sync_child_are_resumed(harness):
     h = harness(
         HEAD
         + "on_failure: compensate\nsteps:\n"
         + "  - {id: a, type: noop, compensate: {type: noop, input: {undo: '{{ steps.a.output }}'}}}\n"
-        + "  - {id: b, type: noop, depends_on: [a]}\n"
+        + "  - {id: b, type: noop, depends_on: [a]}\n",
+        auto_start=False,
     )
     h.complete("a", "A1")
     h.fail("b")

@@ -1,0 +1,109 @@
+"""Task construction: the ``DispatchTask`` for an attempt of an action or of a
+compensation, built the same way at dispatch and on recovery.
+
+A re-dispatch (recovery, a lost execution) sends the same attempt number and
+idempotency key; its templates draw from a random stream of their own, so every
+rendering of one attempt yields the same ``uuid()``s.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from tideflow.core.scope import build_scope, redraw
+from tideflow.model.commands import DispatchTask
+from tideflow.model.expressions import Template
+from tideflow.model.plan import Plan
+from tideflow.model.run import RunState, StepState
+
+
+def compensation_subject(key: str) -> str:
+    """The history subject (and draw instance) of step instance ``key``'s compensation."""
+    return f"{key}:compensate"
+
+
+def render_config(
+    plan: Plan, state: RunState, st: StepState, now: float, scope: dict[str, Any] | None = None
+) -> Any:
+    """An action's config for its current attempt; it draws from a stream of its own, so
+    every attempt, and a re-dispatch on recovery, renders the same ``uuid()``s."""
+    config = plan.specs[st.step_id].config
+    if config is None:
+        return {}
+    if config.is_constant:
+        return config.render(_EMPTY)
+    instance = f"{st.key}:config"
+    if scope is None:
+        return config.render(build_scope(state, st.scope, now, instance=instance))
+    return config.render(redraw(scope, state.run_id, instance))
+
+
+_EMPTY: dict[str, Any] = {}
+
+
+def action_task(plan: Plan, run_id: str, st: StepState, config: Any) -> DispatchTask:
+    """The task message for the current attempt of action step instance ``st``."""
+    spec = plan.specs[st.step_id]
+    return DispatchTask(
+        run_id=run_id,
+        step_key=st.key,
+        step_id=st.step_id,
+        type=spec.type,
+        config=config,
+        input=st.input,
+        attempt=st.attempts,
+        idempotency_key=f"{run_id}:{st.key}",
+        timeout=spec.timeout,
+        queue=spec.queue,
+        priority=spec.priority,
+        sensitive=spec.sensitive,
+        secrets=secret_names(plan, spec.id),
+        idempotent=spec.idempotent,
+    )
+
+
+def compensation_task(
+    plan: Plan, state: RunState, key: str, attempt: int, now: float
+) -> DispatchTask:
+    """The task that runs attempt ``attempt`` of the compensation of step instance ``key``."""
+    st = state.steps[key]
+    spec = plan.specs[st.step_id]
+    action = spec.compensate
+    assert action is not None
+    subject = compensation_subject(key)
+    scope = build_scope(state, st.scope, now, instance=subject)
+    return DispatchTask(
+        run_id=state.run_id,
+        step_key=key,
+        step_id=st.step_id,
+        type=action.type,
+        config=action.config.render(scope),
+        input=action.input.render(scope),
+        attempt=attempt,
+        idempotency_key=f"{state.run_id}:{subject}",
+        timeout=action.timeout,
+        queue=spec.queue,
+        priority=spec.priority,
+        compensation=True,
+        secrets=secret_names(plan, spec.id, compensation=True),
+    )
+
+
+def secret_names(plan: Plan, step_id: str, *, compensation: bool = False) -> tuple[str, ...]:
+    """Secret names the templates of a step's action (or its compensation) reference."""
+    return _secret_names(plan, step_id, compensation)
+
+
+@lru_cache(maxsize=4096)
+def _secret_names(plan: Plan, step_id: str, compensation: bool) -> tuple[str, ...]:
+    spec = plan.specs[step_id]
+    templates: tuple[Template | None, ...] = (spec.config, spec.input)
+    if compensation:
+        assert spec.compensate is not None
+        templates = (spec.compensate.config, spec.compensate.input)
+    names: set[str] = set()
+    for template in templates:
+        if template is not None:
+            names |= template.secret_references()
+    return tuple(sorted(names))
