@@ -30,7 +30,6 @@ from tideflow.model.events import (
     TaskFailed,
     TaskLost,
     TaskStarted,
-    Transition,
 )
 from tideflow.model.plan import StepSpec
 from tideflow.model.run import StepState
@@ -85,7 +84,7 @@ def ended(d: Decider, st: StepState, event: TaskCompleted | TaskFailed | None = 
     not report on its own), stop both of the attempt's clocks."""
     if event is not None and event.started_at is not None and st.attempt_started_at is None:
         st.attempt_started_at = event.started_at
-        record_fact(d, st, _started_cause(st, event.worker))
+        record_fact(d, st, started_cause("attempt", st.attempts, event.worker))
     if st.timers:
         for tid in timer_ids(st):
             disarm(d, st, tid)
@@ -95,20 +94,12 @@ def record_fact(d: Decider, st: StepState, cause: str) -> None:
     """Record a fact about the attempt in flight: ``running -> running``, the one
     self-transition the table allows (no state changes, nothing to propagate)."""
     assert st.status is _RUNNING
-    d.transitions.append(
-        Transition(
-            subject=st.key,
-            old=_RUNNING.value,
-            new=_RUNNING.value,
-            time=d.now,
-            cause=cause,
-            attempt=st.attempts,
-        )
-    )
+    d.record(st.key, _RUNNING.value, _RUNNING.value, cause, st.attempts)
 
 
-def _started_cause(st: StepState, worker: str) -> str:
-    return f"attempt {st.attempts} started" + (f" by {worker}" if worker else "")
+def started_cause(what: str, attempt: int, worker: str) -> str:
+    """The history cause of a start: ``attempt 2 started by host/pid``."""
+    return f"{what} {attempt} started" + (f" by {worker}" if worker else "")
 
 
 def _current(d: Decider, key: str, attempt: int) -> StepState | None:
@@ -127,7 +118,7 @@ def on_started(d: Decider, event: TaskStarted) -> None:
     st.attempt_started_at = d.now
     for tid in timer_ids(st):  # the timeout restarts now, even if armed at dispatch
         disarm(d, st, tid)
-    record_fact(d, st, _started_cause(st, event.worker))
+    record_fact(d, st, started_cause("attempt", st.attempts, event.worker))
     timeout = d.plan.specs[st.step_id].timeout
     if timeout is not None:
         arm(d, "attempt_timeout", st, d.now + timeout, st.attempts)
@@ -160,27 +151,27 @@ def on_lost(d: Decider, event: TaskLost) -> None:
 
 def schedule_to_start_passed(d: Decider, st: StepState) -> None:
     """No worker started the current attempt in time: it fails, retryable (it never ran)."""
-    d.commands.append(CancelTask(run_id=d.state.run_id, step_key=st.key, attempt=st.attempts))
     limit = d.plan.specs[st.step_id].schedule_to_start
-    error = engine_error(
-        "ScheduleToStartTimeout",
-        f"no worker started attempt {st.attempts} within {limit}s of its dispatch",
-        retryable=True,
-    )
-    attempt_failed(d, st, error, stable_seed(d.state.run_id, st.key, "queued", str(st.attempts)))
+    message = f"no worker started attempt {st.attempts} within {limit}s of its dispatch"
+    _stop_and_fail(d, st, "ScheduleToStartTimeout", message, "queued", str(st.attempts))
 
 
 def timed_out(d: Decider, st: StepState) -> None:
     """The current attempt ran past its ``timeout`` (counted from its start)."""
-    d.commands.append(CancelTask(run_id=d.state.run_id, step_key=st.key, attempt=st.attempts))
     timeout = d.plan.specs[st.step_id].timeout
-    error = engine_error(
-        "TimeoutError",
+    message = (
         f"attempt {st.attempts} exceeded its timeout of {timeout}s (counted from when a "
-        "worker started it)",
-        retryable=True,
+        "worker started it)"
     )
-    attempt_failed(d, st, error, stable_seed(d.state.run_id, st.key, str(st.attempts)))
+    _stop_and_fail(d, st, "TimeoutError", message, str(st.attempts))
+
+
+def _stop_and_fail(d: Decider, st: StepState, type_: str, message: str, *salt: str) -> None:
+    """Cancel the current attempt's task and fail the attempt with a retryable error (its
+    retry jitter seeded from the run, the step and ``salt``: no event carries a seed)."""
+    d.commands.append(CancelTask(run_id=d.state.run_id, step_key=st.key, attempt=st.attempts))
+    error = engine_error(type_, message, retryable=True)
+    attempt_failed(d, st, error, stable_seed(d.state.run_id, st.key, *salt))
 
 
 def on_completed(d: Decider, event: TaskCompleted) -> None:

@@ -148,12 +148,19 @@ class Decider:
     def set_run(self, new: RunStatus, cause: str) -> None:
         state = self.state
         check_run_transition(state.status, new)
+        self.record("run", state.status.value, new.value, cause)
+        state.status = new
+
+    def record(
+        self, subject: str, old: str | None, new: str, cause: str, attempt: int | None = None
+    ) -> None:
+        """Add a state change to the run's history (``subject``: the run, a step instance
+        or a step's compensation)."""
         self.transitions.append(
             Transition(
-                subject="run", old=state.status.value, new=new.value, time=self.now, cause=cause
+                subject=subject, old=old, new=new, time=self.now, cause=cause, attempt=attempt
             )
         )
-        state.status = new
 
     def finish_run(self, status: RunStatus, cause: str) -> None:
         state = self.state
@@ -229,16 +236,7 @@ class Decider:
         old = st.status
         check_step_transition(st.key, old, new)
         st.status = new
-        self.transitions.append(
-            Transition(
-                subject=st.key,
-                old=old.value,
-                new=new.value,
-                time=self.now,
-                cause=cause,
-                attempt=attempt,
-            )
-        )
+        self.record(st.key, old.value, new.value, cause, attempt)
         if new in STEP_TERMINAL:
             st.finished_at = self.now
             if st.timers:

@@ -96,10 +96,7 @@ def map_item_done(d: Decider, st: StepState, scope: ScopeState) -> None:
             ),
         )
         return
-    if progress.done == progress.total:
-        d.succeed(st, list(progress.outputs), f"all {progress.total} items finished")
-    else:
-        _launch_items(d, st)
+    _finish_or_launch(d, st)
 
 
 def failed_item(child: StepState, index: int) -> dict[str, Any]:
@@ -129,13 +126,20 @@ def resume_map(d: Decider, st: StepState) -> None:
     progress.done = progress.next_index - len(progress.retry)
     d.set_step(st, _RUNNING, f"retried: {len(progress.retry)} item(s) run again")
     arm_step_timeout(d, st)
-    if progress.done == progress.total:
-        d.succeed(st, list(progress.outputs), f"all {progress.total} items finished")
-    else:
-        _launch_items(d, st)
+    _finish_or_launch(d, st)
 
 
 def arm_step_timeout(d: Decider, st: StepState) -> None:
     timeout = d.plan.specs[st.step_id].timeout
     if timeout is not None:
         arm(d, "step_timeout", st, d.now + timeout)
+
+
+def _finish_or_launch(d: Decider, st: StepState) -> None:
+    """Succeed the map once every item finished, else start the items that may start."""
+    progress = st.map
+    assert progress is not None
+    if progress.done == progress.total:
+        d.succeed(st, list(progress.outputs), f"all {progress.total} items finished")
+    else:
+        _launch_items(d, st)

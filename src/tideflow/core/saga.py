@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tideflow.core.attempts import started_cause
 from tideflow.core.retry import engine_error, retry_delay, stable_seed
 from tideflow.core.tasks import compensation_subject, compensation_task
 from tideflow.core.timers import arm, disarm, timer_id
@@ -31,7 +32,6 @@ from tideflow.model.events import (
     TaskFailed,
     TaskLost,
     TaskStarted,
-    Transition,
 )
 from tideflow.model.plan import Plan
 from tideflow.model.run import CompensationState, RunState, TimerRef
@@ -39,6 +39,8 @@ from tideflow.model.states import RunStatus
 
 if TYPE_CHECKING:
     from tideflow.core.decide import Decider
+
+_WHAT = "compensation attempt"
 
 
 def start(d: Decider, ends: RunStatus = RunStatus.COMPENSATED) -> None:
@@ -55,16 +57,8 @@ def start(d: Decider, ends: RunStatus = RunStatus.COMPENSATED) -> None:
 def _record(d: Decider, key: str, new: str, cause: str, attempt: int | None = None) -> None:
     comp = d.state.compensation
     assert comp is not None
-    old = comp.results.get(key, {}).get("status")
-    d.transitions.append(
-        Transition(
-            subject=compensation_subject(key),
-            old=old,
-            new=new,
-            time=d.now,
-            cause=cause,
-            attempt=attempt,
-        )
+    d.record(
+        compensation_subject(key), comp.results.get(key, {}).get("status"), new, cause, attempt
     )
     entry = comp.results.setdefault(key, {"status": new, "attempts": 0, "error": None})
     entry["status"] = new
@@ -169,8 +163,7 @@ def _started(d: Decider, key: str, at: float, worker: str) -> None:
     comp = d.state.compensation
     assert comp is not None
     comp.started_at = at
-    by = f" by {worker}" if worker else ""
-    _record(d, key, "running", f"compensation attempt {comp.attempt} started{by}", comp.attempt)
+    _record(d, key, "running", started_cause(_WHAT, comp.attempt, worker), comp.attempt)
     action = d.plan.specs[d.state.steps[key].step_id].compensate
     if action is not None and action.timeout is not None:
         arm(d, "compensation_timeout", d.state.steps[key], at + action.timeout, comp.attempt)
@@ -218,8 +211,7 @@ def _ended(d: Decider, event: TaskCompleted | TaskFailed) -> None:
     assert comp is not None
     if event.started_at is not None and comp.started_at is None:
         comp.started_at = event.started_at
-        by = f" by {event.worker}" if event.worker else ""
-        cause = f"compensation attempt {comp.attempt} started{by}"
+        cause = started_cause(_WHAT, comp.attempt, event.worker)
         _record(d, event.step_key, "running", cause, comp.attempt)
     _drop_timers(d, event.step_key)
 
