@@ -10,8 +10,8 @@ change nothing).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -154,20 +154,6 @@ class EngineFailed(Event):
     error: ErrorInfo
 
 
-EventKind = Literal[
-    "run_started",
-    "task_started",
-    "task_lost",
-    "task_completed",
-    "task_failed",
-    "timer_fired",
-    "signal_received",
-    "child_run_finished",
-    "cancel_requested",
-    "run_retried",
-    "engine_failed",
-]
-
 EVENT_KINDS: dict[type[Event], str] = {
     RunStarted: "run_started",
     TaskStarted: "task_started",
@@ -195,4 +181,3 @@ class Transition:
     time: float
     cause: str
     attempt: int | None = None
-    data: dict[str, Any] = field(default_factory=dict)

@@ -16,7 +16,6 @@ from typing import Any, Literal
 
 from tideflow.model.expressions import Expression, Template
 
-ACTION_TYPES_BUILTIN = frozenset({"python", "http", "shell", "noop"})
 ENGINE_TYPES = frozenset({"set", "switch", "wait", "sleep", "map", "loop", "subflow", "emit"})
 
 

@@ -70,7 +70,6 @@ COMPENSATING in the same step, or an operator retries a FAILED or TIMED_OUT run.
 STEP_TERMINAL = frozenset(
     {StepStatus.SUCCEEDED, StepStatus.FAILED, StepStatus.SKIPPED, StepStatus.CANCELLED}
 )
-STEP_ACTIVE = frozenset({StepStatus.RUNNING, StepStatus.RETRYING, StepStatus.WAITING})
 
 _R = RunStatus
 _S = StepStatus

@@ -33,10 +33,6 @@ class TimerWheel:
         if handle is not None:
             handle.cancel()
 
-    def cancel_run(self, run_id: str, timer_ids: list[str]) -> None:
-        for timer_id in timer_ids:
-            self.cancel(run_id, timer_id)
-
     def close(self) -> None:
         for handle in self._handles.values():
             handle.cancel()
