@@ -14,13 +14,21 @@
     ├── RuntimeNotStarted          a Runtime used before ``start()`` / ``async with``
     ├── EngineError                a run's event could not be applied or stored: the run failed
     ├── UnknownSignal              a signal no wait step of the run's workflow waits for
+    ├── StateFormatError           a stored run state or event cannot be read
+    ├── BadCursor                  a pagination cursor this store did not hand out
+    ├── StoreError                 the store cannot be used (damaged, unreachable, wrong schema)
+    │   ├── StoreUnavailable       unreachable or busy right now: the same write may succeed later
+    │   ├── UnstorableData         a value the store cannot hold: writing it again fails again
+    │   └── ConcurrencyConflict    another applier advanced the run first: reload and apply again
     └── StepError                  raised *inside* a step; recorded in the run, not thrown out
         ├── ExpressionEvaluationError   an expression failed at run time
         ├── StepTimeout                 an attempt exceeded its `timeout` (type name `TimeoutError`)
         ├── ExecutorNotFound            a step type with no registered executor
         ├── OutputNotSerializable       a value a step produced cannot be stored as JSON
         ├── OutputTooLarge              a step's output is over the configured limit
-        └── ExecutorError               an executor failed (its `type` names the error class)
+        └── ExecutorError               an executor failed (its `type` names the error class);
+                                        the built-in executors' subclasses are drawn in
+                                        ``tideflow.worker.executors.errors``
 
 Every class has a docstring that serves as its default message. Errors that
 happen inside a run are recorded in the run's history as ``{type, message}``
@@ -195,3 +203,27 @@ class RuntimeNotStarted(TideflowError):
 
 class EngineError(TideflowError):
     """The engine could not apply or store an event of this run, so the run was failed."""
+
+
+class StateFormatError(TideflowError):
+    """A stored run state cannot be read."""
+
+
+class BadCursor(TideflowError):
+    """The pagination cursor is not one this store handed out."""
+
+
+class StoreError(TideflowError):
+    """The store cannot be used (damaged file, unreachable server, wrong schema)."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached or is busy right now; the same write may succeed later."""
+
+
+class UnstorableData(StoreError):
+    """The store cannot hold a value of this batch; writing it again would fail again."""
+
+
+class ConcurrencyConflict(StoreError):
+    """Another applier advanced one of these runs first; reload them and apply again."""

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from tideflow.errors import TideflowError
+from tideflow.errors import StateFormatError as StateFormatError  # lives in the one tree
 from tideflow.model.commands import (
     CancelChildRun,
     CancelTask,
@@ -46,10 +46,6 @@ from tideflow.model.run import (
 from tideflow.model.states import RunStatus, StepStatus
 
 FORMAT = 1
-
-
-class StateFormatError(TideflowError):
-    """A stored run state cannot be read."""
 
 
 def error_to_data(error: ErrorInfo | None) -> dict[str, Any] | None:

@@ -29,7 +29,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tideflow.errors import TideflowError
+# The store's errors live in the one tree (tideflow.errors); importable from here too.
+from tideflow.errors import ConcurrencyConflict as ConcurrencyConflict
+from tideflow.errors import StoreError as StoreError
+from tideflow.errors import StoreUnavailable as StoreUnavailable
+from tideflow.errors import UnstorableData as UnstorableData
 from tideflow.model.commands import (
     CancelChildRun,
     Command,
@@ -44,22 +48,6 @@ from tideflow.model.run import RunState
 OUTBOX_COMMANDS = (RunFinished, StartChildRun, CancelChildRun, EmitEvent)
 """Commands kept in the outbox until relayed. The others (tasks, timers, task
 cancellations) are re-derived from the run state on recovery."""
-
-
-class StoreError(TideflowError):
-    """The store cannot be used (damaged file, unreachable server, wrong schema)."""
-
-
-class StoreUnavailable(StoreError):
-    """The store cannot be reached or is busy right now; the same write may succeed later."""
-
-
-class UnstorableData(StoreError):
-    """The store cannot hold a value of this batch; writing it again would fail again."""
-
-
-class ConcurrencyConflict(StoreError):
-    """Another applier advanced one of these runs first; reload them and apply again."""
 
 
 @dataclass(slots=True, kw_only=True)

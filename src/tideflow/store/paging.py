@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import base64
 
-from tideflow.errors import TideflowError
-
-
-class BadCursor(TideflowError):
-    """The pagination cursor is not one this store handed out."""
+from tideflow.errors import BadCursor as BadCursor  # the class lives in the one tree
 
 
 def encode_cursor(created_at: float, run_id: str) -> str:
