@@ -55,7 +55,6 @@ from tideflow.model.states import (
 
 _CANCELLED = StepStatus.CANCELLED
 _FAILED = StepStatus.FAILED
-_PENDING = StepStatus.PENDING
 _READY = StepStatus.READY
 _RETRYING = StepStatus.RETRYING
 _RUNNING = StepStatus.RUNNING

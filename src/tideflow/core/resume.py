@@ -17,7 +17,7 @@ applies that ``TaskLost`` event, so that ``decide`` records what happens next
 from __future__ import annotations
 
 from tideflow.core import saga
-from tideflow.core.tasks import action_task, render_config
+from tideflow.core.tasks import action_task, compensation_subject, render_config
 from tideflow.core.timers import timer_id
 from tideflow.errors import ExpressionEvaluationError
 from tideflow.model.commands import Command, StartChildRun, StartTimer
@@ -49,12 +49,10 @@ def lost_events(plan: Plan, state: RunState, now: float) -> list[TaskLost]:
     ]
     compensation = saga.lost_compensation(state)
     if compensation is not None:
-        assert state.compensation is not None
-        key, attempt = compensation
-        lost.append((key, attempt, state.compensation.started_at, True))
+        lost.append((*compensation, True))
     return [
         TaskLost(
-            event_id=f"{state.run_id}:{key}{':compensate' if comp else ''}:{attempt}"
+            event_id=f"{state.run_id}:{compensation_subject(key) if comp else key}:{attempt}"
             f":lost@{started!r}",
             run_id=state.run_id,
             time=now,

@@ -109,14 +109,14 @@ def running_compensation(plan: Plan, state: RunState, now: float) -> DispatchTas
         return None
 
 
-def lost_compensation(state: RunState) -> tuple[str, int] | None:
-    """(step key, attempt) of the compensation attempt a worker started and that has no
-    outcome, if any."""
+def lost_compensation(state: RunState) -> tuple[str, int, float] | None:
+    """(step key, attempt, start) of the compensation attempt a worker started and that
+    has no outcome, if any."""
     comp = state.compensation
     key = _running_key(state)
     if comp is None or key is None or comp.started_at is None:
         return None
-    return key, comp.attempt
+    return key, comp.attempt, comp.started_at
 
 
 def _running_key(state: RunState) -> str | None:

@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from tideflow.core.decide import Decider
 
 _RUNNING = StepStatus.RUNNING
-_SUCCEEDED = StepStatus.SUCCEEDED
 _WAITING = StepStatus.WAITING
 
 

@@ -26,11 +26,12 @@ def timer_id(kind: TimerKind, step_key: str = "", attempt: int = 0) -> str:
 def arm(
     d: Decider, kind: TimerKind, st: StepState | None, fire_at: float, attempt: int = 0
 ) -> None:
+    """Arm a timer; arming one that is armed already moves it to ``fire_at``."""
     key = st.key if st is not None else ""
     tid = timer_id(kind, key, attempt)
-    d.state.timers[tid] = TimerRef(kind=kind, step_key=key, attempt=attempt, fire_at=fire_at)
-    if st is not None:
+    if st is not None and tid not in d.state.timers:
         st.timers.append(tid)
+    d.state.timers[tid] = TimerRef(kind=kind, step_key=key, attempt=attempt, fire_at=fire_at)
     d.commands.append(StartTimer(run_id=d.state.run_id, timer_id=tid, fire_at=fire_at))
 
 
