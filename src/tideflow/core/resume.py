@@ -17,10 +17,10 @@ applies that ``TaskLost`` event, so that ``decide`` records what happens next
 from __future__ import annotations
 
 from tideflow.core import saga
-from tideflow.core.tasks import action_task, compensation_subject, render_config
+from tideflow.core.tasks import action_task, child_run, compensation_subject, render_config
 from tideflow.core.timers import timer_id
 from tideflow.errors import ExpressionEvaluationError
-from tideflow.model.commands import Command, StartChildRun, StartTimer
+from tideflow.model.commands import Command, StartTimer
 from tideflow.model.events import TaskLost
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState, StepState
@@ -90,17 +90,7 @@ def resume_commands(plan: Plan, state: RunState, now: float) -> list[Command]:
                 config = {}
             out.append(action_task(plan, state.run_id, st, config))
         elif spec.subflow is not None and st.child_run_id and spec.subflow.mode == "sync":
-            out.append(
-                StartChildRun(
-                    run_id=state.run_id,
-                    step_key=st.key,
-                    child_run_id=st.child_run_id,
-                    workflow=spec.subflow.workflow,
-                    version=spec.subflow.version,
-                    input=st.input,
-                    wait=True,
-                )
-            )
+            out.append(child_run(plan, state.run_id, st))
     task = saga.running_compensation(plan, state, now)
     if task is not None:  # its timeout counts from its start (a state written before
         # compensation starts were reported may hold one armed at dispatch)

@@ -14,10 +14,11 @@ from tideflow.core.attempts import dispatch
 from tideflow.core.maps import arm_step_timeout, map_item_done, resume_map, start_map
 from tideflow.core.retry import engine_error
 from tideflow.core.scope import build_scope, iso
+from tideflow.core.tasks import child_run
 from tideflow.core.timers import arm
 from tideflow.errors import ExpressionEvaluationError
 from tideflow.model import storable
-from tideflow.model.commands import EmitEvent, StartChildRun
+from tideflow.model.commands import EmitEvent
 from tideflow.model.events import ChildRunFinished, SignalReceived
 from tideflow.model.expressions import Expression
 from tideflow.model.plan import StepSpec
@@ -216,19 +217,8 @@ def _start_subflow(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, A
     if state.retries:  # an operator retry starts a new child run
         child_id += f".retry{state.retries}"
     st.child_run_id = child_id
-    sync = sub.mode == "sync"
-    d.commands.append(
-        StartChildRun(
-            run_id=state.run_id,
-            step_key=st.key,
-            child_run_id=child_id,
-            workflow=sub.workflow,
-            version=sub.version,
-            input=child_input,
-            wait=sync,
-        )
-    )
-    if sync:
+    d.commands.append(child_run(d.plan, state.run_id, st))
+    if sub.mode == "sync":
         d.set_step(st, _RUNNING, f"child run {child_id} started")
     else:
         d.succeed(st, {"run_id": child_id}, f"child run {child_id} started (async)")

@@ -1,5 +1,6 @@
 """Task construction: the ``DispatchTask`` for an attempt of an action or of a
-compensation, built the same way at dispatch and on recovery.
+compensation, and the ``StartChildRun`` of a subflow step, built the same way at
+dispatch and on recovery.
 
 A re-dispatch (recovery, a lost execution) sends the same attempt number and
 idempotency key; its templates draw from a random stream of their own, so every
@@ -12,7 +13,7 @@ from functools import lru_cache
 from typing import Any
 
 from tideflow.core.scope import build_scope, redraw
-from tideflow.model.commands import DispatchTask
+from tideflow.model.commands import DispatchTask, StartChildRun
 from tideflow.model.expressions import Template
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState, StepState
@@ -87,6 +88,22 @@ def compensation_task(
         priority=spec.priority,
         compensation=True,
         secrets=secret_names(plan, spec.id, compensation=True),
+    )
+
+
+def child_run(plan: Plan, run_id: str, st: StepState) -> StartChildRun:
+    """The command that starts the child run of subflow step instance ``st`` (its id and
+    input already chosen: ``st.child_run_id``, ``st.input``)."""
+    sub = plan.specs[st.step_id].subflow
+    assert sub is not None and st.child_run_id is not None
+    return StartChildRun(
+        run_id=run_id,
+        step_key=st.key,
+        child_run_id=st.child_run_id,
+        workflow=sub.workflow,
+        version=sub.version,
+        input=st.input,
+        wait=sub.mode == "sync",
     )
 
 
