@@ -92,9 +92,9 @@ async def _resume_one(
     async with opened_runtime(
         url, recover=True, workers=workers, upgrade=True, definitions_dir=definitions or Path.cwd()
     ) as rt:
-        await known_run(rt.store, run_id, url)
+        await known_run(rt.client, run_id, url)
         # A run that cannot be loaded (or whose plan cannot) is an error, not a wait.
-        await rt.store.get_plan((await rt.state(run_id)).plan_hash)
+        await rt.client.plan(run_id)
         try:
             return await rt.wait(run_id, timeout)
         except TimeoutError:
@@ -201,11 +201,11 @@ async def _resumed(rt: Runtime, candidates: set[str], began: float, outcome: Res
     found: list[RunSummary] = []
     for run_id in candidates:
         try:
-            summary = await rt.store.get_run(run_id)
+            summary = await rt.client.summary(run_id)
             if summary.created_at >= began:
                 continue
             # Load it and its plan: a run that cannot be driven is reported, not waited for.
-            await rt.store.get_plan((await rt.state(run_id)).plan_hash)
+            await rt.client.plan(run_id)
         except NotFound:
             continue
         except TideflowError as exc:
