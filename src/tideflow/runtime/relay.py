@@ -140,8 +140,8 @@ class Relay:
 
     # -- after a commit ---------------------------------------------------------
 
-    async def hand(self, batch: Sequence[AppliedEvent]) -> None:
-        """Relay a committed batch, then tell the listeners."""
+    async def hand(self, batch: Sequence[AppliedEvent], *, observe: bool = True) -> None:
+        """Relay a committed batch, then tell the listeners (unless not ``observe``)."""
         commands: list[Command] = []
         outbox: list[str | None] = []
         for applied in batch:
@@ -150,7 +150,7 @@ class Relay:
             outbox.extend(_outbox_ids(applied))
         if commands:
             await self.relay(commands, outbox)
-        if self._listeners:
+        if observe and self._listeners:
             for applied in batch:
                 self._observe(applied.state, applied.transitions)
 

@@ -64,6 +64,9 @@ class Scheduler:
         """Runs whose commit alone failed while the store was up: how many times in a row."""
         self._later: set[asyncio.Task[None]] = set()
         """Redeliveries waiting out a run's own backoff."""
+        self._doubt: dict[str, list[AppliedEvent]] = {}
+        """Events of runs whose commit failed, until the run is loaded again (see
+        ``_settle_doubt``)."""
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="tideflow-scheduler")
@@ -119,6 +122,8 @@ class Scheduler:
             faults.checkpoint("after_commit")
         if out.committed:
             self._retry_delay = 0.05
+        if out.down or out.failures:
+            self._keep_in_doubt(batch, out)
         if not redeliver and (out.down or out.failures):
             for run_id in self._in_flight:
                 self._runs.evict(run_id)
@@ -136,6 +141,28 @@ class Scheduler:
         if self._run_retries:
             for applied in part:
                 self._run_retries.pop(applied.event.run_id, None)
+
+    def _keep_in_doubt(self, batch: list[AppliedEvent], out: Outcome) -> None:
+        """A commit that failed may have been written all the same (its answer was lost):
+        remember what it would have done, to be settled when the run is loaded again."""
+        committed = {id(applied) for applied in out.committed}
+        for applied in batch:
+            if id(applied) not in committed:
+                self._doubt.setdefault(applied.event.run_id, []).append(applied)
+
+    async def _settle_doubt(self, run_id: str, last_seq: int) -> None:
+        """The run was reloaded: relay the effects of the events in doubt that the store
+        holds after all (a commit that went through although it reported a failure)."""
+        doubt = self._doubt.pop(run_id, None)
+        stored = [applied for applied in doubt or () if applied.seq <= last_seq]
+        if stored:
+            log.warning(
+                "run %s: %d event(s) whose commit reported a failure were stored; relaying "
+                "their effects",
+                run_id,
+                len(stored),
+            )
+            await self._relay.hand(stored, observe=False)
 
     async def _not_committed(self, out: Outcome, events: list[Event]) -> None:
         if out.down is not None:
@@ -219,6 +246,8 @@ class Scheduler:
         kind = type(event).__name__
         try:
             live = await self._runs.get(event.run_id)
+            if self._doubt:
+                await self._settle_doubt(event.run_id, live.last_seq)
             plan = await self._plans.get(live.state.plan_hash)
         except NotFound:
             log.warning("event %s for unknown run %s dropped", kind, event.run_id)
