@@ -24,11 +24,11 @@ import contextlib
 import logging
 from collections.abc import Sequence
 
+from tideflow import faults
 from tideflow.bus.base import Bus
 from tideflow.core.decide import decide
 from tideflow.errors import NotFound
 from tideflow.model.events import EngineFailed, Event
-from tideflow.runtime import faults
 from tideflow.runtime.commits import Outcome, commit_apart
 from tideflow.runtime.poison import DEFINITELY_DATA, Failure, classify, describe, engine_failed
 from tideflow.runtime.relay import Relay
