@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from tideflow.runtime.result import RunResult
 from tideflow.store.backends.memory import MemoryStore
 from tideflow.store.base import HistoryEntry, Store
 from tideflow.worker.executors.registry import ExecutorRegistry
+from tideflow.worker.interceptors import Interceptor
 from tideflow.worker.pool import WorkerPool
 from tideflow.worker.secrets import SecretProvider
 
@@ -59,7 +61,10 @@ class Runtime:
         recover: bool = True,
         max_step_output: int = storable.MAX_STEP_OUTPUT,
         max_run_input: int = storable.MAX_RUN_INPUT,
+        interceptors: Sequence[Interceptor] = (),
     ) -> None:
+        """``interceptors`` wrap every attempt the workers run, outermost first (see
+        tideflow.worker.interceptors): metrics, tracing, your own policies."""
         if isinstance(store, str):
             from tideflow.store import open_store
 
@@ -91,6 +96,7 @@ class Runtime:
             secrets=secrets,
             start_durably=self._start_durably,
             max_output=max_step_output,
+            interceptors=interceptors,
         )
         self._engine = Engine(
             store=self.store,

@@ -42,6 +42,7 @@ __all__ = [
     "Execution",
     "Interceptor",
     "build_chain",
+    "failure",
 ]
 
 
@@ -79,6 +80,7 @@ Interceptor = Callable[[Execution], Execution]
 
 
 def failure(exc: BaseException) -> ExecuteOutput:
+    """The output of an attempt that failed with ``exc``."""
     return ExecuteOutput(error=error_info_from_exception(exc))
 
 

@@ -25,7 +25,7 @@ from tideflow.model.commands import DispatchTask
 from tideflow.model.events import Event, TaskCompleted, TaskFailed
 from tideflow.worker.executors.base import StepContext
 from tideflow.worker.executors.registry import ExecutorRegistry
-from tideflow.worker.interceptors import ExecuteInput, Interceptor, build_chain
+from tideflow.worker.interceptors import ExecuteInput, Interceptor, build_chain, failure
 from tideflow.worker.secrets import SecretProvider, default_provider
 from tideflow.worker.starts import StartDurably, StartReports
 
@@ -141,6 +141,8 @@ class WorkerPool:
             )
         except asyncio.CancelledError:
             return None
+        except Exception as exc:  # an interceptor's own failure fails the step, not the worker
+            out = failure(exc)
         started = self._starts.take((task.run_id, task.step_key, task.attempt))
         worker = self._starts.worker if started is not None else ""
         if out.error is not None:
