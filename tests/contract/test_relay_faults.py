@@ -10,6 +10,9 @@ with the ``ConnectionError`` a network broker raises.
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import textwrap
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -31,7 +34,7 @@ from tideflow.store.base import AppliedEvent, Store, StoreUnavailable
 from tideflow.testing.waiting import step_is, wait_until
 from tideflow.worker.executors.functions import register, unregister
 
-from .conftest import Backend
+from .conftest import Backend, sqlite_backend
 
 WAIT = 20.0
 
@@ -343,3 +346,25 @@ async def test_a_parent_whose_child_finished_unheard_finishes_after_a_restart(
         await applied_once(rt, parent)
         kinds = Counter(e.kind for e in await rt.store.history(parent))
         assert kinds["child_run_finished"] == 1
+
+
+def db_status(url: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "tideflow.cli.main", "db", "status", "--json", "--store", url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout))
+
+
+async def test_db_status_counts_the_effects_a_stopped_engine_left(tmp_path: Path) -> None:
+    backend = sqlite_backend(tmp_path)
+    parent = await _child_finished_unheard(backend)
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    assert db_status(url)["pending_effects"] == 1  # the child's end, not yet told
+    async with Runtime(store=backend.make(), workers=2) as rt:
+        assert (await rt.wait(parent, WAIT)).status == "succeeded"
+    assert db_status(url)["pending_effects"] == 0
