@@ -28,7 +28,7 @@ async def recover(
 ) -> None:
     """Resume every unfinished run in ``store`` (a damaged run is logged and skipped)."""
     pending = await store.pending_outbox()
-    await relay.relay([item.command for item in pending], [item.id for item in pending])
+    await relay.relay([item.command for item in pending], dict(enumerate(i.id for i in pending)))
     for run_id in await store.unfinished_runs():
         try:
             state = (await runs.get(run_id)).state

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,13 +51,14 @@ from tideflow.runtime.catalog import started_event
 from tideflow.runtime.clock import Clock
 from tideflow.runtime.runs import WaitIndex
 from tideflow.runtime.timers import TimerWheel
-from tideflow.store.base import OUTBOX_COMMANDS, AppliedEvent
+from tideflow.store.base import AppliedEvent
 
 log = logging.getLogger("tideflow.relay")
 
 Listener = Callable[[RunState, Sequence[Transition]], None]
 EventSink = Callable[[dict[str, Any]], Any]
 
+_NONE: Mapping[int, str] = {}
 FIRST_DELAY = 0.05
 MAX_DELAY = 5.0
 
@@ -143,18 +144,19 @@ class Relay:
     async def hand(self, batch: Sequence[AppliedEvent], *, observe: bool = True) -> None:
         """Relay a committed batch, then tell the listeners (unless not ``observe``)."""
         commands: list[Command] = []
-        outbox: list[str | None] = []
+        outbox: dict[int, str] = {}
         for applied in batch:
             self._waits.update(applied.state)  # before emits of this batch look it up
-            commands.extend(applied.commands)
-            outbox.extend(_outbox_ids(applied))
+            if applied.commands:
+                _outbox_ids(applied, len(commands), outbox)
+                commands.extend(applied.commands)
         if commands:
             await self.relay(commands, outbox)
         if observe and self._listeners:
             for applied in batch:
                 self._observe(applied.state, applied.transitions)
 
-    async def relay(self, commands: Sequence[Command], outbox: Sequence[str | None] = ()) -> None:
+    async def relay(self, commands: Sequence[Command], outbox: Mapping[int, str] = _NONE) -> None:
         """Carry out ``commands``; ``outbox[i]`` is the outbox id of ``commands[i]`` if any."""
         tasks: list[DispatchTask] = []
         for index, command in enumerate(commands):
@@ -170,7 +172,7 @@ class Relay:
             else:
                 effect = self._effect(command)
                 if effect is not None:
-                    effect.outbox_id = outbox[index] if index < len(outbox) else None
+                    effect.outbox_id = outbox.get(index)
                     await self._run(effect)
         if tasks:
             await self._run(self._tasks_effect(tasks))
@@ -376,10 +378,17 @@ class Relay:
                 )
 
 
-def _outbox_ids(applied: AppliedEvent) -> Iterator[str | None]:
-    ids = iter(applied.outbox)
-    for command in applied.commands:
-        yield next(ids)[0] if isinstance(command, OUTBOX_COMMANDS) else None
+def _outbox_ids(applied: AppliedEvent, offset: int, into: dict[int, str]) -> None:
+    """Put the outbox ids of ``applied``'s commands into ``into``, by their index + offset
+    (the ids ``AppliedEvent.outbox`` gives them)."""
+    entries = iter(applied.outbox)
+    entry = next(entries, None)
+    for index, command in enumerate(applied.commands):
+        if entry is None:
+            return
+        if command is entry[1]:
+            into[offset + index] = entry[0]
+            entry = next(entries, None)
 
 
 def _drop_task(tasks: list[DispatchTask], cancel: CancelTask) -> bool:
