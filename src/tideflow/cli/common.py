@@ -37,6 +37,7 @@ from tideflow.store import DEFAULT_URL, Store, open_store
 from tideflow.store.base import RunSummary, StoreError
 
 if TYPE_CHECKING:
+    from tideflow.client import Client
     from tideflow.runtime.runtime import Listener, Runtime
     from tideflow.worker.executors.registry import ExecutorRegistry
 
@@ -349,6 +350,15 @@ async def opened_runtime(
         await rt.close()
 
 
+@contextlib.asynccontextmanager
+async def opened_client(url: str, **options: Any) -> AsyncIterator[Client]:
+    """A client for the store at ``url`` when no engine runs on it here: what it is asked
+    to do is recorded (committed) before it returns, and carried out by the next engine
+    (`tideflow resume`). Options pass on to ``opened_runtime``."""
+    async with opened_runtime(url, recover=False, workers=0, **options) as rt:
+        yield rt.client.recording()
+
+
 MAX_STEP_OUTPUT_ENV = "TIDEFLOW_MAX_STEP_OUTPUT"
 MAX_RUN_INPUT_ENV = "TIDEFLOW_MAX_RUN_INPUT"
 _SIZE_UNITS = {
@@ -415,10 +425,10 @@ def configured_event_sinks(environ: Mapping[str, str]) -> list[Any]:
     return [WebhookSink(url, secret) for url in urls]
 
 
-async def known_run(store: Store, run_id: str, url: str) -> RunSummary:
+async def known_run(client: Client, run_id: str, url: str) -> RunSummary:
     """The run's summary; NotFound naming the store for a run that is not in it."""
     try:
-        return await store.get_run(run_id)
+        return await client.summary(run_id)
     except NotFound:
         raise NotFound(f"no run {run_id!r} in {display_url(url)}") from None
 
@@ -521,6 +531,7 @@ __all__ = [
     "json_requested",
     "known_run",
     "one_line",
+    "opened_client",
     "opened_runtime",
     "opened_store",
     "out",

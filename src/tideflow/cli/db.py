@@ -122,14 +122,16 @@ def status_cmd(as_json: JsonOption = False, store: StoreOption = DEFAULT_STORE) 
     Exit 0 when the versions match and the check passes, 1 when the store does
     not exist yet, 2 when it cannot be used as it is (an old schema: run
     `tideflow db upgrade`; a newer one: upgrade tideflow; damaged: restore a
-    backup; unreachable). --json prints {"store", "schema_version",
-    "code_schema_version", "up_to_date", "problems": [...]}.
+    backup; unreachable). `pending_effects` counts the effects of committed
+    changes that no engine has carried out yet (a stopped engine leaves them; the
+    next one relays them on start). --json prints {"store", "schema_version",
+    "code_schema_version", "up_to_date", "problems": [...], "pending_effects"}.
 
     Examples:
       tideflow db status
       tideflow db status --store sqlite:///orders.db --json
     """
-    version, problems = run_async(_status(store))
+    version, problems, pending = run_async(_status(store))
     code = code_schema_version()
     up_to_date = version == code
     if as_json:
@@ -140,6 +142,7 @@ def status_cmd(as_json: JsonOption = False, store: StoreOption = DEFAULT_STORE) 
                 "code_schema_version": code,
                 "up_to_date": up_to_date,
                 "problems": problems,
+                "pending_effects": pending,
             }
         )
     elif version is None:
@@ -151,6 +154,8 @@ def status_cmd(as_json: JsonOption = False, store: StoreOption = DEFAULT_STORE) 
             "integrity check passed",
             markup=False,
         )
+        if pending:
+            out.print(f"{pending} effect(s) wait to be relayed by the next engine", markup=False)
     if problems:
         _report_damage(store, problems)
         raise typer.Exit(EXIT_USAGE)
@@ -168,9 +173,9 @@ def _report_damage(url: str, problems: list[str]) -> None:
         err.print(f"  {problem}", markup=False)
 
 
-async def _status(url: str) -> tuple[int | None, list[str]]:
+async def _status(url: str) -> tuple[int | None, list[str], int]:
     if not store_exists(url):
-        return 0, []
+        return 0, [], 0
     async with opened_store(url, upgrade=False) as store:
         version = await _version(store)
         path = sqlite_file(store)
@@ -180,7 +185,19 @@ async def _status(url: str) -> tuple[int | None, list[str]]:
             raise
         except Exception as exc:
             raise store_unavailable(url, exc) from None
-        return version, problems
+        pending = 0 if problems or version is None else await _pending_effects(store)
+        return version, problems, pending
+
+
+async def _pending_effects(store: Store) -> int:
+    try:
+        return len(await store.pending_outbox(limit=PENDING_SHOWN))
+    except Exception:  # an old schema: `db upgrade` comes first, status says so
+        return 0
+
+
+PENDING_SHOWN = 100_000
+"""Counted up to this many (a store holding more has a bigger problem than the count)."""
 
 
 # -- db prune -------------------------------------------------------------------------

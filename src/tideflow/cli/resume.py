@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -39,8 +39,10 @@ from tideflow.errors import NotFound, TideflowError
 from tideflow.model.events import Transition
 from tideflow.model.run import RunState
 from tideflow.runtime.result import RunResult
-from tideflow.runtime.runtime import Runtime
 from tideflow.store.base import RunSummary
+
+if TYPE_CHECKING:
+    from tideflow.client import Client
 
 WorkersOption = Annotated[int, typer.Option("--workers", min=1, help="Concurrent step executions.")]
 DefinitionsOption = Annotated[
@@ -92,13 +94,14 @@ async def _resume_one(
     async with opened_runtime(
         url, recover=True, workers=workers, upgrade=True, definitions_dir=definitions or Path.cwd()
     ) as rt:
-        await known_run(rt.store, run_id, url)
+        client = rt.client
+        await known_run(client, run_id, url)
         # A run that cannot be loaded (or whose plan cannot) is an error, not a wait.
-        await rt.store.get_plan((await rt.state(run_id)).plan_hash)
+        await client.plan(run_id)
         try:
-            return await rt.wait(run_id, timeout)
+            return await client.wait(run_id, timeout)
         except TimeoutError:
-            result = await rt.result(run_id)
+            result = await client.get(run_id)
             err.print(
                 f"run {run_id} is still {result.status} after {timeout}s; "
                 "it goes on at the next resume",
@@ -173,12 +176,13 @@ async def _resume_all(
     ) as rt:
         outcome = Resumed()
         # A run resumed on start may already have ended: the listener saw it.
-        run_ids = await _resumed(rt, set(await rt.unfinished()) | touched, began, outcome)
+        client = rt.client
+        run_ids = await _resumed(client, set(await client.unfinished()) | touched, began, outcome)
         if not run_ids and not outcome.broken:
             err.print(f"nothing to resume in {display_url(url)}", markup=False)
         if run_ids:
             err.print(f"resuming {len(run_ids)} run(s) from {display_url(url)}", markup=False)
-            await _wait_all(rt, run_ids, timeout, outcome)
+            await _wait_all(client, run_ids, timeout, outcome)
         return outcome
 
 
@@ -195,17 +199,19 @@ class Resumed:
         err.print(f"skipped run {run_id}: {one_line(exc.message)}", markup=False)
 
 
-async def _resumed(rt: Runtime, candidates: set[str], began: float, outcome: Resumed) -> list[str]:
+async def _resumed(
+    client: Client, candidates: set[str], began: float, outcome: Resumed
+) -> list[str]:
     """The runs that were unfinished when resume began, oldest first (runs created since,
     such as child runs started by resumed parents, are waited for by their parents)."""
     found: list[RunSummary] = []
     for run_id in candidates:
         try:
-            summary = await rt.store.get_run(run_id)
+            summary = await client.summary(run_id)
             if summary.created_at >= began:
                 continue
             # Load it and its plan: a run that cannot be driven is reported, not waited for.
-            await rt.store.get_plan((await rt.state(run_id)).plan_hash)
+            await client.plan(run_id)
         except NotFound:
             continue
         except TideflowError as exc:
@@ -216,9 +222,9 @@ async def _resumed(rt: Runtime, candidates: set[str], began: float, outcome: Res
 
 
 async def _wait_all(
-    rt: Runtime, run_ids: list[str], timeout: float | None, outcome: Resumed
+    client: Client, run_ids: list[str], timeout: float | None, outcome: Resumed
 ) -> None:
-    waits = [asyncio.ensure_future(rt.wait(run_id)) for run_id in run_ids]
+    waits = [asyncio.ensure_future(client.wait(run_id)) for run_id in run_ids]
     _, pending = await asyncio.wait(waits, timeout=timeout)
     for fut in pending:
         fut.cancel()
@@ -232,7 +238,7 @@ async def _wait_all(
             if fut.done() and not fut.cancelled() and fut.exception() is None:
                 outcome.results.append(fut.result())
             else:
-                outcome.results.append(await rt.result(run_id))
+                outcome.results.append(await client.get(run_id))
         except TideflowError as exc:
             outcome.report(run_id, exc)
 

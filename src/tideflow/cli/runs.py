@@ -1,16 +1,17 @@
 """`tideflow runs …`: the runs kept in a store.
 
-Reading commands (list, show, history) never start workers or resume anything.
-`cancel`, `signal` and `retry` apply their event to the store and return: the
-work the event unlocks runs on the next `tideflow resume` or `tideflow runs
-resume RUN` (both in cli/resume.py).
+Every command goes through the client (tideflow/client.py). Reading commands (list,
+show, history) never start workers or resume anything. `cancel`, `signal` and
+`retry` record their event in the store and return: the work the event unlocks
+runs on the next `tideflow resume` or `tideflow runs resume RUN` (both in
+cli/resume.py).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.markup import escape
@@ -26,8 +27,7 @@ from tideflow.cli.common import (
     err,
     fail_usage,
     known_run,
-    opened_runtime,
-    opened_store,
+    opened_client,
     parse_json_option,
     parse_since,
     resume_command,
@@ -45,12 +45,12 @@ from tideflow.cli.render import (
 from tideflow.cli.resume import resume_run_cmd
 from tideflow.cli.waits import waits_of
 from tideflow.core.reopen import RETRYABLE
-from tideflow.model.events import Event, SignalReceived
 from tideflow.model.states import RunStatus
 from tideflow.runtime.result import RunResult
-from tideflow.runtime.runtime import Runtime
-from tideflow.runtime.signals import refuse_undeclared_signal
 from tideflow.store.base import HistoryEntry, RunFilter, RunPage, RunSummary
+
+if TYPE_CHECKING:
+    from tideflow.client import Client
 
 runs_app = typer.Typer(
     help="List, inspect, cancel, signal, retry and resume the runs kept in a store.",
@@ -120,8 +120,8 @@ def list_cmd(
 
 
 async def _list(url: str, filter: RunFilter, limit: int, cursor: str | None) -> RunPage:
-    async with opened_store(url) as store:
-        return await store.list_runs(filter, limit=limit, cursor=cursor)
+    async with opened_client(url) as client:
+        return await client.list(filter, limit=limit, cursor=cursor)
 
 
 # -- runs show ----------------------------------------------------------------------------
@@ -150,11 +150,10 @@ def show_cmd(
 
 
 async def _show(url: str, run_id: str) -> tuple[RunSummary, RunResult, dict[str, dict[str, Any]]]:
-    async with opened_runtime(url, recover=False, workers=0) as rt:
-        summary = await known_run(rt.store, run_id, url)
-        state = await rt.state(run_id)
-        waits = waits_of(state, await rt.store.get_plan(state.plan_hash))
-        return summary, await rt.result(run_id), waits
+    async with opened_client(url) as client:
+        summary = await known_run(client, run_id, url)
+        waits = waits_of(await client.state(run_id), await client.plan(run_id))
+        return summary, await client.get(run_id), waits
 
 
 # -- runs history -------------------------------------------------------------------------
@@ -183,9 +182,9 @@ def history_cmd(
 
 
 async def _history(url: str, run_id: str) -> list[HistoryEntry]:
-    async with opened_store(url) as store:
-        await known_run(store, run_id, url)
-        return list(await store.history(run_id))
+    async with opened_client(url) as client:
+        await known_run(client, run_id, url)
+        return list(await client.history(run_id))
 
 
 # -- runs cancel / runs signal --------------------------------------------------------------
@@ -212,19 +211,9 @@ def cancel_cmd(
       tideflow runs cancel 3f2a9c... --reason "duplicate order"
     """
     status = run_async(
-        _apply(
-            store,
-            run_id,
-            lambda rt: _cancel_event(rt, run_id, reason),
-            "cancel",
-            CANCELLABLE,
-        )
+        _apply(store, run_id, lambda client: client.cancel(run_id, reason), "cancel", CANCELLABLE)
     )
     _report_applied(store, run_id, status)
-
-
-async def _cancel_event(rt: Runtime, run_id: str, reason: str) -> Event:
-    return rt.cancel_event(run_id, reason)
 
 
 CANCELLABLE = frozenset({RunStatus.PENDING.value, RunStatus.RUNNING.value})
@@ -259,7 +248,7 @@ def signal_cmd(
         _apply(
             store,
             run_id,
-            lambda rt: _signal_event(rt, run_id, name, value),
+            lambda client: client.signal(run_id, name, value),
             "signal",
             SIGNALLABLE,
         )
@@ -270,29 +259,21 @@ def signal_cmd(
 SIGNALLABLE = frozenset(status.value for status in RunStatus) - TERMINAL_STATUSES
 
 
-async def _signal_event(rt: Runtime, run_id: str, name: str, payload: Any) -> Event:
-    state = await rt.state(run_id)
-    refuse_undeclared_signal(await rt.store.get_plan(state.plan_hash), run_id, name)
-    return SignalReceived(
-        event_id=rt.new_event_id(), run_id=run_id, time=rt.clock.now(), name=name, payload=payload
-    )
-
-
 async def _apply(
     url: str,
     run_id: str,
-    make: Callable[[Runtime], Awaitable[Event]],
+    act: Callable[[Client], Awaitable[object]],
     action: str,
     allowed: frozenset[str],
 ) -> str:
-    """Apply one event to a run without workers; return the run's status after it.
+    """Record one action on a run for the next engine; return the run's status after it.
     A run whose status is not ``allowed`` is left alone: exit 1."""
-    async with opened_runtime(url, recover=False, workers=0) as rt:
-        summary = await known_run(rt.store, run_id, url)
+    async with opened_client(url) as client:
+        summary = await known_run(client, run_id, url)
         if summary.status not in allowed:
             _nothing_to_do(run_id, summary.status, action)
-        await rt.apply_now(await make(rt))
-        return (await rt.store.get_run(run_id)).status
+        await act(client)
+        return (await client.summary(run_id)).status
 
 
 def _nothing_to_do(run_id: str, status: str, action: str) -> NoReturn:
@@ -330,8 +311,8 @@ def retry_cmd(
 
 
 async def _retry(url: str, run_id: str, reason: str) -> str:
-    async with opened_runtime(url, recover=False, workers=0) as rt:
-        summary = await known_run(rt.store, run_id, url)
+    async with opened_client(url) as client:
+        summary = await known_run(client, run_id, url)
         if summary.status not in RETRYABLE_STATUSES:
             err.print(
                 f"run {run_id} is {summary.status}: only a failed or timed-out run can be "
@@ -339,8 +320,8 @@ async def _retry(url: str, run_id: str, reason: str) -> str:
                 markup=False,
             )
             raise typer.Exit(EXIT_FAILED)
-        await rt.retry(run_id, reason)
-        return (await rt.store.get_run(run_id)).status
+        await client.retry(run_id, reason)
+        return (await client.summary(run_id)).status
 
 
 RETRYABLE_STATUSES = frozenset(status.value for status in RETRYABLE)

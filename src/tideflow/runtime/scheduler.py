@@ -2,7 +2,10 @@
 
 It takes every event the bus has ready (up to ``batch_size``), applies each to
 its run through the pure core, commits the whole batch to the store in one call
-(group commit), tells the listeners, and hands the commands to ``relay``.
+(group commit), and hands the committed batch to the relay (runtime/relay.py), which
+carries out its effects until they succeed and then tells the listeners. Events the
+scheduler sends back to itself (a redelivery, the ``EngineFailed`` of a poison run) go
+through the relay as well, so a bus that fails for a while loses none of them.
 
 One run never holds up the others (see ``poison``). A run whose event cannot be
 applied, or whose events cannot be stored, is failed with an ``EngineError``
@@ -19,24 +22,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 
+from tideflow import faults
 from tideflow.bus.base import Bus
 from tideflow.core.decide import decide
 from tideflow.errors import NotFound
-from tideflow.model.commands import Command
-from tideflow.model.events import EngineFailed, Event, Transition
-from tideflow.model.run import RunState
-from tideflow.runtime import faults
+from tideflow.model.events import EngineFailed, Event
 from tideflow.runtime.commits import Outcome, commit_apart
 from tideflow.runtime.poison import DEFINITELY_DATA, Failure, classify, describe, engine_failed
+from tideflow.runtime.relay import Relay
 from tideflow.runtime.runs import Plans, RunCache
 from tideflow.store.base import AppliedEvent, Store
 
 log = logging.getLogger("tideflow.scheduler")
-
-Listener = Callable[[RunState, Sequence[Transition]], None]
-Relay = Callable[[Sequence[Command]], Awaitable[None]]
 
 
 class Scheduler:
@@ -47,7 +46,6 @@ class Scheduler:
         bus: Bus,
         runs: RunCache,
         plans: Plans,
-        listeners: list[Listener],
         relay: Relay,
         batch_size: int,
     ) -> None:
@@ -55,20 +53,20 @@ class Scheduler:
         self._bus = bus
         self._runs = runs
         self._plans = plans
-        self._listeners = listeners
         self._relay = relay
         self._batch_size = batch_size
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._in_flight: set[str] = set()
         """Runs changed by the batch being applied and not yet committed."""
-        self._relayed: list[str] = []
-        """Outbox ids relayed since the last commit; the next commit forgets them."""
         self._retry_delay = 0.05
         self._run_retries: dict[str, int] = {}
         """Runs whose commit alone failed while the store was up: how many times in a row."""
         self._later: set[asyncio.Task[None]] = set()
         """Redeliveries waiting out a run's own backoff."""
+        self._doubt: dict[str, list[AppliedEvent]] = {}
+        """Events of runs whose commit failed, until the run is loaded again (see
+        ``_settle_doubt``)."""
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="tideflow-scheduler")
@@ -83,17 +81,15 @@ class Scheduler:
                 self._task = None
             for task in list(self._later):
                 task.cancel()
-            if self._relayed:
+            relayed = list(self._relay.relayed)
+            if relayed:
                 with contextlib.suppress(Exception):
-                    await self._store.commit([], self._relayed)
+                    await self._store.commit([], relayed)
+                    self._relay.forgotten(len(relayed))
 
     def uncommitted(self, run_id: str) -> bool:
         """Whether the run's latest change is still being committed."""
         return run_id in self._in_flight
-
-    def relayed(self, outbox_ids: Sequence[str]) -> None:
-        """Outbox entries relayed outside a batch (on recovery): forget them at the next commit."""
-        self._relayed.extend(outbox_ids)
 
     async def _loop(self) -> None:
         while True:
@@ -126,6 +122,8 @@ class Scheduler:
             faults.checkpoint("after_commit")
         if out.committed:
             self._retry_delay = 0.05
+        if out.down or out.failures:
+            self._keep_in_doubt(batch, out)
         if not redeliver and (out.down or out.failures):
             for run_id in self._in_flight:
                 self._runs.evict(run_id)
@@ -135,11 +133,36 @@ class Scheduler:
         return {applied.event.event_id for applied in out.committed}
 
     async def _commit(self, part: Sequence[AppliedEvent]) -> None:
-        await self._store.commit(part, self._relayed)
-        self._relayed = []
+        relayed = self._relay.relayed
+        count = len(relayed)
+        await self._store.commit(part, relayed[:count] if count else ())
+        if count:
+            self._relay.forgotten(count)
         if self._run_retries:
             for applied in part:
                 self._run_retries.pop(applied.event.run_id, None)
+
+    def _keep_in_doubt(self, batch: list[AppliedEvent], out: Outcome) -> None:
+        """A commit that failed may have been written all the same (its answer was lost):
+        remember what it would have done, to be settled when the run is loaded again."""
+        committed = {id(applied) for applied in out.committed}
+        for applied in batch:
+            if id(applied) not in committed:
+                self._doubt.setdefault(applied.event.run_id, []).append(applied)
+
+    async def _settle_doubt(self, run_id: str, last_seq: int) -> None:
+        """The run was reloaded: relay the effects of the events in doubt that the store
+        holds after all (a commit that went through although it reported a failure)."""
+        doubt = self._doubt.pop(run_id, None)
+        stored = [applied for applied in doubt or () if applied.seq <= last_seq]
+        if stored:
+            log.warning(
+                "run %s: %d event(s) whose commit reported a failure were stored; relaying "
+                "their effects",
+                run_id,
+                len(stored),
+            )
+            await self._relay.hand(stored, observe=False)
 
     async def _not_committed(self, out: Outcome, events: list[Event]) -> None:
         if out.down is not None:
@@ -153,14 +176,7 @@ class Scheduler:
             await self._run_failed(run_id, mine, error, alone=not out.committed)
 
     async def _committed(self, batch: list[AppliedEvent]) -> None:
-        commands: list[Command] = []
-        for applied in batch:
-            commands.extend(applied.commands)
-            self._relayed.extend(outbox_id for outbox_id, _ in applied.outbox)
-            for listener in self._listeners:
-                listener(applied.state, applied.transitions)
-        if commands:
-            await self._relay(commands)
+        await self._relay.hand(batch)
         if faults.ARMED:
             faults.checkpoint("after_relay")
 
@@ -194,7 +210,7 @@ class Scheduler:
             await self._fail_run(run_id, events, f"storing them failed: {describe(exc)}")
             return
         if kind is Failure.CONFLICT:
-            await self._bus.publish_events(events)  # reload and apply again, at once
+            await self._relay.send(events, "apply again")  # reload and apply again, at once
             return
         tries = self._run_retries[run_id] = self._run_retries.get(run_id, 0) + 1
         delay = min(0.05 * 2 ** (tries - 1), 5.0)
@@ -215,21 +231,23 @@ class Scheduler:
             log.error("run %s could not be failed either, it is left as stored: %s", run_id, cause)
             return
         log.error("run %s fails with EngineError: %s", run_id, cause)
-        await self._bus.publish_events([engine_failed(run_id, events, cause)])
+        await self._relay.send([engine_failed(run_id, events, cause)], "fail the run")
 
     async def _publish_later(self, events: list[Event], delay: float) -> None:
         await asyncio.sleep(delay)
-        await self._bus.publish_events(events)
+        await self._relay.send(events, "commit again")
 
     async def _redeliver(self, events: list[Event]) -> None:
         await asyncio.sleep(self._retry_delay)
         self._retry_delay = min(self._retry_delay * 2, 5.0)
-        await self._bus.publish_events(events)
+        await self._relay.send(events, "commit again")
 
     async def _apply(self, event: Event) -> AppliedEvent | None:
         kind = type(event).__name__
         try:
             live = await self._runs.get(event.run_id)
+            if self._doubt:
+                await self._settle_doubt(event.run_id, live.last_seq)
             plan = await self._plans.get(live.state.plan_hash)
         except NotFound:
             log.warning("event %s for unknown run %s dropped", kind, event.run_id)

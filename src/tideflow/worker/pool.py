@@ -1,7 +1,9 @@
 """The worker pool: takes tasks from the bus, runs their executor, reports the result.
 
 Before it runs an attempt the pool reports its start (`starts`): the attempt's
-``timeout`` counts from there.
+``timeout`` counts from there. The attempt itself goes through the interceptor chain
+(worker/interceptors.py: secrets and redaction, the output limit, fault points, then
+the executor), which takes one ``ExecuteInput`` and returns one ``ExecuteOutput``.
 
 Each task runs as its own asyncio task so that the scheduler can cancel it (an
 attempt timeout, a cancelled run, ``cancel_others``). Executors that block run
@@ -15,17 +17,16 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from tideflow.bus.base import Bus
 from tideflow.model import storable
 from tideflow.model.commands import DispatchTask
 from tideflow.model.events import Event, TaskCompleted, TaskFailed
-from tideflow.runtime import faults
 from tideflow.worker.executors.base import StepContext
-from tideflow.worker.executors.errorinfo import error_info_from_exception
 from tideflow.worker.executors.registry import ExecutorRegistry
-from tideflow.worker.secrets import Redactor, SecretProvider, default_provider, resolve_markers
+from tideflow.worker.interceptors import ExecuteInput, Interceptor, build_chain, failure
+from tideflow.worker.secrets import SecretProvider, default_provider
 from tideflow.worker.starts import StartDurably, StartReports
 
 log = logging.getLogger("tideflow.worker")
@@ -45,18 +46,21 @@ class WorkerPool:
         secrets: SecretProvider | None = None,
         start_durably: StartDurably | None = None,
         max_output: int = storable.MAX_STEP_OUTPUT,
+        interceptors: Sequence[Interceptor] = (),
     ) -> None:
         self._bus = bus
         self._starts = StartReports(
             bus, clock=clock, new_event_id=new_event_id, start_durably=start_durably
         )
-        self._executors = executors
         self._concurrency = concurrency
         self._clock = clock
         self._new_id = new_event_id
-        self._secrets = secrets or default_provider()
-        self._max_output = max_output
-        """Largest step output accepted (JSON bytes); a larger one fails the step."""
+        self._chain = build_chain(
+            executors,
+            secrets=secrets or default_provider(),
+            max_output=max_output,
+            interceptors=interceptors,
+        )
         self._loops: list[asyncio.Task[None]] = []
         self._running: dict[tuple[str, str, int], asyncio.Task[Event | None]] = {}
         self._cancelled: dict[tuple[str, str, int], None] = {}
@@ -129,54 +133,41 @@ class WorkerPool:
             idempotency_key=task.idempotency_key,
             timeout=task.timeout,
         )
-        redactor: Redactor | None = None
         try:
             if not await self._starts.report(task):
                 return None  # the attempt is no longer wanted: it must not run
-            executor = self._executors.get(task.type)
-            config, inp = task.config, task.input
-            if task.secrets:
-                config, used_config = resolve_markers(config, task.secrets, self._secrets)
-                inp, used_input = resolve_markers(inp, task.secrets, self._secrets)
-                redactor = Redactor([*used_config, *used_input])
-            if faults.ARMED:
-                faults.checkpoint("task_started")
-            output = await executor.execute(ctx, config, inp)
-            if faults.ARMED:
-                faults.checkpoint("task_finished")
-            if redactor is not None:
-                output = redactor.redact(output)
-            storable.check(output, f"the output of step {task.step_key!r}", self._max_output)
+            out = await self._chain.execute(
+                ExecuteInput(task=task, context=ctx, config=task.config, input=task.input)
+            )
         except asyncio.CancelledError:
             return None
         except KeyboardInterrupt:  # Ctrl-C reaches the loop here; the python executor
             raise  # turns one that user code raises into a step error itself
-        except BaseException as exc:  # SystemExit and the like from an executor fail the step
-            error = error_info_from_exception(exc)
-            if redactor is not None:
-                error = redactor.redact_error(error)
-            started = self._starts.take(task)
+        except BaseException as exc:  # SystemExit and the like, or an interceptor's own
+            out = failure(exc)  # failure: they fail the step, not the worker
+        started = self._starts.take(task)
+        worker = self._starts.worker if started is not None else ""
+        if out.error is not None:
             return TaskFailed(
                 event_id=self._new_id(),
                 run_id=task.run_id,
                 time=self._clock(),
                 step_key=task.step_key,
                 attempt=task.attempt,
-                error=error,
+                error=out.error,
                 seed=self._random.getrandbits(32),
                 compensation=task.compensation,
                 started_at=started,
-                worker=self._starts.worker if started is not None else "",
+                worker=worker,
             )
-        started = self._starts.take(task)
         return TaskCompleted(
             event_id=self._new_id(),
             run_id=task.run_id,
             time=self._clock(),
             step_key=task.step_key,
             attempt=task.attempt,
-            output=output,
+            output=out.output,
             compensation=task.compensation,
             started_at=started,
-            worker=self._starts.worker if started is not None else "",
+            worker=worker,
         )

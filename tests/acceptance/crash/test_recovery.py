@@ -31,8 +31,7 @@ import crash_steps  # noqa: E402
 import crash_workflows as wf  # noqa: E402
 from crash_checks import Execution, Instance, StoreView, observe, read_log  # noqa: E402
 
-from tideflow import Runtime  # noqa: E402
-from tideflow.runtime import faults  # noqa: E402
+from tideflow import Runtime, faults  # noqa: E402
 from tideflow.store import open_store  # noqa: E402
 from tideflow.testing.waiting import step_is, wait_until  # noqa: E402
 

@@ -67,3 +67,56 @@ def test_imports_point_inward():
             if bad:
                 problems.append(f"{path.relative_to(PACKAGE)} imports {sorted(bad)}")
     assert not problems, "\n".join(problems)
+
+
+# The engine's insides: only the runtime itself (and its composer) may import them.
+ENGINE_INTERNALS = {
+    "tideflow.runtime.scheduler",
+    "tideflow.runtime.relay",
+    "tideflow.runtime.engine",
+    "tideflow.runtime.recovery",
+    "tideflow.runtime.runs",
+    "tideflow.runtime.timers",
+    "tideflow.runtime.commits",
+    "tideflow.runtime.poison",
+}
+HOSTS_AN_ENGINE = {"cli/common.py"}
+"""CLI modules that may build the embedded composer (`Runtime`), to run an engine
+(`tideflow run`, `resume`) or to record for the next one; every other part of the CLI
+goes through the client."""
+
+
+def _tideflow_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tideflow"):
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("tideflow"))
+    return found
+
+
+def test_the_worker_does_not_import_the_runtime():
+    problems = [
+        f"{path.relative_to(PACKAGE)} imports {sorted(bad)}"
+        for path in (PACKAGE / "worker").rglob("*.py")
+        if (bad := {m for m in _tideflow_modules(path) if m.startswith("tideflow.runtime")})
+    ]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_cli_and_the_client_use_no_engine_internals():
+    paths = [PACKAGE / "client.py", *(PACKAGE / "cli").rglob("*.py")]
+    for extra in ("api", "ui"):  # the coming HTTP API and UI sit where the CLI does
+        paths.extend((PACKAGE / extra).rglob("*.py"))
+    problems = []
+    for path in paths:
+        modules = _tideflow_modules(path)
+        bad = modules & ENGINE_INTERNALS
+        if str(path.relative_to(PACKAGE)) not in HOSTS_AN_ENGINE and path.name != "client.py":
+            bad |= {m for m in modules if m.startswith("tideflow.runtime.runtime")}
+        if bad:
+            problems.append(f"{path.relative_to(PACKAGE)} imports {sorted(bad)}")
+    assert not problems, "\n".join(problems)

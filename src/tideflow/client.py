@@ -1,0 +1,242 @@
+"""The client: what the CLI, the HTTP API and the UI call to start, steer and read runs.
+
+::
+
+    client = runtime.client                          # embedded: beside a live engine
+    run_id = await client.start("order-fulfillment", {"order_id": "A1"})
+    await client.signal(run_id, "approval", {"approved": True})
+    result = await client.wait(run_id)
+
+A client reads from the store (``list``, ``history``) and reaches the engine that owns
+runs through one port, ``EngineLink``: hand it events (a signal, a cancellation, a new
+run's start), have one committed now (a retry), read a run's state, wait for a run to
+end. Whether the events go to a live engine or are recorded for the next one is the
+link's business: ``Client.recording()`` is a client whose events are committed at once,
+for the next engine to carry out (what `tideflow runs signal` does when no engine runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from tideflow.core.reopen import RETRYABLE
+from tideflow.errors import InputValidationError, RunNotRetryable, StepError
+from tideflow.model import storable
+from tideflow.model.events import CancelRequested, Event, RunRetried, RunStarted, SignalReceived
+from tideflow.model.plan import Plan
+from tideflow.model.run import RunState
+from tideflow.model.states import RunStatus
+from tideflow.runtime.catalog import started_event
+from tideflow.runtime.result import RunResult, result_of
+from tideflow.runtime.signals import refuse_undeclared_signal
+from tideflow.store.base import HistoryEntry, RunFilter, RunPage, RunSummary, Store
+from tideflow.worker.secrets import redact_fields
+
+if TYPE_CHECKING:
+    from tideflow.runtime.catalog import Catalog
+    from tideflow.runtime.clock import Clock
+
+__all__ = ["Client", "EngineLink"]
+
+
+class EngineLink(ABC):
+    """How a client reaches the engine that owns runs (the one seam between the two)."""
+
+    @abstractmethod
+    async def deliver(self, events: Sequence[Event]) -> None:
+        """Hand events to the engine: a live engine takes them and applies them soon, or
+        they are recorded for the next engine. Raises when they could not be handed over."""
+
+    @abstractmethod
+    async def commit(self, events: Sequence[Event]) -> None:
+        """Apply events and return once they are committed."""
+
+    @abstractmethod
+    async def start_run(self, state: RunState, event: RunStarted) -> None:
+        """A new run is stored (pending): hand over its ``RunStarted``."""
+
+    @abstractmethod
+    async def state(self, run_id: str) -> RunState:
+        """The run's current state; ``NotFound``."""
+
+    @abstractmethod
+    async def wait(self, run_id: str, timeout: float | None = None) -> RunResult:
+        """The run's result once it is in a terminal state."""
+
+
+class Client:
+    def __init__(
+        self,
+        store: Store,
+        link: EngineLink,
+        catalog: Catalog,
+        *,
+        clock: Clock,
+        new_event_id: Callable[[], str],
+        max_step_output: int = storable.MAX_STEP_OUTPUT,
+    ) -> None:
+        self.store = store
+        self._link = link
+        self._catalog = catalog
+        self._clock = clock
+        self._new_id = new_event_id
+        self._max_step_output = max_step_output
+
+    def recording(self) -> Client:
+        """This client with every event committed before a call returns: for a tool that
+        acts on a store no engine is running on (the next engine carries the work out)."""
+        return Client(
+            self.store,
+            _Recording(self._link),
+            self._catalog,
+            clock=self._clock,
+            new_event_id=self._new_id,
+            max_step_output=self._max_step_output,
+        )
+
+    # -- starting and steering runs ---------------------------------------------
+
+    async def register(self, definition: Any) -> Plan:
+        """Register a definition (Plan, Workflow builder, mapping, YAML text or file path)."""
+        return await self._catalog.register(definition)
+
+    async def start(
+        self,
+        workflow: str | Plan | Any,
+        input: Any = None,
+        *,
+        version: str | None = None,
+        run_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> str:
+        """Start a run and return its id (the existing run's id for a reused idempotency key)."""
+        catalog = self._catalog
+        plan = await catalog.resolve(workflow, version)
+        catalog.check_input(plan, input)
+        stored_id, state = await catalog.create(
+            plan, run_id or uuid.uuid4().hex, idempotency_key, input
+        )
+        if state is not None:
+            await self._link.start_run(state, started_event(state, self._clock.now()))
+        return stored_id
+
+    async def signal(
+        self, run_id: str, name: str, payload: Any = None, *, signal_id: str | None = None
+    ) -> None:
+        """Send a signal to a run; a `wait` for ``name`` whose `match` holds receives it.
+
+        ``UnknownSignal`` when no `wait` step of the run's plan waits for ``name``;
+        ``InputValidationError`` for a payload that cannot be stored."""
+        try:
+            storable.check(payload, f"the payload of signal {name!r}", self._max_step_output)
+        except StepError as exc:
+            raise InputValidationError(exc.message) from None
+        state = await self._link.state(run_id)
+        refuse_undeclared_signal(await self._catalog.plans.get(state.plan_hash), run_id, name)
+        event = SignalReceived(
+            event_id=signal_id or self._new_id(),
+            run_id=run_id,
+            time=self._clock.now(),
+            name=name,
+            payload=payload,
+        )
+        await self._link.deliver([event])
+
+    async def cancel(self, run_id: str, reason: str = "cancelled on request") -> RunStatus:
+        """Ask a pending or running run to stop; return its status as it was asked (a run
+        that ended, or is compensating already, is left as it is)."""
+        state = await self._link.state(run_id)
+        if state.status not in (RunStatus.PENDING, RunStatus.RUNNING):
+            return state.status
+        status = state.status
+        event = CancelRequested(
+            event_id=self._new_id(), run_id=run_id, time=self._clock.now(), reason=reason
+        )
+        await self._link.deliver([event])
+        return status
+
+    async def retry(self, run_id: str, reason: str = "retried on request") -> RunStatus:
+        """Re-open a failed or timed-out run from the steps that did not succeed; return
+        its status once that is committed. ``RunNotRetryable`` for any other run."""
+        state = await self._link.state(run_id)
+        if state.status not in RETRYABLE:
+            raise RunNotRetryable(
+                f"run {run_id} is {state.status.value}: only a failed or timed-out run can "
+                "be retried"
+            )
+        event = RunRetried(
+            event_id=self._new_id(), run_id=run_id, time=self._clock.now(), reason=reason
+        )
+        await self._link.commit([event])
+        return (await self._link.state(run_id)).status
+
+    # -- reading runs -----------------------------------------------------------
+
+    async def get(self, run_id: str) -> RunResult:
+        """The run's current state, finished or not (sensitive fields masked)."""
+        state = await self._link.state(run_id)
+        return result_of(state, await self._catalog.plans.get(state.plan_hash))
+
+    async def summary(self, run_id: str) -> RunSummary:
+        """The run's summary row; ``NotFound``."""
+        return await self.store.get_run(run_id)
+
+    async def list(
+        self, filter: RunFilter | None = None, *, limit: int = 100, cursor: str | None = None
+    ) -> RunPage:
+        """Runs, newest first, one page at a time."""
+        return await self.store.list_runs(filter, limit=limit, cursor=cursor)
+
+    async def history(self, run_id: str) -> builtins.list[HistoryEntry]:
+        """The run's history as a person may see it: sensitive step fields masked."""
+        entries = await self.store.history(run_id)
+        state = await self._link.state(run_id)
+        plan = await self._catalog.plans.get(state.plan_hash)
+        names = sorted({name for spec in plan.specs.values() for name in spec.sensitive})
+        if not names:
+            return entries
+        return [replace(e, event=redact_fields(e.event, names)) for e in entries]
+
+    async def state(self, run_id: str) -> RunState:
+        """The run's current state (read-only: the engine owns it)."""
+        return await self._link.state(run_id)
+
+    async def plan(self, run_id: str) -> Plan:
+        """The plan the run pinned when it started."""
+        return await self._catalog.plans.get((await self._link.state(run_id)).plan_hash)
+
+    async def wait(self, run_id: str, timeout: float | None = None) -> RunResult:
+        """Wait until the run is in a terminal state and return its result."""
+        return await self._link.wait(run_id, timeout)
+
+    async def unfinished(self) -> builtins.list[str]:
+        """Ids of the runs in the store that have not ended."""
+        return await self.store.unfinished_runs()
+
+
+class _Recording(EngineLink):
+    """Commits what it is handed at once: the next engine carries out what it unlocks."""
+
+    def __init__(self, engine: EngineLink) -> None:
+        self._engine = engine
+
+    async def deliver(self, events: Sequence[Event]) -> None:
+        await self._engine.commit(events)
+
+    async def commit(self, events: Sequence[Event]) -> None:
+        await self._engine.commit(events)
+
+    async def start_run(self, state: RunState, event: RunStarted) -> None:
+        await self._engine.commit([event])
+
+    async def state(self, run_id: str) -> RunState:
+        return await self._engine.state(run_id)
+
+    async def wait(self, run_id: str, timeout: float | None = None) -> RunResult:
+        return await asyncio.wait_for(self._engine.wait(run_id), timeout)

@@ -1,0 +1,110 @@
+"""Registering definitions and storing new runs: what a client's `start` and an engine's
+child run have in common.
+
+A new run is stored ``pending``; whoever created it then hands its ``RunStarted`` to
+the engine (``started_event``), so a run is never started before it is durable.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tideflow.errors import InputValidationError, NotFound, StepError
+from tideflow.model import storable
+from tideflow.model.events import RunStarted
+from tideflow.model.plan import Plan
+from tideflow.model.run import RunState, new_run_state
+from tideflow.runtime.clock import Clock
+from tideflow.runtime.definitions import DefinitionSource, coerce_plan
+from tideflow.runtime.runs import Plans
+from tideflow.store.base import Store
+from tideflow.worker.executors.registry import ExecutorRegistry
+
+
+class Catalog:
+    def __init__(
+        self,
+        store: Store,
+        executors: ExecutorRegistry,
+        *,
+        clock: Clock,
+        definitions_dir: str | Path | None = None,
+        max_run_input: int = storable.MAX_RUN_INPUT,
+    ) -> None:
+        self._store = store
+        self._executors = executors
+        self._clock = clock
+        self._definitions = DefinitionSource(definitions_dir, executors)
+        self._max_run_input = max_run_input
+        self.plans = Plans(store)
+
+    def compile_stored(self, source: Any) -> Plan:
+        return coerce_plan(dict(source), self._executors)
+
+    async def register(self, definition: Any) -> Plan:
+        """Register a definition (Plan, Workflow builder, mapping, YAML text or file path)."""
+        plan = coerce_plan(definition, self._executors)
+        await self._store.save_definition(plan)
+        self.plans.add(plan)
+        return plan
+
+    async def resolve(self, workflow: Any, version: str | None) -> Plan:
+        """A registered workflow by name (or found in the definitions directory), or any
+        definition ``register`` accepts."""
+        if isinstance(workflow, str) and not self._definitions.looks_like_path(workflow):
+            try:
+                return await self._store.get_definition(workflow, version)
+            except NotFound:
+                plan = self._definitions.find(workflow, version)
+                if plan is None:
+                    raise
+                return await self.register(plan)
+        return await self.register(workflow)
+
+    def check_input(self, plan: Plan, input: Any) -> None:
+        """Refuse an input that does not fit the plan or cannot be stored (no run is made)."""
+        from tideflow.dsl.inputs import validate_input
+
+        validate_input(plan, input)
+        try:
+            storable.check(input, "the run input", self._max_run_input)
+        except StepError as exc:
+            raise InputValidationError(exc.message) from None
+
+    async def create(
+        self,
+        plan: Plan,
+        run_id: str,
+        idempotency_key: str | None,
+        input: Any,
+        parent: str | None = None,
+        parent_step: str | None = None,
+    ) -> tuple[str, RunState | None]:
+        """Store a new pending run: ``(run_id, state)``; for an idempotency key already
+        used nothing is written: ``(the existing run's id, None)``."""
+        self.plans.add(plan)
+        state = new_run_state(
+            run_id=run_id,
+            workflow=plan.name,
+            version=plan.version,
+            plan_hash=plan.hash,
+            created_at=self._clock.now(),
+            parent_run_id=parent,
+            parent_step_key=parent_step,
+        )
+        state.input = input
+        stored_id, created = await self._store.create_run(state, idempotency_key)
+        return stored_id, state if created else None
+
+
+def started_event(state: RunState, now: float) -> RunStarted:
+    """The event that starts a stored pending run (one id per run: sent twice, applied once)."""
+    return RunStarted(
+        event_id=f"{state.run_id}:started",
+        run_id=state.run_id,
+        time=now,
+        input=state.input,
+        parent_run_id=state.parent_run_id,
+        parent_step_key=state.parent_step_key,
+    )

@@ -1,0 +1,174 @@
+"""The engine: the one part that owns runs and writes their state.
+
+It joins the scheduler (events in, ``decide``, group commit), the relay (effects out,
+acknowledged), the timer wheel and recovery, around a cache of live runs. Clients reach
+it through the ``EngineLink`` port it implements (deliver events, commit now, start a
+stored run, read a run's live state, wait for a run to end); workers reach it through
+the bus only. ``Runtime`` composes one engine with a client and a worker pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from tideflow.bus.base import Bus
+from tideflow.client import EngineLink
+from tideflow.model.commands import RunFinished, StartChildRun
+from tideflow.model.events import Event, RunRetried, RunStarted, TaskStarted
+from tideflow.model.run import RunState
+from tideflow.runtime.catalog import Catalog
+from tideflow.runtime.clock import Clock
+from tideflow.runtime.recovery import recover
+from tideflow.runtime.relay import EventSink, Listener, Relay, Runs
+from tideflow.runtime.result import RunResult, result_of
+from tideflow.runtime.runs import RunCache, WaitIndex
+from tideflow.runtime.scheduler import Scheduler
+from tideflow.runtime.timers import TimerWheel
+from tideflow.store.base import Store
+
+
+class Attempts(Protocol):
+    """The workers' control side, as the engine sees it (the worker pool provides it)."""
+
+    def cancel(self, run_id: str, step_key: str, attempt: int) -> None: ...
+
+    def forget_cancels(self, run_id: str) -> None: ...
+
+
+class Engine(EngineLink, Runs):
+    def __init__(
+        self,
+        *,
+        store: Store,
+        bus: Bus,
+        catalog: Catalog,
+        attempts: Attempts,
+        clock: Clock,
+        new_event_id: Callable[[], str],
+        batch_size: int,
+    ) -> None:
+        self._store = store
+        self._bus = bus
+        self._catalog = catalog
+        self._attempts = attempts
+        self._clock = clock
+        self.plans = catalog.plans
+        self.runs = RunCache(store, self.plans)
+        self.waits = WaitIndex()
+        self.listeners: list[Listener] = []
+        self.sinks: list[EventSink] = []
+        self._waiters: dict[str, list[asyncio.Future[RunResult]]] = defaultdict(list)
+        self.timers = TimerWheel(clock, self._timer_fired)
+        self.relay = Relay(
+            bus=bus,
+            timers=self.timers,
+            runs=self,
+            waits=self.waits,
+            clock=clock,
+            new_event_id=new_event_id,
+            listeners=self.listeners,
+            sinks=self.sinks,
+        )
+        self.scheduler = Scheduler(
+            store=store,
+            bus=bus,
+            runs=self.runs,
+            plans=self.plans,
+            relay=self.relay,
+            batch_size=batch_size,
+        )
+
+    # -- lifecycle --------------------------------------------------------------
+
+    def start(self) -> None:
+        self.scheduler.start()
+
+    async def recover(self) -> None:
+        await recover(
+            store=self._store,
+            runs=self.runs,
+            plans=self.plans,
+            waits=self.waits,
+            relay=self.relay,
+            clock=self._clock,
+        )
+
+    async def stop(self) -> None:
+        """Stop after the batch in progress; what the relay still holds is relayed again by
+        the next recovery (the outbox, or the runs' state)."""
+        await self.scheduler.stop()
+        self.relay.close()
+        self.timers.close()
+        for futures in self._waiters.values():
+            for fut in futures:
+                if not fut.done():
+                    fut.cancel()
+
+    # -- the EngineLink port (what a client calls) ------------------------------
+
+    async def deliver(self, events: Sequence[Event]) -> None:
+        await self._bus.publish_events(events)
+
+    async def commit(self, events: Sequence[Event]) -> None:
+        for event in events:
+            if isinstance(event, RunRetried):  # its attempts are new work, not cancelled ones
+                self._attempts.forget_cancels(event.run_id)
+        await self.scheduler.apply(list(events), redeliver=False)
+
+    async def start_run(self, state: RunState, event: RunStarted) -> None:
+        self.runs.add(state)
+        await self.relay.send([event], "start run")  # the run is stored: its start must go
+
+    async def state(self, run_id: str) -> RunState:
+        return (await self.runs.get(run_id)).state
+
+    async def wait(self, run_id: str, timeout: float | None = None) -> RunResult:
+        state = await self.state(run_id)
+        if state.is_terminal and not self.scheduler.uncommitted(run_id):
+            return result_of(state, await self.plans.get(state.plan_hash))
+        fut: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
+        self._waiters[run_id].append(fut)
+        return await asyncio.wait_for(fut, timeout)
+
+    # -- what workers call ------------------------------------------------------
+
+    async def start_durably(self, event: TaskStarted) -> bool:
+        """Commit a worker's TaskStarted now (an ``idempotent: false`` step runs only after
+        its start is recorded); False when it started nothing (stale or a duplicate). A
+        cancelled attempt does not cut the commit short: the batch is shielded."""
+        return event.event_id in await asyncio.shield(self.scheduler.apply([event]))
+
+    # -- the Runs port (what the relay calls) -----------------------------------
+
+    def cancel_attempt(self, run_id: str, step_key: str, attempt: int) -> None:
+        self._attempts.cancel(run_id, step_key, attempt)
+
+    async def finished(self, command: RunFinished) -> None:
+        waiters = [f for f in self._waiters.pop(command.run_id, ()) if not f.done()]
+        if waiters:  # the result is built only for someone who waits for it
+            state = await self.state(command.run_id)
+            result = result_of(state, await self.plans.get(state.plan_hash))
+            for fut in waiters:
+                fut.set_result(result)
+        self.runs.evict(command.run_id)
+
+    async def start_child(self, command: StartChildRun) -> RunState:
+        catalog = self._catalog
+        plan = await catalog.resolve(command.workflow, command.version)
+        catalog.check_input(plan, command.input)
+        parent = command.run_id if command.wait else None
+        step = command.step_key if command.wait else None
+        key = f"child:{command.child_run_id}"
+        run_id, state = await catalog.create(
+            plan, command.child_run_id, key, command.input, parent, step
+        )
+        if state is None:
+            return await self.state(run_id)
+        self.runs.add(state)
+        return state
+
+    def _timer_fired(self, run_id: str, timer_id: str) -> None:
+        self.relay.timer_fired(run_id, timer_id)

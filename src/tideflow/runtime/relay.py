@@ -1,0 +1,425 @@
+"""The acknowledged relay: carries out what a committed batch asks for, until it succeeds.
+
+After the scheduler commits a batch it hands the batch here. Each command becomes an
+*effect* (publish these tasks, tell the parent its child finished, start a child run,
+publish a fired timer, cancel an attempt, …). An effect is done only when it succeeded:
+then, if it came from the outbox, its outbox id is *acknowledged* and the next commit
+forgets it (``relayed`` / ``forgotten``). An effect that fails stays pending and is tried
+again after a backoff (50 ms doubling to 5 s), as often as it takes; ``pending`` counts
+them. Nothing is dropped: an effect still pending when the engine stops is either in the
+outbox (relayed again by recovery) or re-derived from the run state on recovery (tasks,
+timers, cancellations).
+
+Listeners are observers: they are called after the batch was relayed, one by one, and
+an exception in one is logged with its run and listener and affects neither the run nor
+the other listeners.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tideflow.bus.base import Bus
+from tideflow.errors import TideflowError
+from tideflow.model.commands import (
+    CancelChildRun,
+    CancelTask,
+    CancelTimer,
+    Command,
+    DispatchTask,
+    EmitEvent,
+    RunFinished,
+    StartChildRun,
+    StartTimer,
+)
+from tideflow.model.events import (
+    CancelRequested,
+    ChildRunFinished,
+    ErrorInfo,
+    Event,
+    SignalReceived,
+    TimerFired,
+    Transition,
+)
+from tideflow.model.run import RunState
+from tideflow.model.states import RunStatus
+from tideflow.runtime.catalog import started_event
+from tideflow.runtime.clock import Clock
+from tideflow.runtime.runs import WaitIndex
+from tideflow.runtime.timers import TimerWheel
+from tideflow.store.base import AppliedEvent
+
+log = logging.getLogger("tideflow.relay")
+
+Listener = Callable[[RunState, Sequence[Transition]], None]
+EventSink = Callable[[dict[str, Any]], Any]
+
+_NONE: Mapping[int, str] = {}
+FIRST_DELAY = 0.05
+MAX_DELAY = 5.0
+
+
+class Runs:
+    """What the relay needs from the engine around it (the engine implements it)."""
+
+    def cancel_attempt(self, run_id: str, step_key: str, attempt: int) -> None:
+        """Stop an attempt that is running or queued (a worker's control channel)."""
+        raise NotImplementedError
+
+    async def finished(self, command: RunFinished) -> None:
+        """A run ended: give its result to whoever waits for it (never fails)."""
+        raise NotImplementedError
+
+    async def start_child(self, command: StartChildRun) -> RunState:
+        """Create the child run (idempotent by its id) and return its state; raises a
+        ``TideflowError`` when it cannot be started (no such workflow, bad input)."""
+        raise NotImplementedError
+
+
+@dataclass(slots=True, eq=False)
+class Effect:
+    """One thing to do for a committed batch, tried until it succeeds."""
+
+    what: str
+    run_id: str
+    act: Callable[[], Awaitable[None]]
+    outbox_id: str | None = None
+    tries: int = 0
+
+
+class Relay:
+    def __init__(
+        self,
+        *,
+        bus: Bus,
+        timers: TimerWheel,
+        runs: Runs,
+        waits: WaitIndex,
+        clock: Clock,
+        new_event_id: Callable[[], str],
+        listeners: list[Listener],
+        sinks: list[EventSink],
+    ) -> None:
+        self._bus = bus
+        self._timers = timers
+        self._runs = runs
+        self._waits = waits
+        self._clock = clock
+        self._new_id = new_event_id
+        self._listeners = listeners
+        self._sinks = sinks
+        self._relayed: list[str] = []
+        self._pending: set[Effect] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    # -- what others read -------------------------------------------------------
+
+    @property
+    def pending(self) -> int:
+        """Effects that have failed and wait to be tried again (or are being tried)."""
+        return len(self._pending)
+
+    @property
+    def relayed(self) -> list[str]:
+        """Outbox ids whose effect succeeded and that the store has not forgotten yet."""
+        return self._relayed
+
+    def forgotten(self, count: int) -> None:
+        """The store forgot the first ``count`` ids of ``relayed`` (a commit took them)."""
+        del self._relayed[:count]
+
+    def close(self) -> None:
+        """Stop trying: what is still pending is relayed again by the next recovery."""
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+
+    # -- after a commit ---------------------------------------------------------
+
+    async def hand(self, batch: Sequence[AppliedEvent], *, observe: bool = True) -> None:
+        """Relay a committed batch, then tell the listeners (unless not ``observe``)."""
+        commands: list[Command] = []
+        outbox: dict[int, str] = {}
+        for applied in batch:
+            self._waits.update(applied.state)  # before emits of this batch look it up
+            if applied.commands:
+                _outbox_ids(applied, len(commands), outbox)
+                commands.extend(applied.commands)
+        if commands:
+            await self.relay(commands, outbox)
+        if observe and self._listeners:
+            for applied in batch:
+                self._observe(applied.state, applied.transitions)
+
+    async def relay(self, commands: Sequence[Command], outbox: Mapping[int, str] = _NONE) -> None:
+        """Carry out ``commands``; ``outbox[i]`` is the outbox id of ``commands[i]`` if any."""
+        tasks: list[DispatchTask] = []
+        for index, command in enumerate(commands):
+            if isinstance(command, DispatchTask):
+                tasks.append(command)
+            elif isinstance(command, StartTimer):
+                self._timers.arm(command.run_id, command.timer_id, command.fire_at)
+            elif isinstance(command, CancelTimer):
+                self._timers.cancel(command.run_id, command.timer_id)
+            elif isinstance(command, CancelTask):
+                if not _drop_task(tasks, command):
+                    await self._run(self._cancel_effect(command))
+            else:
+                effect = self._effect(command)
+                if effect is not None:
+                    effect.outbox_id = outbox.get(index)
+                    await self._run(effect)
+        if tasks:
+            await self._run(self._tasks_effect(tasks))
+
+    async def send(self, events: Sequence[Event], what: str = "events") -> None:
+        """Publish events to the engine, retried until the bus takes them."""
+        if events:
+            await self._run(self._publish(what, events[0].run_id, list(events)))
+
+    def timer_fired(self, run_id: str, timer_id: str) -> None:
+        """The wheel's callback: publish the ``TimerFired`` (retried like any effect)."""
+        event = TimerFired(
+            event_id=f"{run_id}:{timer_id}:{self._new_id()}",
+            run_id=run_id,
+            time=self._clock.now(),
+            timer_id=timer_id,
+        )
+        self._spawn(self._publish(f"timer {timer_id}", run_id, [event]), 0.0)
+
+    # -- effects ----------------------------------------------------------------
+
+    def _effect(self, command: Command) -> Effect | None:
+        if isinstance(command, RunFinished):
+            return Effect("run finished", command.run_id, lambda: self._finished(command))
+        if isinstance(command, StartChildRun):
+            return Effect(
+                f"start child run {command.child_run_id}",
+                command.run_id,
+                lambda: self._start_child(command),
+            )
+        if isinstance(command, CancelChildRun):
+            event = CancelRequested(
+                event_id=self._new_id(),
+                run_id=command.child_run_id,
+                time=self._clock.now(),
+                reason=f"parent run {command.run_id} stopped",
+            )
+            return self._publish(
+                f"cancel child run {command.child_run_id}", command.run_id, [event]
+            )
+        if isinstance(command, EmitEvent):
+            return self._emit(command)
+        return None
+
+    def _tasks_effect(self, tasks: list[DispatchTask]) -> Effect:
+        async def act() -> None:
+            await self._bus.publish_tasks(tasks)
+
+        return Effect(f"dispatch {len(tasks)} task(s)", tasks[0].run_id, act)
+
+    def _cancel_effect(self, command: CancelTask) -> Effect:
+        async def act() -> None:
+            self._runs.cancel_attempt(command.run_id, command.step_key, command.attempt)
+
+        return Effect(f"cancel {command.step_key} attempt {command.attempt}", command.run_id, act)
+
+    def _publish(self, what: str, run_id: str, events: list[Event]) -> Effect:
+        async def act() -> None:
+            await self._bus.publish_events(events)
+
+        return Effect(what, run_id, act)
+
+    async def _finished(self, command: RunFinished) -> None:
+        await self._runs.finished(command)
+        if command.parent_run_id and command.parent_step_key:
+            await self._bus.publish_events(
+                [
+                    _child_finished(
+                        command.run_id,
+                        command.parent_run_id,
+                        command.parent_step_key,
+                        self._clock.now(),
+                        command.status,
+                        command.output,
+                        command.error,
+                    )
+                ]
+            )
+
+    async def _start_child(self, command: StartChildRun) -> None:
+        try:
+            child = await self._runs.start_child(command)
+        except TideflowError as exc:
+            await self._child_not_started(command, exc)
+            return
+        if child.status is RunStatus.PENDING:  # new, or created before a failed publish
+            await self._bus.publish_events([started_event(child, self._clock.now())])
+        elif command.wait and child.is_terminal:
+            # It ended already (a restart re-issued the start): tell the parent again.
+            event = _child_finished(
+                child.run_id,
+                command.run_id,
+                command.step_key,
+                self._clock.now(),
+                child.status.value,
+                child.output,
+                child.error,
+            )
+            await self._bus.publish_events([event])
+
+    async def _child_not_started(self, command: StartChildRun, exc: TideflowError) -> None:
+        if not command.wait:
+            log.error(
+                "run %s: async child %s could not start: %s", command.run_id, command.workflow, exc
+            )
+            return
+        error = ErrorInfo(type=type(exc).__name__, message=exc.message, retryable=False)
+        event = _child_finished(
+            command.child_run_id,
+            command.run_id,
+            command.step_key,
+            self._clock.now(),
+            "failed",
+            None,
+            error,
+        )
+        await self._bus.publish_events([event])
+
+    def _emit(self, command: EmitEvent) -> Effect:
+        event = command.event
+        name = str(event.get("type"))
+        now = self._clock.now()
+        deliveries: list[Event] = [
+            SignalReceived(
+                event_id=f"{event['id']}>{run_id}",
+                run_id=run_id,
+                time=now,
+                name=name,
+                payload=event,
+                buffer=False,
+            )
+            for run_id in self._waits.waiting_for(name)
+            if run_id != command.run_id
+        ]
+
+        async def act() -> None:
+            if deliveries:
+                await self._bus.publish_events(deliveries)
+            await self._to_sinks(event)
+
+        return Effect(f"emit {name}", command.run_id, act)
+
+    async def _to_sinks(self, event: dict[str, Any]) -> None:
+        for sink in self._sinks:
+            try:
+                outcome = sink(event)
+                if asyncio.iscoroutine(outcome):
+                    await outcome
+            except Exception:
+                log.exception("event sink failed for event %s", event.get("id"))
+
+    # -- trying, acknowledging, trying again ------------------------------------
+
+    async def _run(self, effect: Effect) -> bool:
+        try:
+            await effect.act()
+        except Exception as exc:
+            self._failed(effect, exc)
+            return False
+        if effect.outbox_id is not None:
+            self._relayed.append(effect.outbox_id)
+        return True
+
+    def _failed(self, effect: Effect, exc: Exception) -> None:
+        effect.tries += 1
+        delay = min(FIRST_DELAY * 2 ** (effect.tries - 1), MAX_DELAY)
+        log.warning(
+            "run %s: %s failed (%s: %s), try %d; trying again in %.2fs",
+            effect.run_id,
+            effect.what,
+            type(exc).__name__,
+            exc,
+            effect.tries,
+            delay,
+        )
+        self._spawn(effect, delay)
+
+    def _spawn(self, effect: Effect, delay: float) -> None:
+        if self._closed:
+            return
+        self._pending.add(effect)
+        task = asyncio.get_running_loop().create_task(self._later(effect, delay))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _later(self, effect: Effect, delay: float) -> None:
+        if delay:
+            await asyncio.sleep(delay)
+        if await self._run(effect):
+            self._pending.discard(effect)
+
+    # -- listeners --------------------------------------------------------------
+
+    def _observe(self, state: RunState, transitions: Sequence[Transition]) -> None:
+        for listener in self._listeners:
+            try:
+                listener(state, transitions)
+            except Exception:
+                log.exception(
+                    "run %s: listener %s failed (the run carries on)",
+                    state.run_id,
+                    getattr(listener, "__qualname__", repr(listener)),
+                )
+
+
+def _outbox_ids(applied: AppliedEvent, offset: int, into: dict[int, str]) -> None:
+    """Put the outbox ids of ``applied``'s commands into ``into``, by their index + offset
+    (the ids ``AppliedEvent.outbox`` gives them)."""
+    entries = iter(applied.outbox)
+    entry = next(entries, None)
+    for index, command in enumerate(applied.commands):
+        if entry is None:
+            return
+        if command is entry[1]:
+            into[offset + index] = entry[0]
+            entry = next(entries, None)
+
+
+def _drop_task(tasks: list[DispatchTask], cancel: CancelTask) -> bool:
+    """Remove a task dispatched and cancelled in the same batch; True if it was there."""
+    for index, task in enumerate(tasks):
+        if (task.run_id, task.step_key, task.attempt) == (
+            cancel.run_id,
+            cancel.step_key,
+            cancel.attempt,
+        ):
+            del tasks[index]
+            return True
+    return False
+
+
+def _child_finished(
+    child: str,
+    parent: str,
+    step_key: str,
+    now: float,
+    status: str,
+    output: Any,
+    error: ErrorInfo | None,
+) -> ChildRunFinished:
+    return ChildRunFinished(
+        event_id=f"{child}:finished",
+        run_id=parent,
+        time=now,
+        step_key=step_key,
+        child_run_id=child,
+        status=status,
+        output=output,
+        error=error,
+    )

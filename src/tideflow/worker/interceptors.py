@@ -1,0 +1,174 @@
+"""The interceptor chain around one attempt: everything a worker does besides running the
+executor (secrets, redaction, the output limit, fault points; later metrics and tracing).
+
+Like temporalio's ``worker/_interceptor.py``: each link takes one input object and
+returns one output object, and calls the next link to go on::
+
+    class Timing(Execution):
+        async def execute(self, input: ExecuteInput) -> ExecuteOutput:
+            began = time.monotonic()
+            try:
+                return await self.next.execute(input)
+            finally:
+                observe(input.task.step_id, time.monotonic() - began)
+
+    WorkerPool(..., interceptors=[Timing])          # an Interceptor: next link -> link
+
+The innermost link runs the executor and turns whatever it raises into the attempt's
+error (``ExecuteOutput.error``); only a cancellation (the attempt is no longer wanted)
+and ``KeyboardInterrupt`` pass through. The chain is built once per pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tideflow import faults
+from tideflow.errors import StepError
+from tideflow.model import storable
+from tideflow.model.commands import DispatchTask
+from tideflow.model.events import ErrorInfo
+from tideflow.worker.executors.base import StepContext
+from tideflow.worker.executors.errorinfo import error_info_from_exception
+from tideflow.worker.executors.registry import ExecutorRegistry
+from tideflow.worker.secrets import Redactor, SecretProvider, resolve_markers
+
+__all__ = [
+    "ExecuteInput",
+    "ExecuteOutput",
+    "Execution",
+    "Interceptor",
+    "build_chain",
+    "failure",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExecuteInput:
+    """One attempt: the task as dispatched, its context, and the config and input the
+    executor gets (links may replace these two, e.g. with secret values filled in)."""
+
+    task: DispatchTask
+    context: StepContext
+    config: Any
+    input: Any
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExecuteOutput:
+    """What the attempt produced: its output, or the error that fails it."""
+
+    output: Any = None
+    error: ErrorInfo | None = None
+
+
+class Execution:
+    """One link of the chain; the base class hands the input on unchanged."""
+
+    def __init__(self, next: Execution) -> None:
+        self.next = next
+
+    async def execute(self, input: ExecuteInput) -> ExecuteOutput:
+        return await self.next.execute(input)
+
+
+Interceptor = Callable[[Execution], Execution]
+"""Wraps the next link (a link class, or a factory of one)."""
+
+
+def failure(exc: BaseException) -> ExecuteOutput:
+    """The output of an attempt that failed with ``exc``."""
+    return ExecuteOutput(error=error_info_from_exception(exc))
+
+
+class RunExecutor(Execution):
+    """The innermost link: the executor of the step's type."""
+
+    def __init__(self, executors: ExecutorRegistry) -> None:
+        self._executors = executors
+
+    async def execute(self, input: ExecuteInput) -> ExecuteOutput:
+        try:
+            executor = self._executors.get(input.task.type)
+            output = await executor.execute(input.context, input.config, input.input)
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            # Ctrl-C reaches the loop here; the python executor turns one that user
+            # code raises into a step error itself.
+            raise
+        except BaseException as exc:  # SystemExit and the like from an executor fail the step
+            return failure(exc)
+        return ExecuteOutput(output=output)
+
+
+class FaultPoints(Execution):
+    """The crash-test points around the executor (``TIDEFLOW_FAULT``, see tideflow.faults)."""
+
+    async def execute(self, input: ExecuteInput) -> ExecuteOutput:
+        faults.checkpoint("task_started")
+        out = await self.next.execute(input)
+        faults.checkpoint("task_finished")
+        return out
+
+
+class OutputLimit(Execution):
+    """Fails an attempt whose output no store can hold or that is larger than the limit."""
+
+    def __init__(self, next: Execution, max_output: int) -> None:
+        super().__init__(next)
+        self._max_output = max_output
+
+    async def execute(self, input: ExecuteInput) -> ExecuteOutput:
+        out = await self.next.execute(input)
+        if out.error is None:
+            what = f"the output of step {input.task.step_key!r}"
+            try:
+                storable.check(out.output, what, self._max_output)
+            except StepError as exc:
+                return failure(exc)
+        return out
+
+
+class Secrets(Execution):
+    """Fills in the secret values a step's templates name, and masks them in what the
+    attempt produces (output and error) before anything is recorded."""
+
+    def __init__(self, next: Execution, provider: SecretProvider) -> None:
+        super().__init__(next)
+        self._provider = provider
+
+    async def execute(self, input: ExecuteInput) -> ExecuteOutput:
+        names = input.task.secrets
+        if not names:
+            return await self.next.execute(input)
+        try:
+            config, used_config = resolve_markers(input.config, names, self._provider)
+            value, used_input = resolve_markers(input.input, names, self._provider)
+        except Exception as exc:  # SecretNotFound names where it looked, never a value
+            return failure(exc)
+        redactor = Redactor([*used_config, *used_input])
+        out = await self.next.execute(replace(input, config=config, input=value))
+        if out.error is not None:
+            return ExecuteOutput(error=redactor.redact_error(out.error))
+        return ExecuteOutput(output=redactor.redact(out.output))
+
+
+def build_chain(
+    executors: ExecutorRegistry,
+    *,
+    secrets: SecretProvider,
+    max_output: int,
+    interceptors: Sequence[Interceptor] = (),
+) -> Execution:
+    """The chain, outermost first: the given interceptors, secrets, the output limit, the
+    fault points (only when ``TIDEFLOW_FAULT`` is set), the executor."""
+    link: Execution = RunExecutor(executors)
+    if faults.ARMED:
+        link = FaultPoints(link)
+    link = OutputLimit(link, max_output)
+    link = Secrets(link, secrets)
+    for interceptor in reversed(interceptors):
+        link = interceptor(link)
+    return link
