@@ -14,6 +14,7 @@
     ├── RuntimeNotStarted          a Runtime used before ``start()`` / ``async with``
     ├── EngineError                a run's event could not be applied or stored: the run failed
     ├── UnknownSignal              a signal no wait step of the run's workflow waits for
+    ├── BusError                   a bus option, URL or partition claim is wrong, or the bus is down
     └── StepError                  raised *inside* a step; recorded in the run, not thrown out
         ├── ExpressionEvaluationError   an expression failed at run time
         ├── StepTimeout                 an attempt exceeded its `timeout` (type name `TimeoutError`)
@@ -195,3 +196,7 @@ class RuntimeNotStarted(TideflowError):
 
 class EngineError(TideflowError):
     """The engine could not apply or store an event of this run, so the run was failed."""
+
+
+class BusError(TideflowError):
+    """The bus refused a request (a bad option, a partition held elsewhere) or is not available."""
