@@ -405,8 +405,14 @@ def test_open_bus_builds_the_in_process_bus_with_its_options() -> None:
 @pytest.mark.parametrize(
     ("url", "message"),
     [
-        ("redis://localhost:6379/0", r"Redis Streams bus \(redis://\) is not built yet.*tideflow\[redis\]"),
-        ("nats://localhost:4222", r"NATS JetStream bus \(nats://\) is not built yet.*tideflow\[nats\]"),
+        (
+            "redis://localhost:6379/0",
+            r"Redis Streams bus \(redis://\) is not built yet.*tideflow\[redis\]",
+        ),
+        (
+            "nats://localhost:4222",
+            r"NATS JetStream bus \(nats://\) is not built yet.*tideflow\[nats\]",
+        ),
         ("kafka://x", "unknown bus URL 'kafka://x': use memory://"),
         ("memory", "unknown bus URL"),
         ("memory://?partition=3", "unknown option 'partition'"),

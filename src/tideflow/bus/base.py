@@ -44,9 +44,9 @@ from __future__ import annotations
 
 import zlib
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from tideflow.model.commands import DispatchTask
 from tideflow.model.events import Event
@@ -58,6 +58,19 @@ Headers = Mapping[str, str]
 NO_HEADERS: Headers = {}
 
 Body = TypeVar("Body", DispatchTask, Event)
+Item = TypeVar("Item", covariant=True)
+
+
+class Stream(Protocol[Item]):
+    """What a consumer returns: an async iterator that can be closed (an async generator
+    fits). Closing it hands back what it holds and ends its claims."""
+
+    def __aiter__(self) -> AsyncIterator[Item]: ...
+
+    def __anext__(self) -> Awaitable[Item]: ...
+
+    def aclose(self) -> Awaitable[None]: ...
+
 
 DEFAULT_LEASE = 30.0
 """Seconds a delivery stays with its consumer without ``ack``, ``nack`` or ``extend``."""
@@ -180,20 +193,20 @@ class Consumer(ABC):
     @abstractmethod
     def consume_tasks(
         self, queues: Collection[str] | None = None, *, prefetch: int
-    ) -> AsyncIterator[Delivery[DispatchTask]]:
+    ) -> Stream[Delivery[DispatchTask]]:
         """Task deliveries from ``queues`` (None: every queue), by priority; at most
         ``prefetch`` unsettled at a time. Closing the iterator hands back what it holds."""
 
     @abstractmethod
     def consume_events(
         self, partitions: Collection[int] | None = None, *, max_batch: int
-    ) -> AsyncIterator[EventBatch]:
+    ) -> Stream[EventBatch]:
         """Batches of at most ``max_batch`` events from ``partitions`` (None: all), which
         no other consumer holds while this one is open."""
 
     @abstractmethod
-    def consume_control(self) -> AsyncIterator[Control]:
-        """Every control message published while this iterator is open."""
+    def consume_control(self) -> Stream[Control]:
+        """Every control message published from this call on, until it is closed."""
 
 
 class Bus(Producer, Consumer):
@@ -224,5 +237,6 @@ __all__ = [
     "Headers",
     "Message",
     "Producer",
+    "Stream",
     "partition_of",
 ]

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tideflow.bus.backends.local import LocalBus
-from tideflow.bus.base import Bus
+from tideflow.bus.base import Bus, CancelAttempt, ForgetCancels
 from tideflow.core.reopen import RETRYABLE
 from tideflow.core.resume import lost_events, resume_commands
 from tideflow.errors import (
@@ -88,7 +88,7 @@ class Runtime:
         self,
         *,
         store: Store | str | None = None,
-        bus: Bus | None = None,
+        bus: Bus | str | None = None,
         executors: ExecutorRegistry | None = None,
         workers: int = 32,
         clock: Clock | None = None,
@@ -106,6 +106,10 @@ class Runtime:
         self.store = store or MemoryStore()
         if self.store.compile_plan is None:
             self.store.compile_plan = self._compile_stored
+        if isinstance(bus, str):
+            from tideflow.bus import open_bus
+
+            bus = open_bus(bus)
         self.bus = bus or LocalBus()
         self.executors = executors or ExecutorRegistry()
         self.clock = clock or SystemClock()
@@ -326,7 +330,7 @@ class Runtime:
         event = RunRetried(
             event_id=self.new_event_id(), run_id=run_id, time=self.clock.now(), reason=reason
         )
-        self._workers.forget_cancels(run_id)
+        await self.bus.publish_control(ForgetCancels(run_id=run_id))
         await self._scheduler.apply([event], redeliver=False)
         return (await self._state(run_id)).status
 
@@ -448,7 +452,13 @@ class Runtime:
                 self._timers.cancel(command.run_id, command.timer_id)
             elif isinstance(command, CancelTask):
                 if not _drop_task(tasks, command):
-                    self._workers.cancel(command.run_id, command.step_key, command.attempt)
+                    await self.bus.publish_control(
+                        CancelAttempt(
+                            run_id=command.run_id,
+                            step_key=command.step_key,
+                            attempt=command.attempt,
+                        )
+                    )
             else:
                 await self._relay_other(command)
         if tasks:

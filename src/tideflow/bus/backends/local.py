@@ -12,7 +12,7 @@ import asyncio
 import math
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from collections.abc import AsyncGenerator, Callable, Collection, Sequence
 from typing import Any, Protocol
 
 from tideflow.bus.base import (
@@ -26,6 +26,7 @@ from tideflow.bus.base import (
     EventBatch,
     Headers,
     Message,
+    Stream,
     partition_of,
 )
 from tideflow.errors import BusError
@@ -62,7 +63,7 @@ class MonotonicClock:
 class _Again:
     """A message handed back (nack or lease expiry), remembering its delivery count."""
 
-    __slots__ = ("body", "headers", "deliveries")
+    __slots__ = ("body", "deliveries", "headers")
 
     def __init__(self, body: Any, headers: Headers, deliveries: int) -> None:
         self.body = body
@@ -143,7 +144,7 @@ class _Waiting:
 
 
 class _TaskDelivery(Delivery[DispatchTask]):
-    __slots__ = ("body", "headers", "deliveries", "_consumer")
+    __slots__ = ("_consumer", "body", "deliveries", "headers")
 
     def __init__(self, consumer: _TaskConsumer, entry: Any) -> None:
         body, headers, deliveries = _unpack(entry)
@@ -213,7 +214,7 @@ class _TaskConsumer(_Waiting):
 
 
 class _EventBatch(EventBatch):
-    __slots__ = ("events", "_entries", "_consumer")
+    __slots__ = ("_consumer", "_entries", "events")
 
     def __init__(self, consumer: _EventConsumer, entries: list[Any]) -> None:
         self._consumer = consumer
@@ -283,6 +284,25 @@ class _EventConsumer(_Waiting):
         self.bus.hand_back_events(batch.pending(), 0.0)
 
 
+class _ControlStream:
+    """Subscribed from its creation (not from the first ``anext``)."""
+
+    def __init__(self, subscribers: list[asyncio.Queue[Control]]) -> None:
+        self._queue: asyncio.Queue[Control] = asyncio.Queue()
+        self._subscribers = subscribers
+        subscribers.append(self._queue)
+
+    def __aiter__(self) -> _ControlStream:
+        return self
+
+    async def __anext__(self) -> Control:
+        return await self._queue.get()
+
+    async def aclose(self) -> None:
+        if self._queue in self._subscribers:
+            self._subscribers.remove(self._queue)
+
+
 class LocalBus(Bus):
     """The in-process bus. ``clock`` drives leases and nack delays (default: monotonic)."""
 
@@ -332,7 +352,7 @@ class LocalBus(Bus):
 
     async def consume_tasks(
         self, queues: Collection[str] | None = None, *, prefetch: int
-    ) -> AsyncIterator[Delivery[DispatchTask]]:
+    ) -> AsyncGenerator[Delivery[DispatchTask], None]:
         _check_count("prefetch", prefetch)
         consumer = _TaskConsumer(self, queues, prefetch)
         self._task_consumers.append(consumer)
@@ -350,7 +370,7 @@ class LocalBus(Bus):
 
     async def consume_events(
         self, partitions: Collection[int] | None = None, *, max_batch: int
-    ) -> AsyncIterator[EventBatch]:
+    ) -> AsyncGenerator[EventBatch, None]:
         _check_count("max_batch", max_batch)
         consumer = _EventConsumer(self, self._claim(partitions))
         for index in consumer.partitions:
@@ -368,14 +388,8 @@ class LocalBus(Bus):
             for batch in consumer.leases.close():
                 self.hand_back_events(batch.pending(), 0.0)
 
-    async def consume_control(self) -> AsyncIterator[Control]:
-        queue: asyncio.Queue[Control] = asyncio.Queue()
-        self._controls.append(queue)
-        try:
-            while True:
-                yield await queue.get()
-        finally:
-            self._controls.remove(queue)
+    def consume_control(self) -> Stream[Control]:
+        return _ControlStream(self._controls)
 
     # -- internals --------------------------------------------------------------
 
