@@ -158,7 +158,7 @@ class WorkerPool:
     async def _heartbeat(self) -> None:
         """Extend the lease of every task being run, three times per lease."""
         while True:
-            await asyncio.sleep(self._bus.lease / 3)
+            await asyncio.sleep(max(self._bus.lease / 3, 0.01))
             for _, delivery in list(self._running.values()):
                 try:
                     await delivery.extend()

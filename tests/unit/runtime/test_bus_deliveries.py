@@ -20,6 +20,7 @@ from tideflow.dsl import compile_definition
 from tideflow.model.commands import DispatchTask
 from tideflow.runtime.runtime import Runtime
 from tideflow.store.backends.memory import MemoryStore
+from tideflow.store.base import StoreUnavailable
 from tideflow.testing.waiting import step_is, wait_until
 from tideflow.worker.executors.functions import register, unregister
 
@@ -135,6 +136,77 @@ async def test_a_batch_delivered_again_after_its_commit_is_not_applied_twice() -
     assert (result.status, result.output) == ("succeeded", "c")
     assert history == expected_history
     assert CALLS == ["a", "b", "c"]
+
+
+class Journal:
+    def __init__(self) -> None:
+        self.entries: list[str] = []
+
+
+class JournalStore(MemoryStore):
+    def __init__(self, journal: Journal, fail_once: bool = False) -> None:
+        super().__init__()
+        self.journal = journal
+        self.fail_once = fail_once
+
+    async def commit(self, batch: Any, relayed: Any = ()) -> None:
+        if batch and self.fail_once:
+            self.fail_once = False
+            self.journal.entries.append("commit failed")
+            raise StoreUnavailable("the disk is busy")
+        await super().commit(batch, relayed)
+        if batch:
+            self.journal.entries.append("commit")
+
+
+class JournalBus(LocalBus):
+    def __init__(self, journal: Journal) -> None:
+        super().__init__()
+        self.journal = journal
+
+    async def consume_events(
+        self, partitions: Collection[int] | None = None, *, max_batch: int
+    ) -> AsyncGenerator[EventBatch, None]:
+        async with contextlib.aclosing(super().consume_events(max_batch=max_batch)) as inner:
+            async for batch in inner:
+                yield _Journaled(batch, self.journal)
+
+
+class _Journaled(EventBatch):
+    def __init__(self, inner: EventBatch, journal: Journal) -> None:
+        self.events = inner.events
+        self._inner = inner
+        self._journal = journal
+
+    def headers(self, index: int) -> Headers:
+        return self._inner.headers(index)
+
+    async def ack(self) -> None:
+        self._journal.entries.append("ack")
+        await self._inner.ack()
+
+    async def nack(self, delay: float = 0.0, runs: Collection[str] | None = None) -> None:
+        self._journal.entries.append("nack")
+        await self._inner.nack(delay, runs)
+
+    async def extend(self) -> None:
+        await self._inner.extend()
+
+
+@pytest.mark.parametrize("fail_once", [False, True])
+async def test_an_event_batch_is_acknowledged_only_after_its_commit(fail_once: bool) -> None:
+    journal = Journal()
+    store = JournalStore(journal, fail_once=fail_once)
+    async with Runtime(store=store, bus=JournalBus(journal)) as rt:
+        result = await rt.wait(await rt.start_run(CHAIN), timeout=10)
+    assert result.status == "succeeded"
+    entries = journal.entries
+    if fail_once:  # the store was down: the batch went back to the bus, then came again
+        # (the events of that run were handed back; acknowledging the rest is a no-op)
+        assert entries[:5] == ["commit failed", "nack", "ack", "commit", "ack"]
+        entries = entries[3:]
+    pairs = [entries[i : i + 2] for i in range(0, len(entries), 2)]
+    assert pairs and all(pair == ["commit", "ack"] for pair in pairs), entries
 
 
 class CountingExtends(LocalBus):
