@@ -5,7 +5,9 @@ Streams and NATS JetStream add one entry each to ``BACKENDS``). A backend gives 
 fresh bus with a chosen lease and partition count, a way to let time pass for
 leases and nack delays (a manual clock in process; real time on a server), and
 ``quiet()``: the wait after which a message that must not come is taken as not
-coming.
+coming. Tests speak of seconds; a backend on a real server scales them (``span``,
+and the same factor inside ``make`` for ``lease`` and inside ``advance``) so that
+its suite runs in a fraction of the time.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ class BusBackend:
     make: Callable[..., Bus]
     advance: Callable[[float], Awaitable[None]]
     quiet: Callable[[], Awaitable[None]]
+    span: Callable[[float], float] = float
+    """Test seconds -> this backend's seconds (for nack delays)."""
     opened: list[Bus] = field(default_factory=list)
 
     async def open(self, **options: Any) -> Bus:
@@ -166,7 +170,7 @@ async def test_a_nacked_task_comes_again_after_its_delay(bus_backend: BusBackend
     bus = await bus_backend.open(lease=30.0)
     await bus.publish_tasks([task(1)])
     async with contextlib.aclosing(bus.consume_tasks(prefetch=10)) as tasks:
-        await (await next_of(tasks)).nack(delay=5.0)
+        await (await next_of(tasks)).nack(delay=bus_backend.span(5.0))
         await bus_backend.advance(4.0)
         waiting = await nothing_from(tasks, bus_backend)
         await bus_backend.advance(1.5)
@@ -220,7 +224,7 @@ async def test_nacking_some_runs_of_a_batch_hands_back_only_theirs(bus_backend: 
     await bus.publish_events([event("a", 1), event("b", 1), event("a", 2)])
     async with contextlib.aclosing(bus.consume_events(max_batch=10)) as batches:
         batch = await next_of(batches)
-        await batch.nack(delay=2.0, runs={"a"})
+        await batch.nack(delay=bus_backend.span(2.0), runs={"a"})
         await batch.ack()
         waiting = await nothing_from(batches, bus_backend)
         await bus_backend.advance(2.5)
