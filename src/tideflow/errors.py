@@ -20,6 +20,7 @@
     │   ├── StoreUnavailable       unreachable or busy right now: the same write may succeed later
     │   ├── UnstorableData         a value the store cannot hold: writing it again fails again
     │   └── ConcurrencyConflict    another applier advanced the run first: reload and apply again
+    ├── BusError                   a bus option, URL or partition claim is wrong, or the bus is down
     └── StepError                  raised *inside* a step; recorded in the run, not thrown out
         ├── ExpressionEvaluationError   an expression failed at run time
         ├── StepTimeout                 an attempt exceeded its `timeout` (type name `TimeoutError`)
@@ -227,3 +228,7 @@ class UnstorableData(StoreError):
 
 class ConcurrencyConflict(StoreError):
     """Another applier advanced one of these runs first; reload them and apply again."""
+
+
+class BusError(TideflowError):
+    """The bus refused a request (a bad option, a partition held elsewhere) or is not available."""

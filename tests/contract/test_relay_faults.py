@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from tideflow.bus.backends.local import LocalBus
-from tideflow.bus.base import Bus
+from tideflow.bus.base import Message
 from tideflow.dsl import compile_definition
 from tideflow.model.commands import DispatchTask
 from tideflow.model.events import ChildRunFinished, Event, TimerFired, Transition
@@ -111,11 +111,11 @@ class Fault:
         self.times = self.failed
 
 
-class FlakyBus(Bus):
+class FlakyBus(LocalBus):
     """The in-process bus, with publications that fail when a fault says so."""
 
     def __init__(self) -> None:
-        self.inner = LocalBus()
+        super().__init__()
         self.faults: list[Fault] = []
 
     def fail(self, fault: Fault) -> Fault:
@@ -127,19 +127,13 @@ class FlakyBus(Bus):
             if fault.trips(messages):
                 raise ConnectionError("the broker connection was reset")
 
-    async def publish_tasks(self, tasks: Sequence[DispatchTask]) -> None:
+    async def publish_tasks(self, tasks: Sequence[DispatchTask | Message[DispatchTask]]) -> None:
         self._check(tasks)
-        await self.inner.publish_tasks(tasks)
+        await super().publish_tasks(tasks)
 
-    async def next_task(self) -> DispatchTask:
-        return await self.inner.next_task()
-
-    async def publish_events(self, events: Sequence[Event]) -> None:
+    async def publish_events(self, events: Sequence[Event | Message[Event]]) -> None:
         self._check(events)
-        await self.inner.publish_events(events)
-
-    async def next_events(self, max_batch: int) -> list[Event]:
-        return await self.inner.next_events(max_batch)
+        await super().publish_events(events)
 
 
 def kind(cls: type) -> Callable[[Any], bool]:

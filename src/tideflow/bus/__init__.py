@@ -1,1 +1,66 @@
-"""tideflow.bus."""
+"""The bus port and its backends, chosen by URL.
+
+``memory://`` (or ``local://``): the in-process bus, nothing to start; options in
+the query: ``?partitions=16&lease=30`` (event partitions; seconds a delivery is
+held without an ack). ``redis://`` and ``nats://`` name the Redis Streams and NATS
+JetStream backends, which are not built yet.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qsl, urlsplit
+
+from tideflow.bus.base import Bus
+from tideflow.errors import BusError
+
+DEFAULT_URL = "memory://"
+
+__all__ = ["DEFAULT_URL", "Bus", "BusError", "open_bus"]
+
+_COMING = {
+    "redis": ("Redis Streams", "redis"),
+    "rediss": ("Redis Streams", "redis"),
+    "nats": ("NATS JetStream", "nats"),
+    "tls": ("NATS JetStream", "nats"),
+}
+
+
+def open_bus(url: str) -> Bus:
+    """A bus for ``url`` (not yet opened: ``await bus.open()``)."""
+    scheme = url.split(":", 1)[0].lower() if "://" in url else ""
+    if scheme in ("memory", "local"):
+        from tideflow.bus.backends.local import LocalBus
+
+        partitions, lease = _local_options(url)
+        return LocalBus(partitions=partitions, lease=lease)
+    if scheme in _COMING:
+        name, extra = _COMING[scheme]
+        raise BusError(
+            f"the {name} bus ({url.split('://', 1)[0]}://) is not built yet: use memory:// "
+            f"for now; when it lands it will need: pip install 'tideflow[{extra}]'"
+        )
+    raise BusError(
+        f"unknown bus URL {url!r}: use memory:// (in-process); redis:// and nats:// are coming"
+    )
+
+
+def _local_options(url: str) -> tuple[int, float]:
+    parts = urlsplit(url)
+    if parts.netloc or parts.path not in ("", "/"):
+        raise BusError(f"bus URL {url!r}: the in-process bus takes no host or path, only ?options")
+    from tideflow.bus.base import DEFAULT_LEASE, DEFAULT_PARTITIONS
+
+    partitions, lease = DEFAULT_PARTITIONS, DEFAULT_LEASE
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        try:
+            if key == "partitions":
+                partitions = int(value)
+            elif key == "lease":
+                lease = float(value)
+            else:
+                raise BusError(
+                    f"bus URL {url!r}: unknown option {key!r}; the options are partitions, lease"
+                )
+        except ValueError:
+            raise BusError(f"bus URL {url!r}: {key}={value!r} is not a number") from None
+    return partitions, lease

@@ -1,38 +1,242 @@
-"""The Bus port: moves task messages to workers and events to schedulers.
+"""The Bus port: moves task messages to workers, events to the engine, cancels to workers.
 
-At-least-once: a task is removed only when acknowledged; events of one run are
-applied in order by one scheduler at a time. The in-process backend keeps both
-in memory; Redis Streams and NATS JetStream backends implement the same methods.
+At-least-once, shaped like a broker (dramatiq's Broker / Consumer / MessageProxy):
+
+- a **producer** publishes task messages (by queue and priority), events (into
+  the partition of their run) and control messages (cancel an attempt);
+- a **consumer** receives *deliveries*. A delivery holds a lease: it is gone only
+  after ``ack()``; ``nack(delay)`` hands it back to be delivered again after
+  ``delay`` seconds; ``extend()`` renews the lease (the heartbeat of a long task);
+  one that is neither acknowledged nor extended within its lease is delivered
+  again. ``prefetch`` bounds the unacknowledged task deliveries a consumer holds.
+
+Task queues are named; within the queues a consumer reads, ``high`` goes before
+``normal`` before ``low`` with a fixed weighting (``PRIORITY_CYCLE``: 6 high, 3
+normal, 1 low in every 10 deliveries while all three wait), so high is never
+starved behind low and low still progresses under a steady high load.
+
+Events are partitioned by run id (``partition_of``): a partition is consumed by
+one consumer at a time, in publication order, so one engine applies a run's events
+and applies them in order. A redelivered event may come after newer ones of its
+run; the engine tolerates that (event ids and the core's staleness checks).
+
+Control messages are fanned out to every control consumer, at most once: a lost
+cancel only lets an attempt run to its end, whose result the engine then ignores.
+
+How the methods map onto real brokers (the next backends):
+
+============================  ===================================  ==================================
+port                          Redis Streams                        NATS JetStream
+============================  ===================================  ==================================
+``publish_tasks``             ``XADD tasks:<queue>:<priority>``     publish ``tasks.<queue>.<priority>``
+``consume_tasks``             ``XREADGROUP COUNT <free prefetch>``  pull consumer ``fetch(free)``
+``Delivery.ack``              ``XACK``                              ``msg.ack()``
+``Delivery.nack(delay)``      ``XACK`` + delayed re-``XADD``        ``msg.nak(delay)``
+``Delivery.extend``           ``XCLAIM … JUSTID`` (idle reset)      ``msg.in_progress()``
+lease expiry                  ``XAUTOCLAIM min-idle=<lease>``       ``AckWait=<lease>``
+``publish_events``            ``XADD events:<partition>``           publish ``events.<partition>``
+``consume_events``            one group, the owned partitions       a consumer per owned partition
+``publish_control``           ``PUBLISH control``                   core NATS subject ``control``
+============================  ===================================  ==================================
 """
 
 from __future__ import annotations
 
+import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Awaitable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
 
 from tideflow.model.commands import DispatchTask
 from tideflow.model.events import Event
+from tideflow.model.plan import Priority
+
+Headers = Mapping[str, str]
+"""Message headers (W3C ``traceparent`` / ``tracestate`` travel here)."""
+
+NO_HEADERS: Headers = {}
+
+Body = TypeVar("Body", DispatchTask, Event)
+Item = TypeVar("Item", covariant=True)
 
 
-class Bus(ABC):
+class Stream(Protocol[Item]):
+    """What a consumer returns: an async iterator that can be closed (an async generator
+    fits). Closing it hands back what it holds and ends its claims."""
+
+    def __aiter__(self) -> AsyncIterator[Item]: ...
+
+    def __anext__(self) -> Awaitable[Item]: ...
+
+    def aclose(self) -> Awaitable[None]: ...
+
+
+DEFAULT_LEASE = 30.0
+"""Seconds a delivery stays with its consumer without ``ack``, ``nack`` or ``extend``."""
+
+DEFAULT_PARTITIONS = 16
+
+PRIORITY_CYCLE: tuple[Priority, ...] = (
+    Priority.HIGH,
+    Priority.NORMAL,
+    Priority.HIGH,
+    Priority.HIGH,
+    Priority.NORMAL,
+    Priority.HIGH,
+    Priority.LOW,
+    Priority.HIGH,
+    Priority.NORMAL,
+    Priority.HIGH,
+)
+"""The priority preferred for each of ten deliveries in turn; when the preferred one
+has nothing waiting, the highest priority that has something goes instead."""
+
+
+@dataclass(frozen=True, slots=True)
+class Message(Generic[Body]):
+    """A body with headers, as a producer hands it over (a bare body has no headers)."""
+
+    body: Body
+    headers: Headers = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelAttempt:
+    """Stop this attempt wherever it runs (``CancelTask``); drop it if it is still queued."""
+
+    run_id: str
+    step_key: str
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ForgetCancels:
+    """A run was re-opened: its attempts are numbered from 1 again, so earlier cancels
+    of its attempts no longer apply."""
+
+    run_id: str
+
+
+Control = CancelAttempt | ForgetCancels
+
+
+def partition_of(run_id: str, partitions: int) -> int:
+    """The event partition of a run: stable across processes and backends."""
+    return zlib.crc32(run_id.encode()) % partitions if partitions > 1 else 0
+
+
+class Delivery(ABC, Generic[Body]):
+    """One delivered message, held under a lease until it is settled."""
+
+    __slots__ = ()
+
+    body: Body
+    headers: Headers
+    deliveries: int
+    """How many times this message has been delivered (1 the first time)."""
+
+    @abstractmethod
+    async def ack(self) -> None:
+        """Done with it: the message is gone."""
+
+    @abstractmethod
+    async def nack(self, delay: float = 0.0) -> None:
+        """Not done: deliver it again after ``delay`` seconds."""
+
+    @abstractmethod
+    async def extend(self) -> None:
+        """Still working on it: the lease starts over."""
+
+
+class EventBatch(ABC):
+    """Events delivered together (in order within each run), settled together: the
+    engine acknowledges a batch after it committed it, and may hand back the events of
+    some runs (``nack(delay, runs)``) first."""
+
+    __slots__ = ()
+
+    events: list[Event]
+
+    @abstractmethod
+    def headers(self, index: int) -> Headers:
+        """The headers of ``events[index]``."""
+
+    @abstractmethod
+    async def ack(self) -> None:
+        """Acknowledge every event of the batch not handed back."""
+
+    @abstractmethod
+    async def nack(self, delay: float = 0.0, runs: Collection[str] | None = None) -> None:
+        """Deliver the events of ``runs`` (all when None) again after ``delay`` seconds."""
+
+    @abstractmethod
+    async def extend(self) -> None:
+        """The lease of the batch starts over."""
+
+
+class Producer(ABC):
+    @abstractmethod
+    async def publish_tasks(self, tasks: Sequence[DispatchTask | Message[DispatchTask]]) -> None:
+        """Queue task messages for workers, each on its ``queue`` at its ``priority``."""
+
+    @abstractmethod
+    async def publish_events(self, events: Sequence[Event | Message[Event]]) -> None:
+        """Publish events, each into the partition of its run."""
+
+    @abstractmethod
+    async def publish_control(self, message: Control) -> None:
+        """Tell every worker (``CancelAttempt``, ``ForgetCancels``)."""
+
+
+class Consumer(ABC):
+    @abstractmethod
+    def consume_tasks(
+        self, queues: Collection[str] | None = None, *, prefetch: int
+    ) -> Stream[Delivery[DispatchTask]]:
+        """Task deliveries from ``queues`` (None: every queue), by priority; at most
+        ``prefetch`` unsettled at a time. Closing the iterator hands back what it holds."""
+
+    @abstractmethod
+    def consume_events(
+        self, partitions: Collection[int] | None = None, *, max_batch: int
+    ) -> Stream[EventBatch]:
+        """Batches of at most ``max_batch`` events from ``partitions`` (None: all), which
+        no other consumer holds while this one is open."""
+
+    @abstractmethod
+    def consume_control(self) -> Stream[Control]:
+        """Every control message published from this call on, until it is closed."""
+
+
+class Bus(Producer, Consumer):
+    """A producer and a consumer on one broker connection."""
+
+    partitions: int = DEFAULT_PARTITIONS
+    lease: float = DEFAULT_LEASE
+
     async def open(self) -> None:
         return None
 
     async def close(self) -> None:
         return None
 
-    @abstractmethod
-    async def publish_tasks(self, tasks: Sequence[DispatchTask]) -> None:
-        """Queue tasks for workers, by their queue and priority."""
 
-    @abstractmethod
-    async def next_task(self) -> DispatchTask:
-        """The next task to run, highest priority first; waits until there is one."""
-
-    @abstractmethod
-    async def publish_events(self, events: Sequence[Event]) -> None:
-        """Deliver events to the scheduler."""
-
-    @abstractmethod
-    async def next_events(self, max_batch: int) -> list[Event]:
-        """Wait for at least one event, then return every event available (up to max_batch)."""
+__all__ = [
+    "DEFAULT_LEASE",
+    "DEFAULT_PARTITIONS",
+    "NO_HEADERS",
+    "PRIORITY_CYCLE",
+    "Bus",
+    "CancelAttempt",
+    "Consumer",
+    "Control",
+    "Delivery",
+    "EventBatch",
+    "ForgetCancels",
+    "Headers",
+    "Message",
+    "Producer",
+    "Stream",
+    "partition_of",
+]

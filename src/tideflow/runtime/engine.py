@@ -12,9 +12,8 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from typing import Protocol
 
-from tideflow.bus.base import Bus
+from tideflow.bus.base import Bus, ForgetCancels
 from tideflow.client import EngineLink
 from tideflow.model.commands import RunFinished, StartChildRun
 from tideflow.model.events import Event, RunRetried, RunStarted, TaskStarted
@@ -30,14 +29,6 @@ from tideflow.runtime.timers import TimerWheel
 from tideflow.store.base import Store
 
 
-class Attempts(Protocol):
-    """The workers' control side, as the engine sees it (the worker pool provides it)."""
-
-    def cancel(self, run_id: str, step_key: str, attempt: int) -> None: ...
-
-    def forget_cancels(self, run_id: str) -> None: ...
-
-
 class Engine(EngineLink, Runs):
     def __init__(
         self,
@@ -45,7 +36,6 @@ class Engine(EngineLink, Runs):
         store: Store,
         bus: Bus,
         catalog: Catalog,
-        attempts: Attempts,
         clock: Clock,
         new_event_id: Callable[[], str],
         batch_size: int,
@@ -53,7 +43,6 @@ class Engine(EngineLink, Runs):
         self._store = store
         self._bus = bus
         self._catalog = catalog
-        self._attempts = attempts
         self._clock = clock
         self.plans = catalog.plans
         self.runs = RunCache(store, self.plans)
@@ -115,7 +104,7 @@ class Engine(EngineLink, Runs):
     async def commit(self, events: Sequence[Event]) -> None:
         for event in events:
             if isinstance(event, RunRetried):  # its attempts are new work, not cancelled ones
-                self._attempts.forget_cancels(event.run_id)
+                await self._bus.publish_control(ForgetCancels(run_id=event.run_id))
         await self.scheduler.apply(list(events), redeliver=False)
 
     async def start_run(self, state: RunState, event: RunStarted) -> None:
@@ -142,9 +131,6 @@ class Engine(EngineLink, Runs):
         return event.event_id in await asyncio.shield(self.scheduler.apply([event]))
 
     # -- the Runs port (what the relay calls) -----------------------------------
-
-    def cancel_attempt(self, run_id: str, step_key: str, attempt: int) -> None:
-        self._attempts.cancel(run_id, step_key, attempt)
 
     async def finished(self, command: RunFinished) -> None:
         waiters = [f for f in self._waiters.pop(command.run_id, ()) if not f.done()]

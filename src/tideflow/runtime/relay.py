@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tideflow.bus.base import Bus
+from tideflow.bus.base import Bus, CancelAttempt
 from tideflow.errors import TideflowError
 from tideflow.model.commands import (
     CancelChildRun,
@@ -65,10 +65,6 @@ MAX_DELAY = 5.0
 
 class Runs:
     """What the relay needs from the engine around it (the engine implements it)."""
-
-    def cancel_attempt(self, run_id: str, step_key: str, attempt: int) -> None:
-        """Stop an attempt that is running or queued (a worker's control channel)."""
-        raise NotImplementedError
 
     async def finished(self, command: RunFinished) -> None:
         """A run ended: give its result to whoever waits for it (never fails)."""
@@ -225,7 +221,11 @@ class Relay:
 
     def _cancel_effect(self, command: CancelTask) -> Effect:
         async def act() -> None:
-            self._runs.cancel_attempt(command.run_id, command.step_key, command.attempt)
+            await self._bus.publish_control(
+                CancelAttempt(
+                    run_id=command.run_id, step_key=command.step_key, attempt=command.attempt
+                )
+            )
 
         return Effect(f"cancel {command.step_key} attempt {command.attempt}", command.run_id, act)
 

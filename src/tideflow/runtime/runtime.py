@@ -51,7 +51,7 @@ class Runtime:
         self,
         *,
         store: Store | str | None = None,
-        bus: Bus | None = None,
+        bus: Bus | str | None = None,
         executors: ExecutorRegistry | None = None,
         workers: int = 32,
         clock: Clock | None = None,
@@ -70,6 +70,10 @@ class Runtime:
 
             store = open_store(store)
         self.store = store or MemoryStore()
+        if isinstance(bus, str):
+            from tideflow.bus import open_bus
+
+            bus = open_bus(bus)
         self.bus = bus or LocalBus()
         self.executors = executors or ExecutorRegistry()
         self.clock = clock or SystemClock()
@@ -102,7 +106,6 @@ class Runtime:
             store=self.store,
             bus=self.bus,
             catalog=catalog,
-            attempts=self._workers,
             clock=self.clock,
             new_event_id=self.new_event_id,
             batch_size=batch_size,

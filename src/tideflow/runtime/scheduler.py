@@ -1,9 +1,13 @@
 """The scheduler loop: events in, ``decide``, one commit per batch, commands out.
 
-It takes every event the bus has ready (up to ``batch_size``), applies each to
-its run through the pure core, commits the whole batch to the store in one call
-(group commit), and hands the committed batch to the relay (runtime/relay.py), which
-carries out its effects until they succeed and then tells the listeners. Events the
+It takes every event the bus has ready (up to ``batch_size``, one delivered
+batch), applies each to its run through the pure core, commits the whole batch to
+the store in one call (group commit), acknowledges the batch to the bus, and hands
+the committed batch to the relay (runtime/relay.py), which carries out its effects
+until they succeed and then tells the listeners. A batch is acknowledged only after
+it is committed: one that comes again (its lease ran out, the process died) is
+applied again harmlessly, since every event the core already applied is stale or a
+duplicate to it and changes nothing. Events the
 scheduler sends back to itself (a redelivery, the ``EngineFailed`` of a poison run) go
 through the relay as well, so a bus that fails for a while loses none of them.
 
@@ -25,7 +29,7 @@ import logging
 from collections.abc import Sequence
 
 from tideflow import faults
-from tideflow.bus.base import Bus
+from tideflow.bus.base import Bus, EventBatch
 from tideflow.core.decide import decide
 from tideflow.errors import NotFound
 from tideflow.model.events import EngineFailed, Event
@@ -92,12 +96,24 @@ class Scheduler:
         return run_id in self._in_flight
 
     async def _loop(self) -> None:
-        while True:
-            events = await self._bus.next_events(self._batch_size)
+        batches = self._bus.consume_events(max_batch=self._batch_size)
+        async with contextlib.aclosing(batches) as deliveries:
+            async for batch in deliveries:
+                try:
+                    await self._apply_delivered(batch)
+                except Exception:
+                    log.exception("scheduler batch failed; its events come again")
+                    with contextlib.suppress(Exception):
+                        await batch.nack(self._retry_delay)  # a no-op once acknowledged
+
+    async def _apply_delivered(self, batch: EventBatch) -> None:
+        """Apply a batch from the bus; acknowledge it once it is committed (events that
+        must come again are handed back to the bus first)."""
+        async with self._lock:
             try:
-                await self.apply(events)
-            except Exception:
-                log.exception("scheduler batch failed")
+                await self._apply_committed(batch.events, delivered=batch)
+            finally:
+                self._in_flight.clear()
 
     async def apply(self, events: list[Event], *, redeliver: bool = True) -> set[str]:
         """Apply, commit and relay one batch; return the ids of the events that changed a
@@ -111,9 +127,13 @@ class Scheduler:
             finally:
                 self._in_flight.clear()
 
-    async def _apply_committed(self, events: list[Event], redeliver: bool = True) -> set[str]:
+    async def _apply_committed(
+        self, events: list[Event], redeliver: bool = True, delivered: EventBatch | None = None
+    ) -> set[str]:
         batch = await self._apply_all(events)
         if not batch:
+            if delivered is not None:
+                await delivered.ack()  # nothing to commit: duplicates, stale, unknown runs
             return set()
         if faults.ARMED:
             faults.checkpoint("before_commit")
@@ -128,7 +148,9 @@ class Scheduler:
             for run_id in self._in_flight:
                 self._runs.evict(run_id)
             raise out.down or next(iter(out.failures.values()))
-        await self._not_committed(out, events)
+        await self._not_committed(out, events, delivered)
+        if delivered is not None:
+            await delivered.ack()
         await self._committed(out.committed)
         return {applied.event.event_id for applied in out.committed}
 
@@ -164,16 +186,20 @@ class Scheduler:
             )
             await self._relay.hand(stored, observe=False)
 
-    async def _not_committed(self, out: Outcome, events: list[Event]) -> None:
+    async def _not_committed(
+        self, out: Outcome, events: list[Event], delivered: EventBatch | None
+    ) -> None:
         if out.down is not None:
             for run_id in self._in_flight:
                 self._runs.evict(run_id)
             log.warning("commit failed (%s); %d events come again", describe(out.down), len(events))
-            await self._redeliver(events)
+            await self._redeliver(events, delivered)
             return
         for run_id, error in out.failures.items():
             mine = [e for e in events if e.run_id == run_id]
-            await self._run_failed(run_id, mine, error, alone=not out.committed)
+            await self._run_failed(
+                run_id, mine, error, alone=not out.committed, delivered=delivered
+            )
 
     async def _committed(self, batch: list[AppliedEvent]) -> None:
         await self._relay.hand(batch)
@@ -200,7 +226,13 @@ class Scheduler:
         return batch
 
     async def _run_failed(
-        self, run_id: str, events: list[Event], exc: Exception, *, alone: bool
+        self,
+        run_id: str,
+        events: list[Event],
+        exc: Exception,
+        *,
+        alone: bool,
+        delivered: EventBatch | None,
     ) -> None:
         """One run's events could not be committed (the store took the others, if any)."""
         self._runs.evict(run_id)
@@ -210,7 +242,7 @@ class Scheduler:
             await self._fail_run(run_id, events, f"storing them failed: {describe(exc)}")
             return
         if kind is Failure.CONFLICT:
-            await self._relay.send(events, "apply again")  # reload and apply again, at once
+            await self._again(run_id, events, 0.0, delivered)  # reload and apply again, at once
             return
         tries = self._run_retries[run_id] = self._run_retries.get(run_id, 0) + 1
         delay = min(0.05 * 2 ** (tries - 1), 5.0)
@@ -221,9 +253,21 @@ class Scheduler:
             tries,
             delay,
         )
-        task = asyncio.create_task(self._publish_later(events, delay))
-        self._later.add(task)
-        task.add_done_callback(self._later.discard)
+        await self._again(run_id, events, delay, delivered)
+
+    async def _again(
+        self, run_id: str, events: list[Event], delay: float, delivered: EventBatch | None
+    ) -> None:
+        """Have one run's events come again after ``delay``, without blocking the loop:
+        handed back to the bus when they came from it, sent again otherwise."""
+        if delivered is not None:
+            await delivered.nack(delay, {run_id})
+        elif delay <= 0:
+            await self._relay.send(events, "apply again")
+        else:
+            task = asyncio.create_task(self._publish_later(events, delay))
+            self._later.add(task)
+            task.add_done_callback(self._later.discard)
 
     async def _fail_run(self, run_id: str, events: list[Event], cause: str) -> None:
         self._run_retries.pop(run_id, None)
@@ -237,10 +281,15 @@ class Scheduler:
         await asyncio.sleep(delay)
         await self._relay.send(events, "commit again")
 
-    async def _redeliver(self, events: list[Event]) -> None:
+    async def _redeliver(self, events: list[Event], delivered: EventBatch | None) -> None:
+        """The store is down: the loop pauses for the backoff (nothing newer overtakes
+        the batch), then the batch comes again."""
         await asyncio.sleep(self._retry_delay)
         self._retry_delay = min(self._retry_delay * 2, 5.0)
-        await self._relay.send(events, "commit again")
+        if delivered is not None:
+            await delivered.nack()
+        else:
+            await self._relay.send(events, "commit again")
 
     async def _apply(self, event: Event) -> AppliedEvent | None:
         kind = type(event).__name__

@@ -1,5 +1,11 @@
 """The worker pool: takes tasks from the bus, runs their executor, reports the result.
 
+One consumer takes task deliveries from the bus, at most ``concurrency`` of them
+unacknowledged (the prefetch); the lease of each is extended while its attempt
+runs (a heartbeat); a task is acknowledged after its outcome is published, and
+handed back to the bus when the pool shuts down. Cancels come on the bus's
+control channel.
+
 Before it runs an attempt the pool reports its start (`starts`): the attempt's
 ``timeout`` counts from there. The attempt itself goes through the interceptor chain
 (worker/interceptors.py: secrets and redaction, the output limit, fault points, then
@@ -17,9 +23,9 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
-from tideflow.bus.base import Bus
+from tideflow.bus.base import Bus, CancelAttempt, Control, Delivery, Stream
 from tideflow.model import storable
 from tideflow.model.commands import DispatchTask
 from tideflow.model.events import Event, TaskCompleted, TaskFailed
@@ -32,6 +38,11 @@ from tideflow.worker.starts import StartDurably, StartReports
 log = logging.getLogger("tideflow.worker")
 
 _MAX_REMEMBERED_CANCELS = 10_000
+_REPUBLISH_DELAY = 0.5
+"""Seconds before a task whose outcome could not be published comes again."""
+
+Key = tuple[str, str, int]
+"""An attempt as cancels name it: run id, step key, attempt number."""
 
 
 class WorkerPool:
@@ -46,6 +57,7 @@ class WorkerPool:
         secrets: SecretProvider | None = None,
         start_durably: StartDurably | None = None,
         max_output: int = storable.MAX_STEP_OUTPUT,
+        queues: Collection[str] | None = None,
         interceptors: Sequence[Interceptor] = (),
     ) -> None:
         self._bus = bus
@@ -61,68 +73,104 @@ class WorkerPool:
             max_output=max_output,
             interceptors=interceptors,
         )
+        self._queues = queues
         self._loops: list[asyncio.Task[None]] = []
-        self._running: dict[tuple[str, str, int], asyncio.Task[Event | None]] = {}
-        self._cancelled: dict[tuple[str, str, int], None] = {}
+        self._running: dict[Key, tuple[asyncio.Task[None], Delivery[DispatchTask]]] = {}
+        self._cancelled: dict[Key, None] = {}
         """Attempts cancelled before a worker picked them up (bounded, oldest dropped)."""
         self._closing = False
         self._random = random.Random()
 
     def start(self) -> None:
+        control = self._bus.consume_control()  # listening before the first task comes
         self._loops = [
-            asyncio.create_task(self._loop(), name=f"tideflow-worker-{i}")
-            for i in range(self._concurrency)
+            asyncio.create_task(self._consume(), name="tideflow-worker"),
+            asyncio.create_task(self._listen(control), name="tideflow-worker-control"),
+            asyncio.create_task(self._heartbeat(), name="tideflow-worker-heartbeat"),
         ]
 
     async def close(self) -> None:
+        """Stop taking tasks; cancel the attempts running and hand their tasks back."""
         self._closing = True
         for task in self._loops:
             task.cancel()
-        for task in self._loops:
+        running = [runner for runner, _ in self._running.values()]
+        for runner in running:
+            runner.cancel()
+        for task in [*self._loops, *running]:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._loops.clear()
 
-    def cancel(self, run_id: str, step_key: str, attempt: int) -> None:
+    def _cancel(self, run_id: str, step_key: str, attempt: int) -> None:
         """Stop an attempt the scheduler no longer waits for."""
         key = (run_id, step_key, attempt)
-        task = self._running.get(key)
-        if task is not None:
-            task.cancel()
+        running = self._running.get(key)
+        if running is not None:
+            running[0].cancel()
             return
         self._cancelled[key] = None
         if len(self._cancelled) > _MAX_REMEMBERED_CANCELS:
             del self._cancelled[next(iter(self._cancelled))]
 
-    def forget_cancels(self, run_id: str) -> None:
+    def _forget_cancels(self, run_id: str) -> None:
         """Forget the cancels remembered for a run's attempts (an operator retry numbers
         its attempts from 1 again: they are new work, not the cancelled attempts)."""
         for key in [key for key in self._cancelled if key[0] == run_id]:
             del self._cancelled[key]
 
-    async def _loop(self) -> None:
-        bus = self._bus
-        while True:
-            task = await bus.next_task()
-            key = (task.run_id, task.step_key, task.attempt)
-            if key in self._cancelled:
-                del self._cancelled[key]
-                continue  # cancelled while it was queued
-            inner = asyncio.create_task(self._execute(task))
-            self._running[key] = inner
-            try:
-                event = await inner
-            except asyncio.CancelledError:
-                event = None  # only this attempt was cancelled (CancelTask)
-            finally:
-                self._running.pop(key, None)
-            current = asyncio.current_task()
-            if self._closing or (current is not None and current.cancelling()):
-                # The pool is shutting down: the attempt swallowed our cancellation.
-                raise asyncio.CancelledError
+    async def _listen(self, control: Stream[Control]) -> None:
+        async with contextlib.aclosing(control) as messages:
+            async for message in messages:
+                if isinstance(message, CancelAttempt):
+                    self._cancel(message.run_id, message.step_key, message.attempt)
+                else:
+                    self._forget_cancels(message.run_id)
+
+    async def _consume(self) -> None:
+        """Take tasks (at most ``concurrency`` unacknowledged) and run each as its own
+        asyncio task, so that one attempt can be cancelled alone."""
+        deliveries = self._bus.consume_tasks(self._queues, prefetch=self._concurrency)
+        async with contextlib.aclosing(deliveries) as tasks:
+            async for delivery in tasks:
+                task = delivery.body
+                key = (task.run_id, task.step_key, task.attempt)
+                if key in self._cancelled:
+                    del self._cancelled[key]
+                    await delivery.ack()  # cancelled while it was queued
+                    continue
+                runner = asyncio.create_task(self._run(key, delivery))
+                self._running[key] = (runner, delivery)
+
+    async def _run(self, key: Key, delivery: Delivery[DispatchTask]) -> None:
+        """One attempt: its outcome is published before its task is acknowledged; a
+        cancelled attempt publishes nothing; on shutdown its task goes back to the bus."""
+        try:
+            event = await self._execute(delivery.body)
+        finally:
+            self._running.pop(key, None)
+        if self._closing:
+            await delivery.nack()
+            return
+        try:
             if event is not None:
                 await self._starts.sent()
-                await bus.publish_events([event])
+                await self._bus.publish_events([event])
+        except Exception:
+            log.exception("the outcome of %s could not be published; its task comes again", key)
+            await delivery.nack(_REPUBLISH_DELAY)
+            return
+        await delivery.ack()
+
+    async def _heartbeat(self) -> None:
+        """Extend the lease of every task being run, three times per lease."""
+        while True:
+            await asyncio.sleep(max(self._bus.lease / 3, 0.01))
+            for _, delivery in list(self._running.values()):
+                try:
+                    await delivery.extend()
+                except Exception:
+                    log.exception("the lease of %s could not be extended", delivery.body.run_id)
 
     async def _execute(self, task: DispatchTask) -> Event | None:
         ctx = StepContext(

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tideflow.bus.base import CancelAttempt
 from tideflow.dsl import compile_definition
 from tideflow.errors import RunNotRetryable
 from tideflow.runtime.runtime import Runtime
@@ -148,7 +149,9 @@ async def test_a_retried_step_runs_even_if_its_cancelled_attempt_was_remembered(
     async with Runtime() as rt:
         failed = await rt.run(FLAKY)
         # the race the pool remembers: a cancel for an attempt that had already finished
-        rt._workers.cancel(failed.run_id, "charge", 1)
+        await rt.bus.publish_control(
+            CancelAttempt(run_id=failed.run_id, step_key="charge", attempt=1)
+        )
         BROKEN["charge"] = False
         await rt.retry(failed.run_id)
         done = await rt.wait(failed.run_id, timeout=10)

@@ -1,41 +1,463 @@
-"""The in-process bus: asyncio queues, no serialisation, nothing to start."""
+"""The in-process bus: deques and futures on the event loop, no serialisation.
+
+Nothing is copied or wrapped on the way in: a bare body is queued as it is. A task
+delivery is one small object; an event batch is one object for the whole batch.
+Leases are swept by one timer per consumer, armed for its oldest delivery (the
+deliveries of a consumer are kept in lease order), never by a timer per message.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import itertools
-from collections.abc import Sequence
+import math
+import time
+from collections import deque
+from collections.abc import AsyncGenerator, Callable, Collection, Sequence
+from typing import Any, Protocol
 
-from tideflow.bus.base import Bus
+from tideflow.bus.base import (
+    DEFAULT_LEASE,
+    DEFAULT_PARTITIONS,
+    NO_HEADERS,
+    PRIORITY_CYCLE,
+    Bus,
+    Control,
+    Delivery,
+    EventBatch,
+    Headers,
+    Message,
+    Stream,
+    partition_of,
+)
+from tideflow.errors import BusError
 from tideflow.model.commands import DispatchTask
 from tideflow.model.events import Event
 from tideflow.model.plan import Priority
 
 _RANK = {Priority.HIGH: 0, Priority.NORMAL: 1, Priority.LOW: 2}
+_CYCLE = tuple(_RANK[p] for p in PRIORITY_CYCLE)
+
+
+class Handle(Protocol):
+    def cancel(self) -> None: ...
+
+
+class BusClock(Protocol):
+    """What the bus needs of a clock (``ManualClock`` from tideflow.testing fits)."""
+
+    def now(self) -> float: ...
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> Handle: ...
+
+
+class MonotonicClock:
+    """Leases on the event loop's timers, measured on the monotonic clock."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> Handle:
+        return asyncio.get_running_loop().call_later(max(0.0, when - time.monotonic()), callback)
+
+
+class _Again:
+    """A message handed back (nack or lease expiry), remembering its delivery count."""
+
+    __slots__ = ("body", "deliveries", "headers")
+
+    def __init__(self, body: Any, headers: Headers, deliveries: int) -> None:
+        self.body = body
+        self.headers = headers
+        self.deliveries = deliveries
+
+
+def _unpack(entry: Any) -> tuple[Any, Headers, int]:
+    kind = type(entry)
+    if kind is _Again:
+        return entry.body, entry.headers, entry.deliveries
+    if kind is Message:
+        return entry.body, entry.headers, 0
+    return entry, NO_HEADERS, 0
+
+
+class _Leases:
+    """Things held by one consumer, in lease order, with one sweep timer."""
+
+    def __init__(self, clock: BusClock, lease: float, expire: Callable[[Any], None]) -> None:
+        self.clock = clock
+        self.lease = lease
+        self.held: dict[Any, float] = {}
+        self._expire = expire
+        self._timer: Handle | None = None
+
+    def hold(self, item: Any) -> None:
+        deadline = self.clock.now() + self.lease
+        self.held[item] = deadline
+        if self._timer is None:
+            self._timer = self.clock.call_at(deadline, self._sweep)
+
+    def release(self, item: Any) -> bool:
+        return self.held.pop(item, None) is not None
+
+    def extend(self, item: Any) -> None:
+        if self.held.pop(item, None) is not None:
+            self.held[item] = self.clock.now() + self.lease  # the newest goes last
+
+    def close(self) -> list[Any]:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        items = list(self.held)
+        self.held.clear()
+        return items
+
+    def _sweep(self) -> None:
+        self._timer = None
+        now = self.clock.now()
+        held = self.held
+        while held:
+            item, deadline = next(iter(held.items()))
+            if deadline > now:
+                self._timer = self.clock.call_at(deadline, self._sweep)
+                return
+            del held[item]
+            self._expire(item)
+
+
+class _Waiting:
+    """A consumer that may wait for work: ``wake`` ends its wait."""
+
+    def __init__(self) -> None:
+        self._waiter: asyncio.Future[None] | None = None
+
+    def wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def wait(self) -> None:
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+
+class _TaskDelivery(Delivery[DispatchTask]):
+    __slots__ = ("_consumer", "body", "deliveries", "headers")
+
+    def __init__(self, consumer: _TaskConsumer, entry: Any) -> None:
+        body, headers, deliveries = _unpack(entry)
+        self.body = body
+        self.headers = headers
+        self.deliveries = deliveries + 1
+        self._consumer = consumer
+
+    async def ack(self) -> None:
+        self._consumer.settle(self)
+
+    async def nack(self, delay: float = 0.0) -> None:
+        _check_delay(delay)
+        if self._consumer.settle(self):
+            self._consumer.bus.hand_back_task(self, delay)
+
+    async def extend(self) -> None:
+        self._consumer.leases.extend(self)
+
+
+class _TaskConsumer(_Waiting):
+    def __init__(self, bus: LocalBus, queues: Collection[str] | None, prefetch: int) -> None:
+        super().__init__()
+        self.bus = bus
+        self.names = None if queues is None else [bus.lanes_of(name) for name in queues]
+        self.prefetch = prefetch
+        self.leases = _Leases(bus.clock, bus.lease, self._expired)
+        self._cursor = 0
+        self._turn = 0
+
+    def take(self) -> _TaskDelivery | None:
+        if len(self.leases.held) >= self.prefetch:
+            return None
+        entry = self._pick()
+        if entry is None:
+            return None
+        delivery = _TaskDelivery(self, entry)
+        self.leases.hold(delivery)
+        return delivery
+
+    def settle(self, delivery: _TaskDelivery) -> bool:
+        if not self.leases.release(delivery):
+            return False  # settled already, or its lease ran out and it went back
+        self.wake()
+        return True
+
+    def _expired(self, delivery: _TaskDelivery) -> None:
+        self.bus.hand_back_task(delivery, 0.0)
+        self.wake()
+
+    def _pick(self) -> Any:
+        queues = self.names if self.names is not None else list(self.bus.queues.values())
+        count = len(queues)
+        if not count:
+            return None
+        self._turn = start = (self._turn + 1) % count
+        order = queues[start:] + queues[:start] if start else queues
+        want = _CYCLE[self._cursor]
+        for ranks in ((want,), (0, 1, 2)):
+            for rank in ranks:
+                for lanes in order:
+                    lane = lanes[rank]
+                    if lane:
+                        self._cursor = (self._cursor + 1) % len(_CYCLE)
+                        return lane.popleft()
+        return None
+
+
+class _EventBatch(EventBatch):
+    __slots__ = ("_consumer", "_entries", "events")
+
+    def __init__(self, consumer: _EventConsumer, entries: list[Any]) -> None:
+        self._consumer = consumer
+        self._entries = entries
+        events: list[Any] = entries
+        for entry in entries:
+            if type(entry) is _Again or type(entry) is Message:
+                events = [_unpack(e)[0] for e in entries]
+                break
+        self.events = events
+
+    def headers(self, index: int) -> Headers:
+        return _unpack(self._entries[index])[1]
+
+    async def ack(self) -> None:
+        self._consumer.leases.release(self)
+
+    async def nack(self, delay: float = 0.0, runs: Collection[str] | None = None) -> None:
+        _check_delay(delay)
+        leases = self._consumer.leases
+        if self not in leases.held:
+            return  # settled already, or its lease ran out and it went back
+        keep: list[Any] = []
+        back: list[Any] = []
+        for entry in self._entries:
+            chosen = runs is None or _unpack(entry)[0].run_id in runs
+            (back if chosen else keep).append(entry)
+        self._entries = keep
+        if not keep:
+            leases.release(self)
+        self._consumer.bus.hand_back_events(back, delay)
+
+    async def extend(self) -> None:
+        self._consumer.leases.extend(self)
+
+    def pending(self) -> list[Any]:
+        return self._entries
+
+
+class _EventConsumer(_Waiting):
+    def __init__(self, bus: LocalBus, partitions: list[int]) -> None:
+        super().__init__()
+        self.bus = bus
+        self.partitions = partitions
+        self.leases = _Leases(bus.clock, bus.lease, self._expired)
+        self._turn = 0
+
+    def take(self, max_batch: int) -> _EventBatch | None:
+        parts = self.bus.parts
+        owned = self.partitions
+        entries: list[Any] = []
+        count = len(owned)
+        self._turn = start = (self._turn + 1) % count
+        for i in range(count):
+            part = parts[owned[(start + i) % count]]
+            while part and len(entries) < max_batch:
+                entries.append(part.popleft())
+            if len(entries) >= max_batch:
+                break
+        if not entries:
+            return None
+        batch = _EventBatch(self, entries)
+        self.leases.hold(batch)
+        return batch
+
+    def _expired(self, batch: _EventBatch) -> None:
+        self.bus.hand_back_events(batch.pending(), 0.0)
+
+
+class _ControlStream:
+    """Subscribed from its creation (not from the first ``anext``)."""
+
+    def __init__(self, subscribers: list[asyncio.Queue[Control]]) -> None:
+        self._queue: asyncio.Queue[Control] = asyncio.Queue()
+        self._subscribers = subscribers
+        subscribers.append(self._queue)
+
+    def __aiter__(self) -> _ControlStream:
+        return self
+
+    async def __anext__(self) -> Control:
+        return await self._queue.get()
+
+    async def aclose(self) -> None:
+        if self._queue in self._subscribers:
+            self._subscribers.remove(self._queue)
 
 
 class LocalBus(Bus):
-    def __init__(self) -> None:
-        self._tasks: asyncio.PriorityQueue[tuple[int, int, DispatchTask]] = asyncio.PriorityQueue()
-        self._events: asyncio.Queue[Event] = asyncio.Queue()
-        self._seq = itertools.count()
+    """The in-process bus. ``clock`` drives leases and nack delays (default: monotonic)."""
 
-    async def publish_tasks(self, tasks: Sequence[DispatchTask]) -> None:
-        put = self._tasks.put_nowait
+    def __init__(
+        self,
+        *,
+        partitions: int = DEFAULT_PARTITIONS,
+        lease: float = DEFAULT_LEASE,
+        clock: BusClock | None = None,
+    ) -> None:
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+            raise BusError(f"partitions must be a whole number of at least 1, got {partitions!r}")
+        if not isinstance(lease, int | float) or not math.isfinite(lease) or lease <= 0:
+            raise BusError(f"lease must be a positive number of seconds, got {lease!r}")
+        self.partitions = partitions
+        self.lease = float(lease)
+        self.clock: BusClock = clock or MonotonicClock()
+        self.queues: dict[str, tuple[deque[Any], deque[Any], deque[Any]]] = {}
+        self.parts: list[deque[Any]] = [deque() for _ in range(partitions)]
+        self._owners: list[_EventConsumer | None] = [None] * partitions
+        self._task_consumers: list[_TaskConsumer] = []
+        self._controls: list[asyncio.Queue[Control]] = []
+
+    # -- producer ---------------------------------------------------------------
+
+    async def publish_tasks(self, tasks: Sequence[DispatchTask | Message[DispatchTask]]) -> None:
         for task in tasks:
-            put((_RANK[task.priority], next(self._seq), task))
+            body = task.body if isinstance(task, Message) else task
+            self.lanes_of(body.queue)[_RANK[body.priority]].append(task)
+        self._wake_task_consumers()
 
-    async def next_task(self) -> DispatchTask:
-        return (await self._tasks.get())[2]
-
-    async def publish_events(self, events: Sequence[Event]) -> None:
-        put = self._events.put_nowait
+    async def publish_events(self, events: Sequence[Event | Message[Event]]) -> None:
+        parts, owners, count = self.parts, self._owners, self.partitions
         for event in events:
-            put(event)
+            body = event.body if isinstance(event, Message) else event
+            index = partition_of(body.run_id, count)
+            parts[index].append(event)
+            owner = owners[index]
+            if owner is not None:
+                owner.wake()
 
-    async def next_events(self, max_batch: int) -> list[Event]:
-        queue = self._events
-        batch = [await queue.get()]
-        while len(batch) < max_batch and not queue.empty():
-            batch.append(queue.get_nowait())
-        return batch
+    async def publish_control(self, message: Control) -> None:
+        for queue in self._controls:
+            queue.put_nowait(message)
+
+    # -- consumer ---------------------------------------------------------------
+
+    async def consume_tasks(
+        self, queues: Collection[str] | None = None, *, prefetch: int
+    ) -> AsyncGenerator[Delivery[DispatchTask], None]:
+        _check_count("prefetch", prefetch)
+        consumer = _TaskConsumer(self, queues, prefetch)
+        self._task_consumers.append(consumer)
+        try:
+            while True:
+                delivery = consumer.take()
+                if delivery is None:
+                    await consumer.wait()
+                    continue
+                yield delivery
+        finally:
+            self._task_consumers.remove(consumer)
+            for delivery in consumer.leases.close():
+                self.hand_back_task(delivery, 0.0)
+
+    async def consume_events(
+        self, partitions: Collection[int] | None = None, *, max_batch: int
+    ) -> AsyncGenerator[EventBatch, None]:
+        _check_count("max_batch", max_batch)
+        consumer = _EventConsumer(self, self._claim(partitions))
+        for index in consumer.partitions:
+            self._owners[index] = consumer
+        try:
+            while True:
+                batch = consumer.take(max_batch)
+                if batch is None:
+                    await consumer.wait()
+                    continue
+                yield batch
+        finally:
+            for index in consumer.partitions:
+                self._owners[index] = None
+            for batch in consumer.leases.close():
+                self.hand_back_events(batch.pending(), 0.0)
+
+    def consume_control(self) -> Stream[Control]:
+        return _ControlStream(self._controls)
+
+    # -- internals --------------------------------------------------------------
+
+    def lanes_of(self, queue: str) -> tuple[deque[Any], deque[Any], deque[Any]]:
+        lanes = self.queues.get(queue)
+        if lanes is None:
+            lanes = self.queues[queue] = (deque(), deque(), deque())
+        return lanes
+
+    def hand_back_task(self, delivery: _TaskDelivery, delay: float) -> None:
+        again = _Again(delivery.body, delivery.headers, delivery.deliveries)
+
+        def put_back() -> None:
+            self.lanes_of(delivery.body.queue)[_RANK[delivery.body.priority]].appendleft(again)
+            self._wake_task_consumers()
+
+        self._later(delay, put_back)
+
+    def hand_back_events(self, entries: list[Any], delay: float) -> None:
+        if not entries:
+            return
+
+        def put_back() -> None:
+            for entry in reversed(entries):  # ahead of newer events, in their order
+                body, headers, deliveries = _unpack(entry)
+                index = partition_of(body.run_id, self.partitions)
+                self.parts[index].appendleft(_Again(body, headers, deliveries + 1))
+                owner = self._owners[index]
+                if owner is not None:
+                    owner.wake()
+
+        self._later(delay, put_back)
+
+    def _later(self, delay: float, callback: Callable[[], None]) -> None:
+        if delay <= 0:
+            callback()
+        else:
+            self.clock.call_at(self.clock.now() + delay, callback)
+
+    def _wake_task_consumers(self) -> None:
+        for consumer in self._task_consumers:
+            consumer.wake()
+
+    def _claim(self, partitions: Collection[int] | None) -> list[int]:
+        wanted = range(self.partitions) if partitions is None else sorted(set(partitions))
+        if not wanted:
+            raise BusError("consume_events needs at least one partition")
+        for index in wanted:
+            if isinstance(index, bool) or not isinstance(index, int):
+                raise BusError(f"a partition is a whole number, got {index!r}")
+            if not 0 <= index < self.partitions:
+                raise BusError(
+                    f"partition {index} does not exist: this bus has partitions "
+                    f"0 to {self.partitions - 1}"
+                )
+            if self._owners[index] is not None:
+                raise BusError(
+                    f"partition {index} is consumed by another consumer already: "
+                    "close it first, or consume other partitions"
+                )
+        return list(wanted)
+
+
+def _check_count(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise BusError(f"{name} must be a whole number of at least 1, got {value!r}")
+
+
+def _check_delay(delay: float) -> None:
+    if not isinstance(delay, int | float) or not math.isfinite(delay) or delay < 0:
+        raise BusError(f"a nack delay must be a number of seconds, 0 or more, got {delay!r}")

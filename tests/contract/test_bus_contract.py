@@ -1,0 +1,431 @@
+"""The bus contract: what every Bus backend must do.
+
+``bus_backend`` is parametrised over the backends (the in-process one today; Redis
+Streams and NATS JetStream add one entry each to ``BACKENDS``). A backend gives a
+fresh bus with a chosen lease and partition count, a way to let time pass for
+leases and nack delays (a manual clock in process; real time on a server), and
+``quiet()``: the wait after which a message that must not come is taken as not
+coming. Tests speak of seconds; a backend on a real server scales them (``span``,
+and the same factor inside ``make`` for ``lease`` and inside ``advance``) so that
+its suite runs in a fraction of the time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pytest
+
+from tideflow.bus import open_bus
+from tideflow.bus.backends.local import LocalBus
+from tideflow.bus.base import (
+    Bus,
+    CancelAttempt,
+    ForgetCancels,
+    Message,
+    partition_of,
+)
+from tideflow.errors import BusError
+from tideflow.model.commands import DispatchTask
+from tideflow.model.events import SignalReceived
+from tideflow.model.plan import Priority
+from tideflow.testing.clock import ManualClock
+
+T = TypeVar("T")
+WITHIN = 5.0
+"""Seconds a message that must come may take (a bound on failure, never a pause)."""
+
+
+@dataclass
+class BusBackend:
+    name: str
+    make: Callable[..., Bus]
+    advance: Callable[[float], Awaitable[None]]
+    quiet: Callable[[], Awaitable[None]]
+    span: Callable[[float], float] = float
+    """Test seconds -> this backend's seconds (for nack delays)."""
+    opened: list[Bus] = field(default_factory=list)
+
+    async def open(self, **options: Any) -> Bus:
+        bus = self.make(**options)
+        await bus.open()
+        self.opened.append(bus)
+        return bus
+
+
+def memory_backend() -> BusBackend:
+    clock = ManualClock()
+
+    def make(**options: Any) -> Bus:
+        return LocalBus(clock=clock, **options)
+
+    async def advance(seconds: float) -> None:
+        clock.advance(seconds)
+        await _turns()
+
+    return BusBackend("memory", make, advance, _turns)
+
+
+async def _turns() -> None:
+    """Let every ready callback of the event loop run (the in-process bus needs no more)."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+BACKENDS: dict[str, Callable[[], BusBackend]] = {"memory": memory_backend}
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+async def bus_backend(request: pytest.FixtureRequest) -> AsyncIterator[BusBackend]:
+    backend = BACKENDS[request.param]()
+    yield backend
+    for bus in backend.opened:
+        await bus.close()
+
+
+def task(n: int, *, queue: str = "default", priority: Priority = Priority.NORMAL) -> DispatchTask:
+    return DispatchTask(
+        run_id=f"run-{n}",
+        step_key=f"s{n}",
+        step_id=f"s{n}",
+        type="noop",
+        config={},
+        input={"n": n},
+        attempt=1,
+        idempotency_key=f"run-{n}:s{n}:1",
+        timeout=None,
+        queue=queue,
+        priority=priority,
+    )
+
+
+def event(run: str, n: int) -> SignalReceived:
+    return SignalReceived(event_id=f"{run}-{n}", run_id=run, time=0.0, name="go", payload=n)
+
+
+async def next_of(items: AsyncIterator[T]) -> T:
+    return await asyncio.wait_for(anext(items), WITHIN)
+
+
+async def nothing_from(items: AsyncIterator[Any], backend: BusBackend) -> asyncio.Task[Any]:
+    """Start waiting for the next item, check that none comes; return the waiting task."""
+    waiting = asyncio.ensure_future(anext(items))
+    await backend.quiet()
+    assert not waiting.done(), f"unexpected delivery: {waiting.result()!r}"
+    return waiting
+
+
+async def none_from(items: AsyncIterator[Any], backend: BusBackend) -> None:
+    """Check that no item comes, then stop waiting for one (which ends the iterator)."""
+    waiting = await nothing_from(items, backend)
+    waiting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiting
+
+
+# -- delivery and ack ------------------------------------------------------------
+
+
+async def test_tasks_and_events_are_delivered_with_their_headers(bus_backend: BusBackend) -> None:
+    bus = await bus_backend.open()
+    trace = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+    await bus.publish_tasks([task(1), Message(task(2), trace)])
+    await bus.publish_events([event("r", 1), Message(event("r", 2), trace)])
+    async with contextlib.aclosing(bus.consume_tasks(prefetch=10)) as tasks:
+        first, second = await next_of(tasks), await next_of(tasks)
+        assert (first.body, dict(first.headers), first.deliveries) == (task(1), {}, 1)
+        assert (second.body, dict(second.headers)) == (task(2), trace)
+    async with contextlib.aclosing(bus.consume_events(max_batch=10)) as batches:
+        batch = await next_of(batches)
+        assert batch.events == [event("r", 1), event("r", 2)]
+        assert (dict(batch.headers(0)), dict(batch.headers(1))) == ({}, trace)
+
+
+async def test_an_acknowledged_message_is_gone(bus_backend: BusBackend) -> None:
+    bus = await bus_backend.open(lease=10.0)
+    await bus.publish_tasks([task(1), task(2)])
+    await bus.publish_events([event("r", 1)])
+    async with contextlib.aclosing(bus.consume_tasks(prefetch=10)) as tasks:
+        await (await next_of(tasks)).ack()
+        second = await next_of(tasks)
+        await second.ack()
+        await second.ack()  # settling twice changes nothing
+        await bus_backend.advance(11.0)  # their leases would have run out
+        await none_from(tasks, bus_backend)
+        assert second.body == task(2)
+    async with contextlib.aclosing(bus.consume_events(max_batch=10)) as batches:
+        await (await next_of(batches)).ack()
+        await bus_backend.advance(11.0)
+        await none_from(batches, bus_backend)
+
+
+# -- nack, leases --------------------------------------------------------------
+
+
+async def test_a_nacked_task_comes_again_after_its_delay(bus_backend: BusBackend) -> None:
+    bus = await bus_backend.open(lease=30.0)
+    await bus.publish_tasks([task(1)])
+    async with contextlib.aclosing(bus.consume_tasks(prefetch=10)) as tasks:
+        await (await next_of(tasks)).nack(delay=bus_backend.span(5.0))
+        await bus_backend.advance(4.0)
+        waiting = await nothing_from(tasks, bus_backend)
+        await bus_backend.advance(1.5)
+        again = await asyncio.wait_for(waiting, WITHIN)
+        assert (again.body, again.deliveries) == (task(1), 2)
+        await again.nack()  # no delay: at once
+        assert (await next_of(tasks)).deliveries == 3
+
+
+async def test_a_task_whose_lease_runs_out_is_delivered_again(bus_backend: BusBackend) -> None:
+    bus = await bus_backend.open(lease=10.0)
+    await bus.publish_tasks([task(1)])
+    async with contextlib.aclosing(bus.consume_tasks(prefetch=1)) as tasks:
+        held = await next_of(tasks)
+        await bus_backend.advance(6.0)
+        await held.extend()  # the heartbeat: the lease starts over
+        await bus_backend.advance(6.0)
+        waiting = await nothing_from(tasks, bus_backend)
+        await bus_backend.advance(5.0)  # 11 s since the extension: the worker is gone
+        again = await asyncio.wait_for(waiting, WITHIN)
+        assert (again.body, again.deliveries) == (task(1), 2)
+        await held.ack()  # too late: the message went back, the new delivery decides
+        await bus_backend.advance(11.0)
+        assert (await next_of(tasks)).deliveries == 3
+
+
+async def test_a_task_a_closed_consumer_held_goes_to_another(bus_backend: BusBackend) -> None:
+    bus = await bus_backend.open(lease=30.0)
+    await bus.publish_tasks([task(1)])
+    async with contextlib.aclosing(bus.consume_tasks(prefetch=1)) as tasks:
+        assert (await next_of(tasks)).body == task(1)
+    async with contextlib.aclosing(bus.consume_tasks(prefetch=1)) as tasks:
+        assert (await next_of(tasks)).deliveries == 2
+
+
+async def test_an_event_batch_not_acknowledged_in_its_lease_comes_again(
+    bus_backend: BusBackend,
+) -> None:
+    bus = await bus_backend.open(lease=10.0)
+    await bus.publish_events([event("r", 1), event("r", 2)])
+    async with contextlib.aclosing(bus.consume_events(max_batch=10)) as batches:
+        first = await next_of(batches)
+        await bus_backend.advance(11.0)
+        again = await next_of(batches)
+        assert again.events == first.events
+        await again.ack()
+
+
+async def test_nacking_some_runs_of_a_batch_hands_back_only_theirs(bus_backend: BusBackend) -> None:
+    bus = await bus_backend.open(lease=30.0, partitions=1)
+    await bus.publish_events([event("a", 1), event("b", 1), event("a", 2)])
+    async with contextlib.aclosing(bus.consume_events(max_batch=10)) as batches:
+        batch = await next_of(batches)
+        await batch.nack(delay=bus_backend.span(2.0), runs={"a"})
+        await batch.ack()
+        waiting = await nothing_from(batches, bus_backend)
+        await bus_backend.advance(2.5)
+        again = await asyncio.wait_for(waiting, WITHIN)
+        assert again.events == [event("a", 1), event("a", 2)]
+        await again.ack()
+        await bus_backend.advance(31.0)
+        await none_from(batches, bus_backend)
+
+
+# -- prefetch ------------------------------------------------------------------
+
+
+async def test_prefetch_bounds_the_unacknowledged_deliveries(bus_backend: BusBackend) -> None:
+    bus = await bus_backend.open()
+    await bus.publish_tasks([task(n) for n in range(5)])
+    async with contextlib.aclosing(bus.consume_tasks(prefetch=2)) as tasks:
+        first, _second = await next_of(tasks), await next_of(tasks)
+        waiting = await nothing_from(tasks, bus_backend)
+        await first.ack()
+        third = await asyncio.wait_for(waiting, WITHIN)
+        assert third.body == task(2)
+        await none_from(tasks, bus_backend)
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, True])
+async def test_prefetch_and_max_batch_must_be_whole_and_positive(
+    bus_backend: BusBackend, value: Any
+) -> None:
+    bus = await bus_backend.open()
+    with pytest.raises(BusError, match="prefetch must be a whole number"):
+        await anext(bus.consume_tasks(prefetch=value))
+    with pytest.raises(BusError, match="max_batch must be a whole number"):
+        await anext(bus.consume_events(max_batch=value))
+
+
+# -- queues and priority -------------------------------------------------------
+
+
+async def test_high_goes_first_and_low_still_progresses(bus_backend: BusBackend) -> None:
+    bus = await bus_backend.open()
+    await bus.publish_tasks([task(n, priority=Priority.LOW) for n in range(100)])
+    await bus.publish_tasks([task(n, priority=Priority.NORMAL) for n in range(100, 200)])
+    await bus.publish_tasks([task(n, priority=Priority.HIGH) for n in range(200, 300)])
+    seen: list[Priority] = []
+    async with contextlib.aclosing(bus.consume_tasks(prefetch=1)) as tasks:
+        for _ in range(100):
+            delivery = await next_of(tasks)
+            seen.append(delivery.body.priority)
+            await delivery.ack()
+    assert seen[0] is Priority.HIGH
+    counts = {p: seen.count(p) for p in Priority}
+    assert counts[Priority.HIGH] > counts[Priority.NORMAL] > counts[Priority.LOW] >= 10
+    assert Priority.LOW in seen[:10]  # low is not left until high runs out
+
+
+async def test_a_high_task_overtakes_a_backlog_of_low_ones(bus_backend: BusBackend) -> None:
+    bus = await bus_backend.open()
+    await bus.publish_tasks([task(n, priority=Priority.LOW) for n in range(50)])
+    async with contextlib.aclosing(bus.consume_tasks(prefetch=1)) as tasks:
+        for _ in range(3):
+            await (await next_of(tasks)).ack()
+        await bus.publish_tasks([task(99, priority=Priority.HIGH)])
+        next_two = [await next_of(tasks) for _ in range(1)]
+        await next_two[0].ack()
+        next_two.append(await next_of(tasks))
+    assert task(99, priority=Priority.HIGH) in [d.body for d in next_two]
+
+
+async def test_low_progresses_under_a_steady_high_load(bus_backend: BusBackend) -> None:
+    bus = await bus_backend.open()
+    await bus.publish_tasks([task(n, priority=Priority.LOW) for n in range(5)])
+    await bus.publish_tasks([task(n, priority=Priority.HIGH) for n in range(100, 110)])
+    low = 0
+    async with contextlib.aclosing(bus.consume_tasks(prefetch=1)) as tasks:
+        for n in range(60):
+            delivery = await next_of(tasks)
+            if delivery.body.priority is Priority.HIGH:  # every high one is replaced at once
+                await bus.publish_tasks([task(1000 + n, priority=Priority.HIGH)])
+            else:
+                low += 1
+            await delivery.ack()
+    assert low == 5
+
+
+async def test_a_consumer_reads_only_its_queues(bus_backend: BusBackend) -> None:
+    bus = await bus_backend.open()
+    await bus.publish_tasks([task(1, queue="gpu"), task(2, queue="io"), task(3, queue="gpu")])
+    async with contextlib.aclosing(bus.consume_tasks(["gpu"], prefetch=10)) as gpu:
+        held = [await next_of(gpu), await next_of(gpu)]
+        assert {d.body.step_key for d in held} == {"s1", "s3"}
+        for delivery in held:
+            await delivery.ack()
+        await none_from(gpu, bus_backend)  # nor from io
+    async with contextlib.aclosing(bus.consume_tasks(["io", "gpu"], prefetch=10)) as both:
+        assert (await next_of(both)).body == task(2, queue="io")
+        await none_from(both, bus_backend)
+
+
+# -- events: partitions and order ----------------------------------------------
+
+
+async def test_a_runs_events_come_in_order_to_one_consumer(bus_backend: BusBackend) -> None:
+    bus = await bus_backend.open(partitions=4)
+    runs = [f"run-{n}" for n in range(8)]
+    await bus.publish_events([event(run, n) for n in range(20) for run in runs])
+    got: dict[str, list[int]] = {run: [] for run in runs}
+    async with contextlib.aclosing(bus.consume_events(max_batch=7)) as batches:
+        while sum(map(len, got.values())) < 160:
+            batch = await next_of(batches)
+            for e in batch.events:
+                got[e.run_id].append(e.payload)
+            await batch.ack()
+    assert got == {run: list(range(20)) for run in runs}
+
+
+async def test_partitions_are_owned_by_one_consumer_at_a_time(bus_backend: BusBackend) -> None:
+    bus = await bus_backend.open(partitions=4)
+    runs = [f"run-{n}" for n in range(16)]
+    mine = {run for run in runs if partition_of(run, 4) in (0, 1)}
+    assert mine and mine != set(runs)
+    await bus.publish_events([event(run, 1) for run in runs])
+    async with contextlib.aclosing(bus.consume_events([0, 1], max_batch=100)) as first:
+        batch = await next_of(first)
+        assert {e.run_id for e in batch.events} == mine
+        with pytest.raises(BusError, match="partition 1 is consumed by another consumer"):
+            await anext(bus.consume_events([1, 2], max_batch=10))
+        async with contextlib.aclosing(bus.consume_events([2, 3], max_batch=100)) as second:
+            assert {e.run_id for e in (await next_of(second)).events} == set(runs) - mine
+    # the first consumer closed without acknowledging: its events go to the next owner
+    async with contextlib.aclosing(bus.consume_events([0, 1], max_batch=100)) as third:
+        assert {e.run_id for e in (await next_of(third)).events} == mine
+
+
+async def test_partition_numbers_are_checked(bus_backend: BusBackend) -> None:
+    bus = await bus_backend.open(partitions=4)
+    with pytest.raises(BusError, match="partition 4 does not exist"):
+        await anext(bus.consume_events([4], max_batch=10))
+    with pytest.raises(BusError, match="at least one partition"):
+        await anext(bus.consume_events([], max_batch=10))
+
+
+# -- control -------------------------------------------------------------------
+
+
+async def test_a_cancel_reaches_every_control_consumer(bus_backend: BusBackend) -> None:
+    bus = await bus_backend.open()
+    cancel = CancelAttempt(run_id="r", step_key="a", attempt=2)
+    async with (
+        contextlib.aclosing(bus.consume_control()) as one,
+        contextlib.aclosing(bus.consume_control()) as two,
+    ):
+        waiting = [asyncio.ensure_future(anext(one)), asyncio.ensure_future(anext(two))]
+        await bus_backend.quiet()  # both are listening before the cancel goes out
+        await bus.publish_control(cancel)
+        await bus.publish_control(ForgetCancels(run_id="r"))
+        assert await asyncio.wait_for(asyncio.gather(*waiting), WITHIN) == [cancel, cancel]
+        assert await next_of(one) == ForgetCancels(run_id="r")
+
+
+# -- options and URLs ----------------------------------------------------------
+
+
+async def test_a_nack_delay_must_be_a_number_of_seconds(bus_backend: BusBackend) -> None:
+    bus = await bus_backend.open()
+    await bus.publish_tasks([task(1)])
+    async with contextlib.aclosing(bus.consume_tasks(prefetch=1)) as tasks:
+        delivery = await next_of(tasks)
+        for bad in (-1.0, float("nan"), float("inf")):
+            with pytest.raises(BusError, match="a nack delay must be"):
+                await delivery.nack(bad)
+        await delivery.ack()
+
+
+def test_open_bus_builds_the_in_process_bus_with_its_options() -> None:
+    bus = open_bus("memory://?partitions=8&lease=2.5")
+    assert isinstance(bus, LocalBus)
+    assert (bus.partitions, bus.lease) == (8, 2.5)
+    assert isinstance(open_bus("local://"), LocalBus)
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        (
+            "redis://localhost:6379/0",
+            r"Redis Streams bus \(redis://\) is not built yet.*tideflow\[redis\]",
+        ),
+        (
+            "nats://localhost:4222",
+            r"NATS JetStream bus \(nats://\) is not built yet.*tideflow\[nats\]",
+        ),
+        ("kafka://x", "unknown bus URL 'kafka://x': use memory://"),
+        ("memory", "unknown bus URL"),
+        ("memory://?partition=3", "unknown option 'partition'"),
+        ("memory://?lease=soon", "lease='soon' is not a number"),
+        ("memory://?lease=0", "lease must be a positive number"),
+        ("memory://?partitions=0", "partitions must be a whole number"),
+        ("memory://host/path", "takes no host or path"),
+    ],
+)
+def test_open_bus_refuses_what_it_cannot_build(url: str, message: str) -> None:
+    with pytest.raises(BusError, match=message):
+        open_bus(url)
