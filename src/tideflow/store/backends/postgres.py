@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import math
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -32,6 +33,7 @@ from tideflow.store.base import (
     Archive,
     ConcurrencyConflict,
     DefinitionSummary,
+    DueTimer,
     HistoryEntry,
     OutboxItem,
     RunFilter,
@@ -41,8 +43,10 @@ from tideflow.store.base import (
     StoredRun,
     StoreError,
     StoreUnavailable,
+    TaskLease,
     UnstorableData,
 )
+from tideflow.store.indexrows import IndexRows, index_rows
 from tideflow.store.sqlfiles import latest_version, migrations, queries
 
 Q = queries("postgres")
@@ -333,6 +337,7 @@ class PostgresStore(Store):
                     await conn.execute(Q["delete_outbox"], list(relayed))
             return
         rows = sb.batch_rows(batch)
+        index = index_rows(batch)
         async with self._connection() as conn, conn.transaction():
             if rows.runs:
                 await _advance(conn, rows.runs)
@@ -346,6 +351,7 @@ class PostgresStore(Store):
                 await conn.executemany(Q["insert_outbox"], rows.outbox)
             if relayed:
                 await conn.execute(Q["delete_outbox"], list(relayed))
+            await _write_index(conn, index)
 
     async def history(self, run_id: str) -> list[HistoryEntry]:
         async with self._connection() as conn:
@@ -378,6 +384,38 @@ class PostgresStore(Store):
         async with self._connection() as conn:
             rows = await conn.fetch(Q["pending_outbox"], limit)
         return [sb.outbox_item(row) for row in rows]
+
+    async def due_timers(
+        self, before: float, limit: int = 1000, *, after: float | None = None
+    ) -> list[DueTimer]:
+        low = -math.inf if after is None else after
+        async with self._connection() as conn:
+            rows = await conn.fetch(Q["due_timers"], low, before, limit)
+        return [DueTimer(run_id=r, timer_id=t, fire_at=float(f)) for r, t, f in rows]
+
+    async def runs_waiting_for(self, signal: str) -> list[str]:
+        async with self._connection() as conn:
+            rows = await conn.fetch(Q["runs_waiting_for"], signal)
+        return [str(row[0]) for row in rows]
+
+    async def claim_task(
+        self, run_id: str, step_key: str, attempt: int, *, owner: str, now: float, until: float
+    ) -> bool:
+        async with self._connection() as conn:
+            row = await conn.fetchval(Q["claim_task"], owner, until, run_id, step_key, attempt, now)
+        return row is not None
+
+    async def extend_task(
+        self, run_id: str, step_key: str, attempt: int, *, owner: str, until: float
+    ) -> bool:
+        async with self._connection() as conn:
+            row = await conn.fetchval(Q["extend_task"], until, run_id, step_key, attempt, owner)
+        return row is not None
+
+    async def expired_tasks(self, before: float, limit: int = 10_000) -> list[TaskLease]:
+        async with self._connection() as conn:
+            rows = await conn.fetch(Q["expired_tasks"], before, limit)
+        return [sb.task_lease(tuple(row)) for row in rows]
 
     async def prune(
         self, older_than: float, *, batch_size: int = 500, archive: Archive | None = None
@@ -435,6 +473,34 @@ async def _advance(conn: Any, runs: list[sb.RunUpdate]) -> None:
     if stale:
         others = f" (and {len(stale) - 1} more)" if len(stale) > 1 else ""
         raise ConcurrencyConflict(f"run {stale[0]}{others} was advanced by another applier")
+
+
+async def _write_index(conn: Any, rows: IndexRows) -> None:
+    """The batch's timer, task and wait rows: one statement per kind of change."""
+    timers, untimed = rows.timer_rows()
+    if timers:
+        await conn.execute(Q["upsert_timers"], *_columns(timers, 3))
+    if untimed:
+        await conn.execute(Q["delete_timers"], *_columns(untimed, 2))
+    tasks, starts, done = rows.task_rows()
+    if done:
+        await conn.execute(Q["delete_tasks"], *_columns(done, 3))
+    if tasks:
+        await conn.execute(Q["upsert_tasks"], *_columns(tasks, 5))
+    if starts:
+        await conn.execute(Q["start_tasks"], *_columns(starts, 4))
+    if rows.waits:
+        await conn.execute(Q["delete_runs_waits"], list(rows.waits))
+        waits = rows.wait_rows()
+        if waits:
+            await conn.execute(Q["insert_waits"], *_columns(waits, 2))
+    if rows.ended:
+        for query in ("delete_runs_timers", "delete_runs_tasks", "delete_runs_waits"):
+            await conn.execute(Q[query], rows.ended)
+
+
+def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
+    return [[row[i] for row in rows] for i in range(width)]
 
 
 async def _archive(conn: Any, ids: list[str], archive: Archive) -> None:
