@@ -28,7 +28,6 @@ from typing import Any
 from tideflow.bus.backends.local import LocalBus
 from tideflow.bus.base import Bus
 from tideflow.core.reopen import RETRYABLE
-from tideflow.core.resume import lost_events, resume_commands
 from tideflow.errors import (
     InputValidationError,
     NotFound,
@@ -66,7 +65,8 @@ from tideflow.model.states import RunStatus
 from tideflow.runtime.clock import Clock, SystemClock
 from tideflow.runtime.definitions import DefinitionSource, coerce_plan
 from tideflow.runtime.result import RunResult, result_of
-from tideflow.runtime.runs import Plans, RunCache, WaitIndex
+from tideflow.runtime.recovery import recover
+from tideflow.runtime.runs import DEFAULT_RUN_CACHE_SIZE, Plans, RunCache
 from tideflow.runtime.scheduler import Listener, Scheduler
 from tideflow.runtime.signals import refuse_undeclared_signal
 from tideflow.runtime.timers import TimerWheel
@@ -98,6 +98,7 @@ class Runtime:
         recover: bool = True,
         max_step_output: int = storable.MAX_STEP_OUTPUT,
         max_run_input: int = storable.MAX_RUN_INPUT,
+        run_cache_size: int = DEFAULT_RUN_CACHE_SIZE,
     ) -> None:
         if isinstance(store, str):
             from tideflow.store import open_store
@@ -118,12 +119,16 @@ class Runtime:
         self._prefix = uuid.uuid4().hex[:10]
         self._ids = itertools.count(1)
         self._plans = Plans(self.store)
-        self._runs = RunCache(self.store, self._plans)
+        self._runs = RunCache(
+            self.store,
+            self._plans,
+            size=run_cache_size,
+            busy=lambda run_id: self._scheduler.uncommitted(run_id),
+        )
         self._waiters: dict[str, list[asyncio.Future[RunResult]]] = defaultdict(list)
-        self._waits = WaitIndex()
-        self._listeners: list[Listener] = [lambda state, _: self._waits.update(state)]
+        self._listeners: list[Listener] = []
         self._sinks: list[EventSink] = []
-        self._timers = TimerWheel(self.clock, self._timer_fired)
+        self._timers = TimerWheel(self.clock, self._timer_fired, self.store.due_timers)
         self._publishing: set[asyncio.Task[None]] = set()
         self._workers = WorkerPool(
             self.bus,
@@ -162,7 +167,17 @@ class Runtime:
         if self._worker_count:
             self._workers.start()
         if self._recover_on_start:
-            await self._recover()
+            await recover(
+                store=self.store,
+                runs=self._runs,
+                plans=self._plans,
+                timers=self._timers,
+                relay=self._relay,
+                relayed=self._scheduler.relayed,
+                publish=self.bus.publish_events,
+                started=lambda state: self._started(state, state.input),
+                now=self.clock.now(),
+            )
 
     async def close(self) -> None:
         self._running = False
@@ -412,31 +427,6 @@ class Runtime:
     async def _state(self, run_id: str) -> RunState:
         return (await self._runs.get(run_id)).state
 
-    async def _recover(self) -> None:
-        """Resume every unfinished run in the store: relay effects still in the outbox,
-        start runs that were created but not started, re-arm timers, re-dispatch tasks
-        whose result was never recorded (same attempt, same idempotency key); an attempt
-        that a worker had started goes through the core as a ``TaskLost`` (dispatched
-        again, or ``StepOutcomeUnknown`` for an ``idempotent: false`` step)."""
-        pending = await self.store.pending_outbox()
-        await self._relay([item.command for item in pending])
-        self._scheduler.relayed([item.id for item in pending])
-        for run_id in await self.store.unfinished_runs():
-            try:
-                state = await self._state(run_id)
-                self._waits.update(state)
-                if state.status.value == "pending":
-                    await self.bus.publish_events([self._started(state, state.input)])
-                    continue
-                plan = await self._plans.get(state.plan_hash)
-            except Exception as exc:  # a damaged run must not keep the others from resuming
-                log.error("run %s cannot be resumed: %s: %s", run_id, type(exc).__name__, exc)
-                continue
-            await self._relay(resume_commands(plan, state, self.clock.now()))
-            lost = lost_events(plan, state, self.clock.now())  # started, never finished
-            if lost:
-                await self.bus.publish_events(lost)
-
     async def _relay(self, commands: Sequence[Command]) -> None:
         tasks: list[DispatchTask] = []
         for command in commands:
@@ -548,7 +538,7 @@ class Runtime:
                 payload=event,
                 buffer=False,
             )
-            for run_id in self._waits.waiting_for(name)
+            for run_id in await self.store.runs_waiting_for(name)
             if run_id != command.run_id
         ]
         if deliveries:

@@ -1,0 +1,109 @@
+"""Engine start: put back in motion what a stopped process left, reading only indexed rows.
+
+A store may hold many unfinished runs, most of them waiting for a signal or a
+timer far away; recovery loads none of those. It reads:
+
+- the outbox: effects committed but not relayed (finished runs, child runs,
+  emitted events) are relayed now;
+- the runs created but never started (``status = pending``): started now;
+- the attempts in flight that nobody holds a lease on (``Store.expired_tasks``):
+  only their runs are loaded; an attempt that was dispatched but never started is
+  dispatched again (same attempt, same idempotency key, its ``schedule_to_start``
+  counting again from now), one that a worker had started goes through the core as
+  a ``TaskLost`` (dispatched again, or ``StepOutcomeUnknown`` for ``idempotent: false``);
+- the timers: the wheel loads those due within its horizon (``TimerWheel.refill``).
+
+Waits need nothing: an emitted event finds its waiting runs with
+``Store.runs_waiting_for``, a signal loads its run when it arrives.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+
+from tideflow.core.resume import lost_events, resume_commands
+from tideflow.model.commands import Command, StartTimer
+from tideflow.model.events import Event, RunStarted
+from tideflow.model.run import RunState
+from tideflow.runtime.runs import Plans, RunCache
+from tideflow.runtime.timers import TimerWheel
+from tideflow.store.base import RunFilter, Store
+
+log = logging.getLogger("tideflow.runtime")
+
+Relay = Callable[[Sequence[Command]], Awaitable[None]]
+Publish = Callable[[Sequence[Event]], Awaitable[None]]
+
+
+async def recover(
+    *,
+    store: Store,
+    runs: RunCache,
+    plans: Plans,
+    timers: TimerWheel,
+    relay: Relay,
+    relayed: Callable[[Sequence[str]], None],
+    publish: Publish,
+    started: Callable[[RunState], RunStarted],
+    now: float,
+) -> None:
+    """Resume what the store says was left in motion (see the module docstring)."""
+    pending = await store.pending_outbox()
+    await relay([item.command for item in pending])
+    relayed([item.id for item in pending])
+    await _start_pending(store, runs, publish, started)
+    await _resume_in_flight(store, runs, plans, relay, publish, now)
+    await timers.refill()
+
+
+async def _start_pending(
+    store: Store, runs: RunCache, publish: Publish, started: Callable[[RunState], RunStarted]
+) -> None:
+    cursor: str | None = None
+    while True:
+        page = await store.list_runs(RunFilter(status="pending"), limit=500, cursor=cursor)
+        for summary in page.runs:
+            try:
+                state = (await runs.get(summary.run_id)).state
+            except Exception as exc:  # a damaged run must not keep the others from starting
+                _cannot_resume(summary.run_id, exc)
+                continue
+            await publish([started(state)])
+        if page.next_cursor is None:
+            return
+        cursor = page.next_cursor
+
+
+async def _resume_in_flight(
+    store: Store, runs: RunCache, plans: Plans, relay: Relay, publish: Publish, now: float
+) -> None:
+    run_ids = dict.fromkeys(lease.run_id for lease in await store.expired_tasks(now))
+    for run_id in run_ids:
+        try:
+            state = (await runs.get(run_id)).state
+            plan = await plans.get(state.plan_hash)
+        except Exception as exc:
+            _cannot_resume(run_id, exc)
+            continue
+        commands = [c for c in resume_commands(plan, state, now) if _not_stored(state, c)]
+        await relay(commands)
+        lost = lost_events(plan, state, now)  # started, never finished
+        if lost:
+            await publish(lost)
+
+
+def _not_stored(state: RunState, command: Command) -> bool:
+    """Whether a resumed command is news: an armed timer is in the store already, unless
+    recovery moved it (a queued attempt's ``schedule_to_start`` counts again from now)."""
+    if not isinstance(command, StartTimer):
+        return True
+    ref = state.timers.get(command.timer_id)
+    return ref is None or ref.fire_at != command.fire_at
+
+
+def _cannot_resume(run_id: str, exc: Exception) -> None:
+    log.error("run %s cannot be resumed: %s: %s", run_id, type(exc).__name__, exc)
+
+
+__all__ = ["recover"]
