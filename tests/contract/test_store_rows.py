@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from tideflow.dsl import compile_definition
-from tideflow.store.base import Store
+from tideflow.store.base import Store, TaskLease
 
 from .conftest import Backend
 from .scenarios import T0, Driver, order_plan, order_script
@@ -165,3 +165,21 @@ async def test_rows_survive_a_reopen(sql_backend: Backend) -> None:
     assert await reopened.runs_waiting_for("go") == ["k"]
     assert len(await reopened.due_timers(math.inf)) == 2
     assert await reopened.expired_tasks(math.inf) == []
+
+
+async def test_index_run_rewrites_a_runs_rows_from_its_state(store: Store) -> None:
+    plan = compile_definition(WAITER)
+    driver = Driver(store)
+    h = await driver.new_run(plan, "x")
+    h.start()
+    h.complete("work")
+    await driver.flush()
+    assert await store.unindexed_runs() == []
+    lease = TaskLease(run_id="x", step_key="work", attempt=9, dispatched_at=T0, started_at=T0)
+    await store.index_run(h.state, [lease])
+    assert await store.expired_tasks(math.inf) == [lease]
+    assert await store.runs_waiting_for("go") == ["x"]
+    assert timers_of(await store.due_timers(math.inf), "x") == {
+        "wait_timeout:hold:0": T0 + 3600,
+        "sleep:nap:0": T0 + 7200,
+    }

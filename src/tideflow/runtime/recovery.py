@@ -5,6 +5,8 @@ timer far away; recovery loads none of those. It reads:
 
 - the outbox: effects committed but not relayed (finished runs, child runs,
   emitted events) are relayed now;
+- once, after an upgrade from schema 1: the runs stored before these rows existed
+  (``Store.unindexed_runs``) are loaded and their rows written (``Store.index_run``);
 - the runs created but never started (``status = pending``): started now;
 - the attempts in flight that nobody holds a lease on (``Store.expired_tasks``):
   only their runs are loaded; an attempt that was dispatched but never started is
@@ -22,13 +24,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
-from tideflow.core.resume import lost_events, resume_commands
-from tideflow.model.commands import Command, StartTimer
+from tideflow.core.resume import lost_attempts, lost_events, resume_commands
+from tideflow.model.commands import Command, DispatchTask, StartTimer
 from tideflow.model.events import Event, RunStarted
+from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
 from tideflow.runtime.runs import Plans, RunCache
 from tideflow.runtime.timers import TimerWheel
-from tideflow.store.base import RunFilter, Store
+from tideflow.store.base import RunFilter, Store, TaskLease
 
 log = logging.getLogger("tideflow.runtime")
 
@@ -52,9 +55,45 @@ async def recover(
     pending = await store.pending_outbox()
     await relay([item.command for item in pending])
     relayed([item.id for item in pending])
+    await _index_unindexed(store, runs, plans, now)
     await _start_pending(store, runs, publish, started)
     await _resume_in_flight(store, runs, plans, relay, publish, now)
     await timers.refill()
+
+
+async def _index_unindexed(store: Store, runs: RunCache, plans: Plans, now: float) -> None:
+    """Write the rows of runs stored before they existed (schema 1), once."""
+    while run_ids := await store.unindexed_runs():
+        for run_id in run_ids:
+            try:
+                state = (await runs.get(run_id)).state
+                plan = await plans.get(state.plan_hash)
+                await store.index_run(state, in_flight(plan, state, now))
+            except Exception as exc:
+                _cannot_resume(run_id, exc)
+                return  # left for the next start rather than retried in a loop
+            runs.evict(run_id)
+
+
+def in_flight(plan: Plan, state: RunState, now: float) -> list[TaskLease]:
+    """The attempts of a run in flight by its state: dispatched (re-dispatched on resume)
+    or started (lost on resume)."""
+    leases = [
+        TaskLease(
+            run_id=state.run_id,
+            step_key=st.key,
+            attempt=st.attempts,
+            dispatched_at=now,
+            started_at=st.attempt_started_at,
+        )
+        for st in lost_attempts(plan, state)
+    ]
+    leases += [
+        TaskLease(run_id=state.run_id, step_key=c.step_key, attempt=c.attempt, dispatched_at=now)
+        for c in resume_commands(plan, state, now)
+        if isinstance(c, DispatchTask)
+    ]
+    return leases
 
 
 async def _start_pending(

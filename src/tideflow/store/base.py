@@ -307,6 +307,16 @@ class Store(ABC):
         lease ran out. Oldest lease first."""
 
     @abstractmethod
+    async def unindexed_runs(self, limit: int = 1000) -> list[str]:
+        """Unfinished runs stored before their timer, task and wait rows existed (schema 1):
+        ``index_run`` writes them."""
+
+    @abstractmethod
+    async def index_run(self, state: RunState, in_flight: Sequence[TaskLease]) -> None:
+        """Rewrite a run's timer and wait rows from its state and its task rows from
+        ``in_flight`` (the caller knows which steps are actions); it is indexed then."""
+
+    @abstractmethod
     async def pending_outbox(self, limit: int = 1000) -> list[OutboxItem]:
         """Outbox entries not yet relayed, oldest first."""
 

@@ -24,7 +24,7 @@ from tideflow.model.events import (
     TimerFired,
 )
 from tideflow.model.run import RunState
-from tideflow.store.base import AppliedEvent
+from tideflow.store.base import AppliedEvent, TaskLease
 
 _WAITING = "waiting"
 _OUTCOMES = (TaskCompleted, TaskFailed, TaskLost)
@@ -82,6 +82,20 @@ class IndexRows:
     def wait_rows(self) -> list[tuple[str, str]]:
         """(signal, run_id) rows of the runs in ``waits`` (their old rows are deleted first)."""
         return [(name, run_id) for run_id, names in self.waits.items() for name in sorted(names)]
+
+
+def state_rows(state: RunState, in_flight: Sequence[TaskLease]) -> IndexRows:
+    """Every row of one run, from its state (its old rows are deleted first)."""
+    rows = IndexRows()
+    run_id = state.run_id
+    if state.is_terminal:
+        return rows
+    rows.timers = {(run_id, tid): ref.fire_at for tid, ref in state.timers.items()}
+    rows.tasks = {
+        (run_id, t.step_key): TaskRow(t.attempt, t.dispatched_at, t.started_at) for t in in_flight
+    }
+    rows.waits[run_id] = frozenset(state.waiting)
+    return rows
 
 
 def index_rows(batch: Sequence[AppliedEvent]) -> IndexRows:

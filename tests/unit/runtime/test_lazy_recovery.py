@@ -3,6 +3,7 @@ and waits are read from the store's rows; idle runs leave a bounded cache."""
 
 from __future__ import annotations
 
+import sqlite3
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
@@ -208,3 +209,31 @@ async def test_a_recently_used_run_stays_cached() -> None:
         third = await rt.start_run(WAITER)
         await wait_until(rt, third, step_is("hold", "waiting"))
         assert ids[0] in rt._runs and ids[1] not in rt._runs
+
+
+def downgrade_to_schema_1(path: Path) -> None:
+    """What a store written by schema 1 looks like: no timer, task or wait rows."""
+    with sqlite3.connect(path) as conn:
+        for table in ("timers", "task_leases", "waits", "unindexed_runs"):
+            conn.execute(f"DROP TABLE {table}")
+        conn.execute("DELETE FROM schema_version WHERE version > 1")
+    conn.close()
+
+
+async def test_runs_stored_before_schema_2_get_their_rows_on_the_next_start(
+    tmp_path: Path, url: str
+) -> None:
+    clock = ManualClock()
+    async with Runtime(store=url, clock=clock) as rt:
+        waiter = await rt.start_run(WAITER)
+        sleeper = await rt.start_run(SLEEPER)
+        await wait_until(rt, waiter, step_is("hold", "waiting"))
+        await wait_until(rt, sleeper, step_is("nap", "waiting"))
+    downgrade_to_schema_1(tmp_path / "store.db")
+    async with Runtime(store=url, clock=ManualClock(start=clock.now())) as rt:
+        assert await rt.store.unindexed_runs() == []
+        assert await rt.store.runs_waiting_for("order.charged") == [waiter]
+        await rt.wait(await rt.start_run(EMITTER), timeout=5)
+        assert (await rt.wait(waiter, timeout=5)).status == "succeeded"
+        rt.clock.advance(HOUR)  # type: ignore[attr-defined]
+        assert (await rt.wait(sleeper, timeout=5)).status == "succeeded"

@@ -42,7 +42,7 @@ from tideflow.store.base import (
     TaskLease,
     UnstorableData,
 )
-from tideflow.store.indexrows import IndexRows, index_rows
+from tideflow.store.indexrows import IndexRows, index_rows, state_rows
 from tideflow.store.paging import decode_cursor, encode_cursor
 
 
@@ -282,6 +282,13 @@ class MemoryStore(Store):
 
     async def pending_outbox(self, limit: int = 1000) -> list[OutboxItem]:
         return list(self._outbox.values())[:limit]
+
+    async def unindexed_runs(self, limit: int = 1000) -> list[str]:
+        return []  # nothing outlives the process: every run was committed with its rows
+
+    async def index_run(self, state: RunState, in_flight: Sequence[TaskLease]) -> None:
+        self._forget_index({state.run_id})
+        self._write_index(state_rows(state, in_flight))
 
     async def due_timers(
         self, before: float, limit: int = 1000, *, after: float | None = None

@@ -46,7 +46,7 @@ from tideflow.store.base import (
     TaskLease,
     UnstorableData,
 )
-from tideflow.store.indexrows import IndexRows, index_rows
+from tideflow.store.indexrows import IndexRows, index_rows, state_rows
 from tideflow.store.sqlfiles import latest_version, migrations, queries
 
 Q = queries("postgres")
@@ -384,6 +384,18 @@ class PostgresStore(Store):
         async with self._connection() as conn:
             rows = await conn.fetch(Q["pending_outbox"], limit)
         return [sb.outbox_item(row) for row in rows]
+
+    async def unindexed_runs(self, limit: int = 1000) -> list[str]:
+        async with self._connection() as conn:
+            rows = await conn.fetch(Q["unindexed_runs"], limit)
+        return [str(row[0]) for row in rows]
+
+    async def index_run(self, state: RunState, in_flight: Sequence[TaskLease]) -> None:
+        rows = state_rows(state, in_flight)
+        async with self._connection() as conn, conn.transaction():
+            await _write_index(conn, IndexRows(ended=[state.run_id]))
+            await _write_index(conn, rows)
+            await conn.execute(Q["indexed_run"], [state.run_id])
 
     async def due_timers(
         self, before: float, limit: int = 1000, *, after: float | None = None

@@ -39,7 +39,7 @@ from tideflow.store.base import (
     TaskLease,
     UnstorableData,
 )
-from tideflow.store.indexrows import IndexRows, index_rows
+from tideflow.store.indexrows import IndexRows, index_rows, state_rows
 from tideflow.store.sqlfiles import latest_version, migrations, queries, statements
 
 T = TypeVar("T")
@@ -345,6 +345,20 @@ class SqliteStore(Store):
     async def pending_outbox(self, limit: int = 1000) -> list[OutboxItem]:
         rows = await self._run(lambda: self.conn.execute(Q["pending_outbox"], (limit,)).fetchall())
         return [sb.outbox_item(row) for row in rows]
+
+    async def unindexed_runs(self, limit: int = 1000) -> list[str]:
+        rows = await self._run(lambda: self.conn.execute(Q["unindexed_runs"], (limit,)).fetchall())
+        return [row[0] for row in rows]
+
+    async def index_run(self, state: RunState, in_flight: Sequence[TaskLease]) -> None:
+        rows = state_rows(state, in_flight)
+
+        def write(conn: sqlite3.Connection) -> None:
+            _write_index(conn, IndexRows(ended=[state.run_id]))
+            _write_index(conn, rows)
+            conn.execute(Q["indexed_run"], (state.run_id,))
+
+        await self._run(self._transaction, write)
 
     async def due_timers(
         self, before: float, limit: int = 1000, *, after: float | None = None

@@ -207,3 +207,9 @@ DELETE FROM timers WHERE run_id = ANY($1::text[]);
 
 -- name: delete_runs_tasks
 DELETE FROM task_leases WHERE run_id = ANY($1::text[]);
+
+-- name: unindexed_runs
+SELECT run_id FROM unindexed_runs ORDER BY run_id LIMIT $1;
+
+-- name: indexed_run
+DELETE FROM unindexed_runs WHERE run_id = ANY($1::text[]);

@@ -29,3 +29,12 @@ CREATE TABLE waits (
     PRIMARY KEY (signal, run_id)
 );
 CREATE INDEX waits_run ON waits (run_id);
+
+-- Runs left unfinished by schema 1 have no rows yet: the next engine writes them from
+-- each run's state (Store.index_run) before it reads the rows.
+CREATE TABLE unindexed_runs (
+    run_id  TEXT PRIMARY KEY
+);
+INSERT INTO unindexed_runs (run_id)
+SELECT run_id FROM runs
+WHERE status NOT IN ('succeeded', 'failed', 'cancelled', 'timed_out', 'compensated', 'compensation_failed');

@@ -139,3 +139,9 @@ DELETE FROM timers WHERE run_id = ?;
 
 -- name: delete_run_tasks
 DELETE FROM task_leases WHERE run_id = ?;
+
+-- name: unindexed_runs
+SELECT run_id FROM unindexed_runs ORDER BY run_id LIMIT ?;
+
+-- name: indexed_run
+DELETE FROM unindexed_runs WHERE run_id = ?;
