@@ -74,7 +74,9 @@ async def populate(kind: str, where: str, runs: int) -> float:
         await store.save_definition(plan)
         now = time.time()
         for first in range(0, runs, BATCH):
-            states = [_state(plan, f"run-{i:07d}", now) for i in range(first, min(runs, first + BATCH))]
+            states = [
+                _state(plan, f"run-{i:07d}", now) for i in range(first, min(runs, first + BATCH))
+            ]
             await asyncio.gather(*(store.create_run(state) for state in states))
             await store.commit([_started(plan, state, now) for state in states])
     finally:
@@ -186,16 +188,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     caches = args.cache or [1_000, 10_000]
     if len(caches) * args.touch > args.runs:
-        parser.error(f"--runs must be at least {len(caches) * args.touch} (each engine signals runs of its own)")
+        least = len(caches) * args.touch
+        parser.error(f"--runs must be at least {least} (each engine signals runs of its own)")
     where = _where(args.store)
     try:
         seconds = asyncio.run(populate(args.store, where, args.runs))
         print(f"stored {args.runs} waiting runs in {seconds:.1f} s ({args.store})", flush=True)
         for index, cache in enumerate(caches):
             done = subprocess.run(
-                [sys.executable, __file__, "--store", args.store, "--engine", where]
-                + ["--cache", str(cache), "--touch", str(args.touch)]
-                + ["--offset", str(index * args.touch)],
+                [
+                    *(sys.executable, __file__, "--store", args.store, "--engine", where),
+                    *("--cache", str(cache), "--touch", str(args.touch)),
+                    *("--offset", str(index * args.touch)),
+                ],
                 capture_output=True,
                 text=True,
                 check=False,

@@ -64,8 +64,8 @@ from tideflow.model.run import RunState, new_run_state
 from tideflow.model.states import RunStatus
 from tideflow.runtime.clock import Clock, SystemClock
 from tideflow.runtime.definitions import DefinitionSource, coerce_plan
-from tideflow.runtime.result import RunResult, result_of
 from tideflow.runtime.recovery import recover
+from tideflow.runtime.result import RunResult, result_of
 from tideflow.runtime.runs import DEFAULT_RUN_CACHE_SIZE, Plans, RunCache
 from tideflow.runtime.scheduler import Listener, Scheduler
 from tideflow.runtime.signals import refuse_undeclared_signal

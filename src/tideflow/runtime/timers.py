@@ -144,7 +144,9 @@ class TimerWheel:
         try:
             await self.refill()
         except Exception as exc:  # the store is down: try again a little later
-            log.warning("timers could not be loaded (%s: %s); trying again", type(exc).__name__, exc)
+            log.warning(
+                "timers could not be loaded (%s: %s); trying again", type(exc).__name__, exc
+            )
             self._set_wake(self._clock.now() + 1.0)
 
     def _expire(self, key: tuple[str, str]) -> None:

@@ -14,7 +14,6 @@ import asyncpg  # type: ignore[import-untyped]
 import pytest
 
 from tideflow.runtime.runtime import Runtime
-
 from tideflow.store.sqlfiles import migrations
 
 from .conftest import Workdir, invoke, stdout_json, tideflow
