@@ -183,3 +183,31 @@ async def test_index_run_rewrites_a_runs_rows_from_its_state(store: Store) -> No
         "wait_timeout:hold:0": T0 + 3600,
         "sleep:nap:0": T0 + 7200,
     }
+
+
+STALE_TIMEOUT: dict[str, Any] = {
+    "name": "stale",
+    "version": "1",
+    "timeout": "1m",
+    "on_failure": "compensate",
+    "steps": [
+        {"id": "book", "type": "noop", "compensate": {"type": "noop"}},
+        {"id": "pay", "type": "noop", "depends_on": ["book"]},
+    ],
+}
+
+
+async def test_a_timer_that_fires_with_nothing_left_to_do_leaves_no_row(store: Store) -> None:
+    plan = compile_definition(STALE_TIMEOUT)
+    driver = Driver(store)
+    h = await driver.new_run(plan, "s")
+    h.start()
+    h.complete("book")
+    h.fail("pay")  # the run compensates; its timeout stays armed
+    await driver.flush()
+    assert h.status == "compensating"
+    assert "run_timeout" in timers_of(await store.due_timers(math.inf), "s")
+    h.fire("run_timeout")  # too late to time out a compensating run: nothing happens
+    await driver.flush()
+    assert h.status == "compensating"
+    assert "run_timeout" not in timers_of(await store.due_timers(math.inf), "s")

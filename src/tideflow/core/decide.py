@@ -478,6 +478,7 @@ class Decider:
         ref = state.timers.pop(event.timer_id, None)
         if ref is None:
             return
+        self.touched = True  # consumed, even when it finds nothing to do: its row goes too
         if ref.kind == "run_timeout":
             self.end_run_early(RunStatus.TIMED_OUT, "the run's timeout passed")
             return

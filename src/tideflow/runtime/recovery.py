@@ -126,6 +126,7 @@ async def _resume_in_flight(
             _cannot_resume(run_id, exc)
             continue
         commands = [c for c in resume_commands(plan, state, now) if _not_stored(state, c)]
+        await store.index_run(state, in_flight(plan, state, now))  # drops rows gone stale
         await relay(commands)
         lost = lost_events(plan, state, now)  # started, never finished
         if lost:
