@@ -28,6 +28,7 @@ from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
 from tideflow.model.versions import latest
 from tideflow.store import sqlbase as sb
+from tideflow.store.backends.postgres_rows import archive_runs, write_index
 from tideflow.store.base import (
     AppliedEvent,
     Archive,
@@ -351,7 +352,7 @@ class PostgresStore(Store):
                 await conn.executemany(Q["insert_outbox"], rows.outbox)
             if relayed:
                 await conn.execute(Q["delete_outbox"], list(relayed))
-            await _write_index(conn, index)
+            await write_index(conn, index)
 
     async def history(self, run_id: str) -> list[HistoryEntry]:
         async with self._connection() as conn:
@@ -393,8 +394,8 @@ class PostgresStore(Store):
     async def index_run(self, state: RunState, in_flight: Sequence[TaskLease]) -> None:
         rows = state_rows(state, in_flight)
         async with self._connection() as conn, conn.transaction():
-            await _write_index(conn, IndexRows(ended=[state.run_id]))
-            await _write_index(conn, rows)
+            await write_index(conn, IndexRows(ended=[state.run_id]))
+            await write_index(conn, rows)
             await conn.execute(Q["indexed_run"], [state.run_id])
 
     async def due_timers(
@@ -439,7 +440,7 @@ class PostgresStore(Store):
                 if not ids:
                     return total
                 if archive is not None:
-                    await _archive(conn, ids, archive)
+                    await archive_runs(conn, ids, archive)
                 async with conn.transaction():
                     await conn.execute(Q["delete_history"], ids)
                     await conn.execute(Q["delete_run_outbox"], ids)
@@ -485,48 +486,6 @@ async def _advance(conn: Any, runs: list[sb.RunUpdate]) -> None:
     if stale:
         others = f" (and {len(stale) - 1} more)" if len(stale) > 1 else ""
         raise ConcurrencyConflict(f"run {stale[0]}{others} was advanced by another applier")
-
-
-async def _write_index(conn: Any, rows: IndexRows) -> None:
-    """The batch's timer, task and wait rows: one statement per kind of change."""
-    timers, untimed = rows.timer_rows()
-    if timers:
-        await conn.execute(Q["upsert_timers"], *_columns(timers, 3))
-    if untimed:
-        await conn.execute(Q["delete_timers"], *_columns(untimed, 2))
-    tasks, starts, done = rows.task_rows()
-    if done:
-        await conn.execute(Q["delete_tasks"], *_columns(done, 3))
-    if tasks:
-        await conn.execute(Q["upsert_tasks"], *_columns(tasks, 5))
-    if starts:
-        await conn.execute(Q["start_tasks"], *_columns(starts, 4))
-    if rows.waits:
-        await conn.execute(Q["delete_runs_waits"], list(rows.waits))
-        waits = rows.wait_rows()
-        if waits:
-            await conn.execute(Q["insert_waits"], *_columns(waits, 2))
-    if rows.ended:
-        for query in ("delete_runs_timers", "delete_runs_tasks", "delete_runs_waits"):
-            await conn.execute(Q[query], rows.ended)
-
-
-def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
-    return [[row[i] for row in rows] for i in range(width)]
-
-
-async def _archive(conn: Any, ids: list[str], archive: Archive) -> None:
-    summaries = {row[0]: sb.summary_from_row(row) for row in await conn.fetch(Q["get_runs"], ids)}
-    entries: dict[str, list[HistoryEntry]] = {run_id: [] for run_id in ids}
-    for row in await conn.fetch(Q["histories"], ids):
-        entries[row[0]].append(sb.history_entry(row[0], tuple(row)[1:]))
-    for run_id in ids:
-        archive(
-            {
-                "run": summaries[run_id].to_dict(),
-                "history": [entry.to_dict() for entry in entries[run_id]],
-            }
-        )
 
 
 def _describe(url: str) -> tuple[str, str, str]:
