@@ -27,6 +27,7 @@ def on_timer(d: Decider, event: TimerFired) -> None:
     ref = fired(d, event.timer_id)
     if ref is None:
         return
+    d.touched = True  # consumed, even when it finds nothing to do: its stored row goes too
     if ref.kind == "run_timeout":
         d.end_run_early(RunStatus.TIMED_OUT, "the run's timeout passed")
     elif ref.kind.startswith("compensation"):

@@ -23,7 +23,7 @@ from tideflow.runtime.clock import Clock
 from tideflow.runtime.recovery import recover
 from tideflow.runtime.relay import EventSink, Listener, Relay, Runs
 from tideflow.runtime.result import RunResult, result_of
-from tideflow.runtime.runs import RunCache, WaitIndex
+from tideflow.runtime.runs import DEFAULT_RUN_CACHE_SIZE, RunCache
 from tideflow.runtime.scheduler import Scheduler
 from tideflow.runtime.timers import TimerWheel
 from tideflow.store.base import Store
@@ -39,23 +39,28 @@ class Engine(EngineLink, Runs):
         clock: Clock,
         new_event_id: Callable[[], str],
         batch_size: int,
+        run_cache_size: int = DEFAULT_RUN_CACHE_SIZE,
     ) -> None:
         self._store = store
         self._bus = bus
         self._catalog = catalog
         self._clock = clock
         self.plans = catalog.plans
-        self.runs = RunCache(store, self.plans)
-        self.waits = WaitIndex()
+        self.runs = RunCache(
+            store,
+            self.plans,
+            size=run_cache_size,
+            busy=lambda run_id: self.scheduler.uncommitted(run_id),
+        )
         self.listeners: list[Listener] = []
         self.sinks: list[EventSink] = []
         self._waiters: dict[str, list[asyncio.Future[RunResult]]] = defaultdict(list)
-        self.timers = TimerWheel(clock, self._timer_fired)
+        self.timers = TimerWheel(clock, self._timer_fired, store.due_timers)
         self.relay = Relay(
             bus=bus,
             timers=self.timers,
             runs=self,
-            waits=self.waits,
+            waiting_for=store.runs_waiting_for,
             clock=clock,
             new_event_id=new_event_id,
             listeners=self.listeners,
@@ -80,7 +85,7 @@ class Engine(EngineLink, Runs):
             store=self._store,
             runs=self.runs,
             plans=self.plans,
-            waits=self.waits,
+            timers=self.timers,
             relay=self.relay,
             clock=self._clock,
         )

@@ -1,44 +1,149 @@
-"""Recovery: put every unfinished run of a store back in motion when an engine starts.
+"""Engine start: put back in motion what a stopped process left, reading only indexed rows.
 
-Effects still in the outbox are relayed again (and acknowledged once they succeed);
-runs created but never started are started; for every other unfinished run the pure
-core lists what to redo (``resume_commands``: timers, attempts dispatched but never
-started, a running compensation, a sync child run) and the attempts a worker had
-started but whose outcome was never recorded go through the core as ``TaskLost``
-(dispatched again, or ``StepOutcomeUnknown`` for an ``idempotent: false`` step).
+A store may hold many unfinished runs, most of them waiting for a signal or a
+timer far away; recovery loads none of those. It reads:
+
+- the outbox: effects committed but not relayed (finished runs, child runs,
+  emitted events) are relayed now;
+- once, after an upgrade from schema 1: the runs stored before these rows existed
+  (``Store.unindexed_runs``) are loaded and their rows written (``Store.index_run``);
+- the runs created but never started (``status = pending``): started now;
+- the attempts in flight that nobody holds a lease on (``Store.expired_tasks``):
+  only their runs are loaded; an attempt that was dispatched but never started is
+  dispatched again (same attempt, same idempotency key, its ``schedule_to_start``
+  counting again from now), one that a worker had started goes through the core as
+  a ``TaskLost`` (dispatched again, or ``StepOutcomeUnknown`` for ``idempotent: false``);
+- the timers: the wheel loads those due within its horizon (``TimerWheel.refill``).
+
+Waits need nothing: an emitted event finds its waiting runs with
+``Store.runs_waiting_for``, a signal loads its run when it arrives.
 """
 
 from __future__ import annotations
 
 import logging
 
-from tideflow.core.resume import lost_events, resume_commands
-from tideflow.model.states import RunStatus
+from tideflow.core.resume import lost_attempts, lost_events, resume_commands
+from tideflow.model.commands import Command, DispatchTask, StartChildRun, StartTimer
+from tideflow.model.plan import Plan
+from tideflow.model.run import RunState
 from tideflow.runtime.catalog import started_event
 from tideflow.runtime.clock import Clock
 from tideflow.runtime.relay import Relay
-from tideflow.runtime.runs import Plans, RunCache, WaitIndex
-from tideflow.store.base import Store
+from tideflow.runtime.runs import Plans, RunCache
+from tideflow.runtime.timers import TimerWheel
+from tideflow.store.base import RunFilter, Store, TaskLease
 
 log = logging.getLogger("tideflow.runtime")
 
 
 async def recover(
-    *, store: Store, runs: RunCache, plans: Plans, waits: WaitIndex, relay: Relay, clock: Clock
+    *,
+    store: Store,
+    runs: RunCache,
+    plans: Plans,
+    timers: TimerWheel,
+    relay: Relay,
+    clock: Clock,
 ) -> None:
-    """Resume every unfinished run in ``store`` (a damaged run is logged and skipped)."""
+    """Resume what the store says was left in motion (see the module docstring); effects
+    go through the relay, so they are retried until they succeed."""
+    now = clock.now()
     pending = await store.pending_outbox()
     await relay.relay([item.command for item in pending], dict(enumerate(i.id for i in pending)))
-    for run_id in await store.unfinished_runs():
+    await _index_unindexed(store, runs, plans, now)
+    await _start_pending(store, runs, relay, now)
+    await _resume_in_flight(store, runs, plans, relay, now)
+    await timers.refill()
+
+
+async def _index_unindexed(store: Store, runs: RunCache, plans: Plans, now: float) -> None:
+    """Write the rows of runs stored before they existed (schema 1), once."""
+    while run_ids := await store.unindexed_runs():
+        for run_id in run_ids:
+            try:
+                state = (await runs.get(run_id)).state
+                plan = await plans.get(state.plan_hash)
+                await store.index_run(state, in_flight(plan, state, now))
+            except Exception as exc:
+                _cannot_resume(run_id, exc)
+                return  # left for the next start rather than retried in a loop
+            runs.evict(run_id)
+
+
+def in_flight(plan: Plan, state: RunState, now: float) -> list[TaskLease]:
+    """The attempts of a run in flight by its state: dispatched (re-dispatched on resume)
+    or started (lost on resume)."""
+    leases = [
+        TaskLease(
+            run_id=state.run_id,
+            step_key=st.key,
+            attempt=st.attempts,
+            dispatched_at=now,
+            started_at=st.attempt_started_at,
+        )
+        for st in lost_attempts(plan, state)
+    ]
+    for c in resume_commands(plan, state, now):
+        if isinstance(c, DispatchTask):
+            leases.append(
+                TaskLease(
+                    run_id=state.run_id, step_key=c.step_key, attempt=c.attempt, dispatched_at=now
+                )
+            )
+        elif isinstance(c, StartChildRun) and c.wait:  # a sync child run is a row too
+            leases.append(
+                TaskLease(run_id=state.run_id, step_key=c.step_key, attempt=0, dispatched_at=now)
+            )
+    return leases
+
+
+async def _start_pending(store: Store, runs: RunCache, relay: Relay, now: float) -> None:
+    cursor: str | None = None
+    while True:
+        page = await store.list_runs(RunFilter(status="pending"), limit=500, cursor=cursor)
+        for summary in page.runs:
+            try:
+                state = (await runs.get(summary.run_id)).state
+            except Exception as exc:  # a damaged run must not keep the others from starting
+                _cannot_resume(summary.run_id, exc)
+                continue
+            await relay.send([started_event(state, now)], "start run")
+        if page.next_cursor is None:
+            return
+        cursor = page.next_cursor
+
+
+async def _resume_in_flight(
+    store: Store, runs: RunCache, plans: Plans, relay: Relay, now: float
+) -> None:
+    run_ids = dict.fromkeys(lease.run_id for lease in await store.expired_tasks(now))
+    for run_id in run_ids:
         try:
             state = (await runs.get(run_id)).state
-            waits.update(state)
-            if state.status is RunStatus.PENDING:
-                await relay.send([started_event(state, clock.now())], "start run")
-                continue
             plan = await plans.get(state.plan_hash)
-        except Exception as exc:  # a damaged run must not keep the others from resuming
-            log.error("run %s cannot be resumed: %s: %s", run_id, type(exc).__name__, exc)
+        except Exception as exc:
+            _cannot_resume(run_id, exc)
             continue
-        await relay.relay(resume_commands(plan, state, clock.now()))
-        await relay.send(lost_events(plan, state, clock.now()), "report lost attempts")
+        commands = [c for c in resume_commands(plan, state, now) if _not_stored(state, c)]
+        await store.index_run(state, in_flight(plan, state, now))  # drops rows gone stale
+        await relay.relay(commands)
+        await relay.send(
+            lost_events(plan, state, now), "report lost attempts"
+        )  # started, never finished
+
+
+def _not_stored(state: RunState, command: Command) -> bool:
+    """Whether a resumed command is news: an armed timer is in the store already, unless
+    recovery moved it (a queued attempt's ``schedule_to_start`` counts again from now)."""
+    if not isinstance(command, StartTimer):
+        return True
+    ref = state.timers.get(command.timer_id)
+    return ref is None or ref.fire_at != command.fire_at
+
+
+def _cannot_resume(run_id: str, exc: Exception) -> None:
+    log.error("run %s cannot be resumed: %s: %s", run_id, type(exc).__name__, exc)
+
+
+__all__ = ["recover"]

@@ -49,7 +49,6 @@ from tideflow.model.run import RunState
 from tideflow.model.states import RunStatus
 from tideflow.runtime.catalog import started_event
 from tideflow.runtime.clock import Clock
-from tideflow.runtime.runs import WaitIndex
 from tideflow.runtime.timers import TimerWheel
 from tideflow.store.base import AppliedEvent
 
@@ -94,7 +93,7 @@ class Relay:
         bus: Bus,
         timers: TimerWheel,
         runs: Runs,
-        waits: WaitIndex,
+        waiting_for: Callable[[str], Awaitable[list[str]]],
         clock: Clock,
         new_event_id: Callable[[], str],
         listeners: list[Listener],
@@ -103,7 +102,7 @@ class Relay:
         self._bus = bus
         self._timers = timers
         self._runs = runs
-        self._waits = waits
+        self._waiting_for = waiting_for
         self._clock = clock
         self._new_id = new_event_id
         self._listeners = listeners
@@ -142,7 +141,6 @@ class Relay:
         commands: list[Command] = []
         outbox: dict[int, str] = {}
         for applied in batch:
-            self._waits.update(applied.state)  # before emits of this batch look it up
             if applied.commands:
                 _outbox_ids(applied, len(commands), outbox)
                 commands.extend(applied.commands)
@@ -295,20 +293,21 @@ class Relay:
         event = command.event
         name = str(event.get("type"))
         now = self._clock.now()
-        deliveries: list[Event] = [
-            SignalReceived(
-                event_id=f"{event['id']}>{run_id}",
-                run_id=run_id,
-                time=now,
-                name=name,
-                payload=event,
-                buffer=False,
-            )
-            for run_id in self._waits.waiting_for(name)
-            if run_id != command.run_id
-        ]
 
         async def act() -> None:
+            # the batch that emitted is committed, so the store's waits are current
+            deliveries: list[Event] = [
+                SignalReceived(
+                    event_id=f"{event['id']}>{run_id}",
+                    run_id=run_id,
+                    time=now,
+                    name=name,
+                    payload=event,
+                    buffer=False,
+                )
+                for run_id in await self._waiting_for(name)
+                if run_id != command.run_id
+            ]
             if deliveries:
                 await self._bus.publish_events(deliveries)
             await self._to_sinks(event)

@@ -1,4 +1,5 @@
-"""The scheduler's working set: live run states, loaded from the store on demand.
+"""The scheduler's working set: live run states, loaded from the store on demand and
+evicted when idle (a bounded LRU), so memory follows the active runs, not the stored ones.
 
 A run that is not cached is loaded as its latest snapshot plus the events after
 it, replayed through the pure core (replay only rebuilds state; the commands
@@ -7,6 +8,8 @@ those events produced were carried out when they were first applied).
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tideflow.core.decide import decide
@@ -64,17 +67,40 @@ class Plans:
         return plan
 
 
+DEFAULT_RUN_CACHE_SIZE = 10_000
+"""How many idle runs an engine keeps in memory (``Runtime(run_cache_size=…)``)."""
+
+
 class RunCache:
-    def __init__(self, store: Store, plans: Plans) -> None:
+    """Live run states, least recently used first. Beyond ``size`` runs the idle ones
+    are evicted (they load again from the store when an event arrives for them); a run
+    that ``busy`` says is in flight (being applied or committed) is never evicted."""
+
+    def __init__(
+        self,
+        store: Store,
+        plans: Plans,
+        *,
+        size: int = DEFAULT_RUN_CACHE_SIZE,
+        busy: Callable[[str], bool] = lambda run_id: False,
+    ) -> None:
+        if size < 1:
+            raise ValueError(f"the run cache size must be at least 1, got {size}")
         self._store = store
         self._plans = plans
-        self._live: dict[str, LiveRun] = {}
+        self._size = size
+        self._busy = busy
+        self._live: OrderedDict[str, LiveRun] = OrderedDict()
 
     def __contains__(self, run_id: str) -> bool:
         return run_id in self._live
 
+    def __len__(self) -> int:
+        return len(self._live)
+
     def add(self, state: RunState) -> LiveRun:
         live = self._live[state.run_id] = LiveRun(state, 0)
+        self._trim()
         return live
 
     def evict(self, run_id: str) -> None:
@@ -85,48 +111,35 @@ class RunCache:
 
     async def get(self, run_id: str) -> LiveRun:
         live = self._live.get(run_id)
-        if live is None:
-            stored = await self._store.load_run(run_id)
-            state = stored.snapshot
-            if stored.tail:
-                plan = await self._plans.get(state.plan_hash)
-                for event in stored.tail:
-                    _replay(plan, state, event)
-            cached = self._live.get(run_id)
-            if cached is not None:  # loaded (and maybe advanced) by another caller meanwhile
-                return cached
-            live = LiveRun(state, stored.last_seq, len(stored.tail))
-            if not state.is_terminal:
-                self._live[run_id] = live
+        if live is not None:
+            self._live.move_to_end(run_id)
+            return live
+        stored = await self._store.load_run(run_id)
+        state = stored.snapshot
+        if stored.tail:
+            plan = await self._plans.get(state.plan_hash)
+            for event in stored.tail:
+                _replay(plan, state, event)
+        cached = self._live.get(run_id)
+        if cached is not None:  # loaded (and maybe advanced) by another caller meanwhile
+            return cached
+        live = LiveRun(state, stored.last_seq, len(stored.tail))
+        if not state.is_terminal:
+            self._live[run_id] = live
+            self._trim()
         return live
 
-
-class WaitIndex:
-    """Which runs have a `wait` on which signal name, so an emitted event reaches its
-    listeners without looking at every run. Kept current after every commit."""
-
-    def __init__(self) -> None:
-        self._by_run: dict[str, frozenset[str]] = {}
-        self._by_name: dict[str, set[str]] = {}
-
-    def update(self, state: RunState) -> None:
-        old = self._by_run.get(state.run_id, frozenset())
-        if not old and not state.waiting:
-            return  # the common case: nothing waits before or after
-        names = frozenset(state.waiting) if not state.is_terminal else frozenset()
-        if names == old:
+    def _trim(self) -> None:
+        """Evict the least recently used idle runs beyond the size (the newest stays)."""
+        excess = len(self._live) - self._size
+        if excess <= 0:
             return
-        for name in old - names:
-            runs = self._by_name[name]
-            runs.discard(state.run_id)
-            if not runs:
-                del self._by_name[name]
-        for name in names - old:
-            self._by_name.setdefault(name, set()).add(state.run_id)
-        if names:
-            self._by_run[state.run_id] = names
-        else:
-            self._by_run.pop(state.run_id, None)
-
-    def waiting_for(self, name: str) -> list[str]:
-        return sorted(self._by_name.get(name, ()))
+        newest = next(reversed(self._live))
+        victims: list[str] = []
+        for run_id in self._live:  # oldest first; stops after a few in the usual case
+            if run_id == newest or len(victims) == excess:
+                break
+            if not self._busy(run_id):
+                victims.append(run_id)
+        for run_id in victims:
+            del self._live[run_id]

@@ -36,6 +36,7 @@ from tideflow.runtime.clock import Clock, SystemClock
 from tideflow.runtime.engine import Engine
 from tideflow.runtime.relay import EventSink, Listener
 from tideflow.runtime.result import RunResult
+from tideflow.runtime.runs import DEFAULT_RUN_CACHE_SIZE
 from tideflow.store.backends.memory import MemoryStore
 from tideflow.store.base import HistoryEntry, Store
 from tideflow.worker.executors.registry import ExecutorRegistry
@@ -62,6 +63,7 @@ class Runtime:
         max_step_output: int = storable.MAX_STEP_OUTPUT,
         max_run_input: int = storable.MAX_RUN_INPUT,
         interceptors: Sequence[Interceptor] = (),
+        run_cache_size: int = DEFAULT_RUN_CACHE_SIZE,
     ) -> None:
         """``interceptors`` wrap every attempt the workers run, outermost first (see
         tideflow.worker.interceptors): metrics, tracing, your own policies."""
@@ -109,6 +111,7 @@ class Runtime:
             clock=self.clock,
             new_event_id=self.new_event_id,
             batch_size=batch_size,
+            run_cache_size=run_cache_size,
         )
         self.client = Client(
             self.store,

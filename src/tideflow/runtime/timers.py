@@ -1,42 +1,153 @@
-"""The timer wheel: durable timers of every run, armed in memory on a Clock.
+"""The timer wheel: the armed timers due soon, held in memory on a Clock.
 
-The durable copy of each timer lives in the run state (``RunState.timers``); this
-wheel only holds what is armed in this process, so re-arming after a restart is
-``arm_all`` over the unfinished runs.
+Every armed timer is a row in the store (``Store.due_timers``), written by the
+commit that armed it. The wheel holds only the timers due within ``horizon``
+seconds (at most ``capacity`` loaded at a time): a timer armed further out stays
+in the store alone, and the wheel sets one wake-up for the soonest of those. At
+that wake-up (and at start) it *refills*: it loads what falls due within the
+horizon, fires what is already due, and sets the next wake-up from the store.
+There is no polling: without timers beyond the horizon there is no wake-up.
+A run waiting on a timer a month away therefore costs no memory until then.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import logging
+import math
+from collections.abc import Awaitable, Callable
 
 from tideflow.runtime.clock import Clock, TimerHandle
+from tideflow.store.base import DueTimer
+
+log = logging.getLogger("tideflow.timers")
+
+DEFAULT_HORIZON = 60.0
+"""Seconds ahead the wheel holds timers in memory."""
+DEFAULT_CAPACITY = 10_000
+"""Most stored timers loaded by one refill."""
+
+DueTimers = Callable[..., Awaitable[list[DueTimer]]]
+"""``Store.due_timers``."""
 
 
 class TimerWheel:
-    def __init__(self, clock: Clock, fire: Callable[[str, str], None]) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        fire: Callable[[str, str], None],
+        due_timers: DueTimers,
+        *,
+        horizon: float = DEFAULT_HORIZON,
+        capacity: int = DEFAULT_CAPACITY,
+    ) -> None:
         self._clock = clock
         self._fire = fire
+        self._due = due_timers
+        self._horizon = horizon
+        self._capacity = capacity
         self._handles: dict[tuple[str, str], TimerHandle] = {}
+        self._wake: tuple[float, TimerHandle] | None = None
+        self._refilling: asyncio.Task[None] | None = None
+        self._again = False
+        self._closed = False
+        self._woken_tasks: set[asyncio.Task[None]] = set()
 
     def __len__(self) -> int:
         return len(self._handles)
 
     def arm(self, run_id: str, timer_id: str, fire_at: float) -> None:
-        key = (run_id, timer_id)
-        old = self._handles.pop(key, None)
-        if old is not None:
-            old.cancel()
-        self._handles[key] = self._clock.call_at(fire_at, lambda: self._expire(key))
+        """Hold a timer just armed (committed) if it falls due within the horizon; a later
+        one only moves the wake-up earlier (its row brings it back in time)."""
+        if fire_at > self._clock.now() + self._horizon:
+            self.cancel(run_id, timer_id)  # re-armed further out
+            self._wake_at(fire_at)
+            return
+        self._hold(run_id, timer_id, fire_at)
 
     def cancel(self, run_id: str, timer_id: str) -> None:
         handle = self._handles.pop((run_id, timer_id), None)
         if handle is not None:
             handle.cancel()
 
+    async def refill(self) -> None:
+        """Load the stored timers due within the horizon, fire those already due, and set
+        the next wake-up. Refills never overlap: one asked for meanwhile runs after."""
+        if self._refilling is not None:
+            self._again = True
+            return
+        self._refilling = asyncio.current_task()
+        try:
+            self._again = True
+            while self._again and not self._closed:
+                self._again = False
+                await self._load()
+        finally:
+            self._refilling = None
+
     def close(self) -> None:
+        self._closed = True
         for handle in self._handles.values():
             handle.cancel()
         self._handles.clear()
+        if self._wake is not None:
+            self._wake[1].cancel()
+            self._wake = None
+
+    async def _load(self) -> None:
+        now = self._clock.now()
+        until = now + self._horizon
+        rows = await self._due(until, self._capacity)
+        for row in rows:
+            key = (row.run_id, row.timer_id)
+            if key in self._handles:
+                continue  # held already (re-armed in memory, e.g. by recovery)
+            if row.fire_at <= now:
+                self._fire(*key)
+            else:
+                self._hold(row.run_id, row.timer_id, row.fire_at)
+        if len(rows) >= self._capacity:  # more within the horizon: load them when these fire
+            self._set_wake(rows[-1].fire_at)
+            return
+        later = await self._due(math.inf, 1, after=until)
+        if later:
+            self._set_wake(later[0].fire_at)
+        elif self._wake is not None and self._wake[0] <= until:
+            self._wake[1].cancel()
+            self._wake = None
+
+    def _hold(self, run_id: str, timer_id: str, fire_at: float) -> None:
+        key = (run_id, timer_id)
+        old = self._handles.pop(key, None)
+        if old is not None:
+            old.cancel()
+        self._handles[key] = self._clock.call_at(fire_at, lambda: self._expire(key))
+
+    def _wake_at(self, when: float) -> None:
+        if self._wake is None or when < self._wake[0]:
+            self._set_wake(when)
+
+    def _set_wake(self, when: float) -> None:
+        if self._wake is not None:
+            self._wake[1].cancel()
+        self._wake = (when, self._clock.call_at(when, self._woken))
+
+    def _woken(self) -> None:
+        self._wake = None
+        if self._closed:
+            return
+        task = asyncio.get_running_loop().create_task(self._refill_logged())
+        self._woken_tasks.add(task)  # keep a reference until it is done
+        task.add_done_callback(self._woken_tasks.discard)
+
+    async def _refill_logged(self) -> None:
+        try:
+            await self.refill()
+        except Exception as exc:  # the store is down: try again a little later
+            log.warning(
+                "timers could not be loaded (%s: %s); trying again", type(exc).__name__, exc
+            )
+            self._set_wake(self._clock.now() + 1.0)
 
     def _expire(self, key: tuple[str, str]) -> None:
         if self._handles.pop(key, None) is not None:

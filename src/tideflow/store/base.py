@@ -12,7 +12,11 @@ replay short.
 (status, output, error, last sequence number), snapshots, processed event ids
 (history's unique ``event_id``), outbox rows for effects that cannot be
 re-derived from state (finished runs, child runs, emitted events), and the
-deletion of outbox rows already relayed. Optimistic concurrency: each run's
+deletion of outbox rows already relayed, and the indexed rows an engine reads instead
+of loading runs (``store/indexrows.py``): each run's armed timers (``due_timers``),
+its attempts in flight with their leases (``claim_task``, ``extend_task``,
+``expired_tasks``) and the signal names it waits for (``runs_waiting_for``).
+Optimistic concurrency: each run's
 ``last_seq`` must still be what the applier loaded, or the whole commit fails
 with ``ConcurrencyConflict`` and nothing is written.
 
@@ -153,6 +157,31 @@ class OutboxItem:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class DueTimer:
+    """An armed timer as stored: ``due_timers`` returns them soonest first."""
+
+    run_id: str
+    timer_id: str
+    fire_at: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskLease:
+    """An attempt in flight (dispatched, no outcome recorded yet) and who holds it."""
+
+    run_id: str
+    step_key: str
+    attempt: int
+    dispatched_at: float
+    started_at: float | None = None
+    """When a worker reported the start (``TaskStarted``), if it did."""
+    owner: str | None = None
+    """Who claimed it (``claim_task``); None while nobody has."""
+    lease_until: float = 0.0
+    """Until when ``owner`` holds it; 0 when nobody does."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunFilter:
     status: str | None = None
     workflow: str | None = None
@@ -232,6 +261,48 @@ class Store(ABC):
     @abstractmethod
     async def unfinished_runs(self) -> list[str]:
         """Ids of every run that is not in a terminal state (for recovery)."""
+
+    # -- timers, task leases, waits (rows kept current by ``commit``) -------------
+
+    @abstractmethod
+    async def due_timers(
+        self, before: float, limit: int = 1000, *, after: float | None = None
+    ) -> list[DueTimer]:
+        """Armed timers with ``after < fire_at <= before``, soonest first (then by run
+        and timer id), at most ``limit``."""
+
+    @abstractmethod
+    async def runs_waiting_for(self, signal: str) -> list[str]:
+        """Ids of the runs with a `wait` on ``signal`` now, sorted."""
+
+    @abstractmethod
+    async def claim_task(
+        self, run_id: str, step_key: str, attempt: int, *, owner: str, now: float, until: float
+    ) -> bool:
+        """Take the lease of an attempt in flight until ``until``: True when it is in flight
+        and nobody else holds an unexpired lease on it at ``now``."""
+
+    @abstractmethod
+    async def extend_task(
+        self, run_id: str, step_key: str, attempt: int, *, owner: str, until: float
+    ) -> bool:
+        """Move ``owner``'s lease on to ``until`` (heartbeat); False when the lease is not
+        ``owner``'s any more or the attempt is no longer in flight."""
+
+    @abstractmethod
+    async def expired_tasks(self, before: float, limit: int = 10_000) -> list[TaskLease]:
+        """Attempts in flight that nobody holds at ``before``: never claimed, or whose
+        lease ran out. Oldest lease first."""
+
+    @abstractmethod
+    async def unindexed_runs(self, limit: int = 1000) -> list[str]:
+        """Unfinished runs stored before their timer, task and wait rows existed (schema 1):
+        ``index_run`` writes them."""
+
+    @abstractmethod
+    async def index_run(self, state: RunState, in_flight: Sequence[TaskLease]) -> None:
+        """Rewrite a run's timer and wait rows from its state and its task rows from
+        ``in_flight`` (the caller knows which steps are actions); it is indexed then."""
 
     @abstractmethod
     async def pending_outbox(self, limit: int = 1000) -> list[OutboxItem]:

@@ -23,6 +23,7 @@ from tideflow.store.base import (
     RunFilter,
     RunPage,
     RunSummary,
+    TaskLease,
     UnstorableData,
 )
 from tideflow.store.paging import decode_cursor, encode_cursor
@@ -192,6 +193,19 @@ def outbox_item(row: Sequence[Any]) -> OutboxItem:
     outbox_id, run_id, command = row
     data = loads(command, f"outbox entry {outbox_id!r}")
     return OutboxItem(id=outbox_id, run_id=run_id, command=codec.command_from_data(data))
+
+
+def task_lease(row: Sequence[Any]) -> TaskLease:
+    run_id, step_key, attempt, dispatched_at, started_at, owner, lease_until = row
+    return TaskLease(
+        run_id=run_id,
+        step_key=step_key,
+        attempt=int(attempt),
+        dispatched_at=float(dispatched_at),
+        started_at=None if started_at is None else float(started_at),
+        owner=owner,
+        lease_until=float(lease_until),
+    )
 
 
 def plan_label(plan_hash: str, name: str | None, version: str | None) -> str:

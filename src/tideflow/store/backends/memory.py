@@ -10,9 +10,10 @@ here too. History rows stay objects until they are read.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -30,6 +31,7 @@ from tideflow.store.base import (
     Archive,
     ConcurrencyConflict,
     DefinitionSummary,
+    DueTimer,
     HistoryEntry,
     OutboxItem,
     RunFilter,
@@ -37,8 +39,10 @@ from tideflow.store.base import (
     RunSummary,
     Store,
     StoredRun,
+    TaskLease,
     UnstorableData,
 )
+from tideflow.store.indexrows import IndexRows, index_rows, state_rows
 from tideflow.store.paging import decode_cursor, encode_cursor
 
 
@@ -94,6 +98,11 @@ class MemoryStore(Store):
         self._idempotency: dict[str, str] = {}
         self._event_ids: set[str] = set()
         self._outbox: dict[str, OutboxItem] = {}
+        self._timers: dict[tuple[str, str], float] = {}
+        self._tasks: dict[tuple[str, str], TaskLease] = {}
+        self._waits: dict[str, set[str]] = {}
+        """signal -> run ids; ``_waits_of`` is the same by run."""
+        self._waits_of: dict[str, frozenset[str]] = {}
 
     async def save_definition(self, plan: Plan) -> bool:
         key = (plan.name, plan.version)
@@ -171,6 +180,7 @@ class MemoryStore(Store):
         # last event of the batch; serialised before anything changes (it may fail).
         wanted = {applied.event.run_id for applied in batch if applied.snapshot}
         snapshots = {run_id: _snapshot(last[run_id].state) for run_id in wanted}
+        index = index_rows(batch)
         for applied in batch:
             self._apply(applied)
         for run_id, applied in last.items():
@@ -180,6 +190,50 @@ class MemoryStore(Store):
                 run.snapshot, run.snapshot_at = snapshots[run_id], len(run.log)
         for outbox_id in relayed:
             self._outbox.pop(outbox_id, None)
+        self._write_index(index)
+
+    def _write_index(self, rows: IndexRows) -> None:
+        for (run_id, timer_id), fire_at in rows.timers.items():
+            if fire_at is None:
+                self._timers.pop((run_id, timer_id), None)
+            else:
+                self._timers[(run_id, timer_id)] = fire_at
+        upserts, starts, deletes = rows.task_rows()
+        for run_id, key, attempt in deletes:
+            if (old := self._tasks.get((run_id, key))) is not None and old.attempt == attempt:
+                del self._tasks[(run_id, key)]
+        for run_id, key, attempt, dispatched, started in upserts:
+            self._tasks[(run_id, key)] = TaskLease(
+                run_id=run_id,
+                step_key=key,
+                attempt=attempt,
+                dispatched_at=dispatched,
+                started_at=started,
+            )
+        for started, run_id, key, attempt in starts:
+            if (old := self._tasks.get((run_id, key))) is not None and old.attempt == attempt:
+                self._tasks[(run_id, key)] = replace(old, started_at=started)
+        for run_id, names in rows.waits.items():
+            self._set_waits(run_id, names)
+        if rows.ended:
+            self._forget_index(set(rows.ended))
+
+    def _set_waits(self, run_id: str, names: frozenset[str]) -> None:
+        for name in self._waits_of.pop(run_id, frozenset()):
+            runs = self._waits[name]
+            runs.discard(run_id)
+            if not runs:
+                del self._waits[name]
+        if names:
+            self._waits_of[run_id] = names
+            for name in names:
+                self._waits.setdefault(name, set()).add(run_id)
+
+    def _forget_index(self, runs: set[str]) -> None:
+        self._timers = {k: v for k, v in self._timers.items() if k[0] not in runs}
+        self._tasks = {k: v for k, v in self._tasks.items() if k[0] not in runs}
+        for run_id in runs:
+            self._set_waits(run_id, frozenset())
 
     def _apply(self, applied: AppliedEvent) -> None:
         event = applied.event
@@ -229,6 +283,52 @@ class MemoryStore(Store):
     async def pending_outbox(self, limit: int = 1000) -> list[OutboxItem]:
         return list(self._outbox.values())[:limit]
 
+    async def unindexed_runs(self, limit: int = 1000) -> list[str]:
+        return []  # nothing outlives the process: every run was committed with its rows
+
+    async def index_run(self, state: RunState, in_flight: Sequence[TaskLease]) -> None:
+        self._forget_index({state.run_id})
+        self._write_index(state_rows(state, in_flight))
+
+    async def due_timers(
+        self, before: float, limit: int = 1000, *, after: float | None = None
+    ) -> list[DueTimer]:
+        low = -math.inf if after is None else after
+        due = sorted(
+            (fire_at, run_id, timer_id)
+            for (run_id, timer_id), fire_at in self._timers.items()
+            if low < fire_at <= before
+        )
+        return [DueTimer(run_id=r, timer_id=t, fire_at=f) for f, r, t in due[:limit]]
+
+    async def runs_waiting_for(self, signal: str) -> list[str]:
+        return sorted(self._waits.get(signal, ()))
+
+    async def claim_task(
+        self, run_id: str, step_key: str, attempt: int, *, owner: str, now: float, until: float
+    ) -> bool:
+        lease = self._tasks.get((run_id, step_key))
+        if lease is None or lease.attempt != attempt:
+            return False
+        if lease.owner not in (None, owner) and lease.lease_until > now:
+            return False
+        self._tasks[(run_id, step_key)] = replace(lease, owner=owner, lease_until=until)
+        return True
+
+    async def extend_task(
+        self, run_id: str, step_key: str, attempt: int, *, owner: str, until: float
+    ) -> bool:
+        lease = self._tasks.get((run_id, step_key))
+        if lease is None or lease.attempt != attempt or lease.owner != owner:
+            return False
+        self._tasks[(run_id, step_key)] = replace(lease, lease_until=until)
+        return True
+
+    async def expired_tasks(self, before: float, limit: int = 10_000) -> list[TaskLease]:
+        expired = [lease for lease in self._tasks.values() if lease.lease_until < before]
+        expired.sort(key=lambda t: (t.lease_until, t.run_id, t.step_key))
+        return expired[:limit]
+
     async def prune(
         self, older_than: float, *, batch_size: int = 500, archive: Archive | None = None
     ) -> int:
@@ -249,6 +349,7 @@ class MemoryStore(Store):
         gone = set(doomed)  # as in the SQL stores: the run's outbox rows and key go with it
         self._outbox = {k: item for k, item in self._outbox.items() if item.run_id not in gone}
         self._idempotency = {k: r for k, r in self._idempotency.items() if r not in gone}
+        self._forget_index(gone)
         return len(doomed)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import math
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -27,11 +28,13 @@ from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
 from tideflow.model.versions import latest
 from tideflow.store import sqlbase as sb
+from tideflow.store.backends.postgres_rows import archive_runs, write_index
 from tideflow.store.base import (
     AppliedEvent,
     Archive,
     ConcurrencyConflict,
     DefinitionSummary,
+    DueTimer,
     HistoryEntry,
     OutboxItem,
     RunFilter,
@@ -41,8 +44,10 @@ from tideflow.store.base import (
     StoredRun,
     StoreError,
     StoreUnavailable,
+    TaskLease,
     UnstorableData,
 )
+from tideflow.store.indexrows import IndexRows, index_rows, state_rows
 from tideflow.store.sqlfiles import latest_version, migrations, queries
 
 Q = queries("postgres")
@@ -333,6 +338,7 @@ class PostgresStore(Store):
                     await conn.execute(Q["delete_outbox"], list(relayed))
             return
         rows = sb.batch_rows(batch)
+        index = index_rows(batch)
         async with self._connection() as conn, conn.transaction():
             if rows.runs:
                 await _advance(conn, rows.runs)
@@ -346,6 +352,7 @@ class PostgresStore(Store):
                 await conn.executemany(Q["insert_outbox"], rows.outbox)
             if relayed:
                 await conn.execute(Q["delete_outbox"], list(relayed))
+            await write_index(conn, index)
 
     async def history(self, run_id: str) -> list[HistoryEntry]:
         async with self._connection() as conn:
@@ -379,6 +386,50 @@ class PostgresStore(Store):
             rows = await conn.fetch(Q["pending_outbox"], limit)
         return [sb.outbox_item(row) for row in rows]
 
+    async def unindexed_runs(self, limit: int = 1000) -> list[str]:
+        async with self._connection() as conn:
+            rows = await conn.fetch(Q["unindexed_runs"], limit)
+        return [str(row[0]) for row in rows]
+
+    async def index_run(self, state: RunState, in_flight: Sequence[TaskLease]) -> None:
+        rows = state_rows(state, in_flight)
+        async with self._connection() as conn, conn.transaction():
+            await write_index(conn, IndexRows(ended=[state.run_id]))
+            await write_index(conn, rows)
+            await conn.execute(Q["indexed_run"], [state.run_id])
+
+    async def due_timers(
+        self, before: float, limit: int = 1000, *, after: float | None = None
+    ) -> list[DueTimer]:
+        low = -math.inf if after is None else after
+        async with self._connection() as conn:
+            rows = await conn.fetch(Q["due_timers"], low, before, limit)
+        return [DueTimer(run_id=r, timer_id=t, fire_at=float(f)) for r, t, f in rows]
+
+    async def runs_waiting_for(self, signal: str) -> list[str]:
+        async with self._connection() as conn:
+            rows = await conn.fetch(Q["runs_waiting_for"], signal)
+        return [str(row[0]) for row in rows]
+
+    async def claim_task(
+        self, run_id: str, step_key: str, attempt: int, *, owner: str, now: float, until: float
+    ) -> bool:
+        async with self._connection() as conn:
+            row = await conn.fetchval(Q["claim_task"], owner, until, run_id, step_key, attempt, now)
+        return row is not None
+
+    async def extend_task(
+        self, run_id: str, step_key: str, attempt: int, *, owner: str, until: float
+    ) -> bool:
+        async with self._connection() as conn:
+            row = await conn.fetchval(Q["extend_task"], until, run_id, step_key, attempt, owner)
+        return row is not None
+
+    async def expired_tasks(self, before: float, limit: int = 10_000) -> list[TaskLease]:
+        async with self._connection() as conn:
+            rows = await conn.fetch(Q["expired_tasks"], before, limit)
+        return [sb.task_lease(tuple(row)) for row in rows]
+
     async def prune(
         self, older_than: float, *, batch_size: int = 500, archive: Archive | None = None
     ) -> int:
@@ -389,7 +440,7 @@ class PostgresStore(Store):
                 if not ids:
                     return total
                 if archive is not None:
-                    await _archive(conn, ids, archive)
+                    await archive_runs(conn, ids, archive)
                 async with conn.transaction():
                     await conn.execute(Q["delete_history"], ids)
                     await conn.execute(Q["delete_run_outbox"], ids)
@@ -435,20 +486,6 @@ async def _advance(conn: Any, runs: list[sb.RunUpdate]) -> None:
     if stale:
         others = f" (and {len(stale) - 1} more)" if len(stale) > 1 else ""
         raise ConcurrencyConflict(f"run {stale[0]}{others} was advanced by another applier")
-
-
-async def _archive(conn: Any, ids: list[str], archive: Archive) -> None:
-    summaries = {row[0]: sb.summary_from_row(row) for row in await conn.fetch(Q["get_runs"], ids)}
-    entries: dict[str, list[HistoryEntry]] = {run_id: [] for run_id in ids}
-    for row in await conn.fetch(Q["histories"], ids):
-        entries[row[0]].append(sb.history_entry(row[0], tuple(row)[1:]))
-    for run_id in ids:
-        archive(
-            {
-                "run": summaries[run_id].to_dict(),
-                "history": [entry.to_dict() for entry in entries[run_id]],
-            }
-        )
 
 
 def _describe(url: str) -> tuple[str, str, str]:

@@ -8,6 +8,7 @@ snapshots, outbox) is one call onto that thread and one transaction.
 from __future__ import annotations
 
 import asyncio
+import math
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
@@ -25,6 +26,7 @@ from tideflow.store.base import (
     Archive,
     ConcurrencyConflict,
     DefinitionSummary,
+    DueTimer,
     HistoryEntry,
     OutboxItem,
     RunFilter,
@@ -34,8 +36,10 @@ from tideflow.store.base import (
     StoredRun,
     StoreError,
     StoreUnavailable,
+    TaskLease,
     UnstorableData,
 )
+from tideflow.store.indexrows import IndexRows, index_rows, state_rows
 from tideflow.store.sqlfiles import latest_version, migrations, queries, statements
 
 T = TypeVar("T")
@@ -285,6 +289,7 @@ class SqliteStore(Store):
 
     async def commit(self, batch: Sequence[AppliedEvent], relayed: Sequence[str] = ()) -> None:
         rows = sb.batch_rows(batch)
+        index = index_rows(batch)
         relayed_rows = [(outbox_id,) for outbox_id in relayed]
 
         def write(conn: sqlite3.Connection) -> None:
@@ -308,6 +313,7 @@ class SqliteStore(Store):
                 conn.executemany(Q["insert_outbox"], rows.outbox)
             if relayed_rows:
                 conn.executemany(Q["delete_outbox"], relayed_rows)
+            _write_index(conn, index)
 
         await self._run(self._transaction, write)
 
@@ -339,6 +345,53 @@ class SqliteStore(Store):
     async def pending_outbox(self, limit: int = 1000) -> list[OutboxItem]:
         rows = await self._run(lambda: self.conn.execute(Q["pending_outbox"], (limit,)).fetchall())
         return [sb.outbox_item(row) for row in rows]
+
+    async def unindexed_runs(self, limit: int = 1000) -> list[str]:
+        rows = await self._run(lambda: self.conn.execute(Q["unindexed_runs"], (limit,)).fetchall())
+        return [row[0] for row in rows]
+
+    async def index_run(self, state: RunState, in_flight: Sequence[TaskLease]) -> None:
+        rows = state_rows(state, in_flight)
+
+        def write(conn: sqlite3.Connection) -> None:
+            _write_index(conn, IndexRows(ended=[state.run_id]))
+            _write_index(conn, rows)
+            conn.execute(Q["indexed_run"], (state.run_id,))
+
+        await self._run(self._transaction, write)
+
+    async def due_timers(
+        self, before: float, limit: int = 1000, *, after: float | None = None
+    ) -> list[DueTimer]:
+        low = -math.inf if after is None else after
+        rows = await self._run(
+            lambda: self.conn.execute(Q["due_timers"], (low, before, limit)).fetchall()
+        )
+        return [DueTimer(run_id=r, timer_id=t, fire_at=float(f)) for r, t, f in rows]
+
+    async def runs_waiting_for(self, signal: str) -> list[str]:
+        rows = await self._run(
+            lambda: self.conn.execute(Q["runs_waiting_for"], (signal,)).fetchall()
+        )
+        return [row[0] for row in rows]
+
+    async def claim_task(
+        self, run_id: str, step_key: str, attempt: int, *, owner: str, now: float, until: float
+    ) -> bool:
+        params = (owner, until, run_id, step_key, attempt, owner, now)
+        return await self._run(self._transaction, lambda c: _changed(c, "claim_task", params))
+
+    async def extend_task(
+        self, run_id: str, step_key: str, attempt: int, *, owner: str, until: float
+    ) -> bool:
+        params = (until, run_id, step_key, attempt, owner)
+        return await self._run(self._transaction, lambda c: _changed(c, "extend_task", params))
+
+    async def expired_tasks(self, before: float, limit: int = 10_000) -> list[TaskLease]:
+        rows = await self._run(
+            lambda: self.conn.execute(Q["expired_tasks"], (before, limit)).fetchall()
+        )
+        return [sb.task_lease(row) for row in rows]
 
     async def prune(
         self, older_than: float, *, batch_size: int = 500, archive: Archive | None = None
@@ -383,6 +436,32 @@ def _save_definition(conn: sqlite3.Connection, plan: Plan) -> bool:
     conn.execute(Q["insert_plan"], (plan.hash, sb.dumps(dict(plan.source))))
     conn.execute(Q["insert_definition"], (plan.name, plan.version, plan.hash, time.time()))
     return True
+
+
+def _changed(conn: sqlite3.Connection, query: str, params: tuple[Any, ...]) -> bool:
+    return bool(conn.execute(Q[query], params).rowcount)
+
+
+def _write_index(conn: sqlite3.Connection, rows: IndexRows) -> None:
+    timers, untimed = rows.timer_rows()
+    if timers:
+        conn.executemany(Q["upsert_timer"], timers)
+    if untimed:
+        conn.executemany(Q["delete_timer"], untimed)
+    tasks, starts, done = rows.task_rows()
+    if done:
+        conn.executemany(Q["delete_task"], done)
+    if tasks:
+        conn.executemany(Q["upsert_task"], tasks)
+    if starts:
+        conn.executemany(Q["start_task"], starts)
+    if rows.waits:
+        conn.executemany(Q["delete_run_waits"], [(run_id,) for run_id in rows.waits])
+        conn.executemany(Q["insert_wait"], rows.wait_rows())
+    if rows.ended:
+        ended = [(run_id,) for run_id in rows.ended]
+        for query in ("delete_run_timers", "delete_run_tasks", "delete_run_waits"):
+            conn.executemany(Q[query], ended)
 
 
 def _delete_runs(conn: sqlite3.Connection, ids: list[str]) -> None:

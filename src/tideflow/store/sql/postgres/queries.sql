@@ -139,3 +139,77 @@ DELETE FROM outbox WHERE run_id = ANY($1::text[]);
 
 -- name: delete_runs
 DELETE FROM runs WHERE run_id = ANY($1::text[]);
+
+-- name: upsert_timers
+INSERT INTO timers (run_id, timer_id, fire_at)
+SELECT * FROM unnest($1::text[], $2::text[], $3::float8[])
+ON CONFLICT (run_id, timer_id) DO UPDATE SET fire_at = excluded.fire_at;
+
+-- name: delete_timers
+DELETE FROM timers AS t
+USING unnest($1::text[], $2::text[]) AS d (run_id, timer_id)
+WHERE t.run_id = d.run_id AND t.timer_id = d.timer_id;
+
+-- name: due_timers
+SELECT run_id, timer_id, fire_at FROM timers
+WHERE fire_at > $1 AND fire_at <= $2
+ORDER BY fire_at, run_id, timer_id LIMIT $3;
+
+-- name: upsert_tasks
+INSERT INTO task_leases (run_id, step_key, attempt, dispatched_at, started_at, owner, lease_until)
+SELECT u.run_id, u.step_key, u.attempt, u.dispatched_at, u.started_at, NULL, 0
+FROM unnest($1::text[], $2::text[], $3::int[], $4::float8[], $5::float8[])
+     AS u (run_id, step_key, attempt, dispatched_at, started_at)
+ON CONFLICT (run_id, step_key) DO UPDATE SET
+    attempt = excluded.attempt, dispatched_at = excluded.dispatched_at,
+    started_at = excluded.started_at, owner = NULL, lease_until = 0;
+
+-- name: start_tasks
+UPDATE task_leases AS t SET started_at = u.started_at
+FROM unnest($1::float8[], $2::text[], $3::text[], $4::int[])
+     AS u (started_at, run_id, step_key, attempt)
+WHERE t.run_id = u.run_id AND t.step_key = u.step_key AND t.attempt = u.attempt;
+
+-- name: delete_tasks
+DELETE FROM task_leases AS t
+USING unnest($1::text[], $2::text[], $3::int[]) AS d (run_id, step_key, attempt)
+WHERE t.run_id = d.run_id AND t.step_key = d.step_key AND t.attempt = d.attempt;
+
+-- name: claim_task
+UPDATE task_leases SET owner = $1, lease_until = $2
+WHERE run_id = $3 AND step_key = $4 AND attempt = $5
+  AND (owner IS NULL OR owner = $1 OR lease_until <= $6)
+RETURNING 1;
+
+-- name: extend_task
+UPDATE task_leases SET lease_until = $1
+WHERE run_id = $2 AND step_key = $3 AND attempt = $4 AND owner = $5
+RETURNING 1;
+
+-- name: expired_tasks
+SELECT run_id, step_key, attempt, dispatched_at, started_at, owner, lease_until
+FROM task_leases WHERE lease_until < $1
+ORDER BY lease_until, run_id, step_key LIMIT $2;
+
+-- name: delete_runs_waits
+DELETE FROM waits WHERE run_id = ANY($1::text[]);
+
+-- name: insert_waits
+INSERT INTO waits (signal, run_id)
+SELECT * FROM unnest($1::text[], $2::text[])
+ON CONFLICT DO NOTHING;
+
+-- name: runs_waiting_for
+SELECT run_id FROM waits WHERE signal = $1 ORDER BY run_id;
+
+-- name: delete_runs_timers
+DELETE FROM timers WHERE run_id = ANY($1::text[]);
+
+-- name: delete_runs_tasks
+DELETE FROM task_leases WHERE run_id = ANY($1::text[]);
+
+-- name: unindexed_runs
+SELECT run_id FROM unindexed_runs ORDER BY run_id LIMIT $1;
+
+-- name: indexed_run
+DELETE FROM unindexed_runs WHERE run_id = ANY($1::text[]);

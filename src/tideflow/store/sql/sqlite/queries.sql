@@ -85,3 +85,63 @@ DELETE FROM outbox WHERE run_id = ?;
 
 -- name: delete_run
 DELETE FROM runs WHERE run_id = ?;
+
+-- name: upsert_timer
+INSERT INTO timers (run_id, timer_id, fire_at) VALUES (?, ?, ?)
+ON CONFLICT (run_id, timer_id) DO UPDATE SET fire_at = excluded.fire_at;
+
+-- name: delete_timer
+DELETE FROM timers WHERE run_id = ? AND timer_id = ?;
+
+-- name: due_timers
+SELECT run_id, timer_id, fire_at FROM timers
+WHERE fire_at > ? AND fire_at <= ?
+ORDER BY fire_at, run_id, timer_id LIMIT ?;
+
+-- name: upsert_task
+INSERT INTO task_leases (run_id, step_key, attempt, dispatched_at, started_at, owner, lease_until)
+VALUES (?, ?, ?, ?, ?, NULL, 0)
+ON CONFLICT (run_id, step_key) DO UPDATE SET
+    attempt = excluded.attempt, dispatched_at = excluded.dispatched_at,
+    started_at = excluded.started_at, owner = NULL, lease_until = 0;
+
+-- name: start_task
+UPDATE task_leases SET started_at = ? WHERE run_id = ? AND step_key = ? AND attempt = ?;
+
+-- name: delete_task
+DELETE FROM task_leases WHERE run_id = ? AND step_key = ? AND attempt = ?;
+
+-- name: claim_task
+UPDATE task_leases SET owner = ?, lease_until = ?
+WHERE run_id = ? AND step_key = ? AND attempt = ?
+  AND (owner IS NULL OR owner = ? OR lease_until <= ?);
+
+-- name: extend_task
+UPDATE task_leases SET lease_until = ?
+WHERE run_id = ? AND step_key = ? AND attempt = ? AND owner = ?;
+
+-- name: expired_tasks
+SELECT run_id, step_key, attempt, dispatched_at, started_at, owner, lease_until
+FROM task_leases WHERE lease_until < ?
+ORDER BY lease_until, run_id, step_key LIMIT ?;
+
+-- name: delete_run_waits
+DELETE FROM waits WHERE run_id = ?;
+
+-- name: insert_wait
+INSERT INTO waits (signal, run_id) VALUES (?, ?) ON CONFLICT DO NOTHING;
+
+-- name: runs_waiting_for
+SELECT run_id FROM waits WHERE signal = ? ORDER BY run_id;
+
+-- name: delete_run_timers
+DELETE FROM timers WHERE run_id = ?;
+
+-- name: delete_run_tasks
+DELETE FROM task_leases WHERE run_id = ?;
+
+-- name: unindexed_runs
+SELECT run_id FROM unindexed_runs ORDER BY run_id LIMIT ?;
+
+-- name: indexed_run
+DELETE FROM unindexed_runs WHERE run_id = ?;

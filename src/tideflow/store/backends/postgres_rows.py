@@ -1,0 +1,56 @@
+"""Row writers of the PostgreSQL store: a batch's timer, task and wait rows, and the
+runs handed to an archive before pruning."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tideflow.store import sqlbase as sb
+from tideflow.store.base import Archive, HistoryEntry
+from tideflow.store.indexrows import IndexRows
+from tideflow.store.sqlfiles import queries
+
+Q = queries("postgres")
+
+
+async def write_index(conn: Any, rows: IndexRows) -> None:
+    """The batch's timer, task and wait rows: one statement per kind of change."""
+    timers, untimed = rows.timer_rows()
+    if timers:
+        await conn.execute(Q["upsert_timers"], *_columns(timers, 3))
+    if untimed:
+        await conn.execute(Q["delete_timers"], *_columns(untimed, 2))
+    tasks, starts, done = rows.task_rows()
+    if done:
+        await conn.execute(Q["delete_tasks"], *_columns(done, 3))
+    if tasks:
+        await conn.execute(Q["upsert_tasks"], *_columns(tasks, 5))
+    if starts:
+        await conn.execute(Q["start_tasks"], *_columns(starts, 4))
+    if rows.waits:
+        await conn.execute(Q["delete_runs_waits"], list(rows.waits))
+        waits = rows.wait_rows()
+        if waits:
+            await conn.execute(Q["insert_waits"], *_columns(waits, 2))
+    if rows.ended:
+        for query in ("delete_runs_timers", "delete_runs_tasks", "delete_runs_waits"):
+            await conn.execute(Q[query], rows.ended)
+
+
+def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
+    return [[row[i] for row in rows] for i in range(width)]
+
+
+async def archive_runs(conn: Any, ids: list[str], archive: Archive) -> None:
+    summaries = {row[0]: sb.summary_from_row(row) for row in await conn.fetch(Q["get_runs"], ids)}
+    entries: dict[str, list[HistoryEntry]] = {run_id: [] for run_id in ids}
+    for row in await conn.fetch(Q["histories"], ids):
+        entries[row[0]].append(sb.history_entry(row[0], tuple(row)[1:]))
+    for run_id in ids:
+        archive(
+            {
+                "run": summaries[run_id].to_dict(),
+                "history": [entry.to_dict() for entry in entries[run_id]],
+            }
+        )
