@@ -13,6 +13,7 @@
     ├── DefinitionConflict         (name, version) already registered with other content
     ├── RuntimeNotStarted          a Runtime used before ``start()`` / ``async with``
     ├── EngineError                a run's event could not be applied or stored: the run failed
+    ├── EngineAlreadyRunning       another live engine holds the store's lease
     ├── UnknownSignal              a signal no wait step of the run's workflow waits for
     └── StepError                  raised *inside* a step; recorded in the run, not thrown out
         ├── ExpressionEvaluationError   an expression failed at run time
@@ -195,3 +196,7 @@ class RuntimeNotStarted(TideflowError):
 
 class EngineError(TideflowError):
     """The engine could not apply or store an event of this run, so the run was failed."""
+
+
+class EngineAlreadyRunning(TideflowError):
+    """Another engine holds this store's lease: only one engine may advance its runs."""

@@ -1,15 +1,17 @@
 """`tideflow runs …`: the runs kept in a store.
 
 Reading commands (list, show, history) never start workers or resume anything.
-`cancel`, `signal` and `retry` apply their event to the store and return: the
-work the event unlocks runs on the next `tideflow resume` or `tideflow runs
-resume RUN` (both in cli/resume.py).
+`cancel`, `signal` and `retry` deliver their event (runtime/delivery.py): to the
+engine running on the store, if one is live, which applies it at once; else they
+apply it to the store and return, and the work the event unlocks runs on the next
+`tideflow resume` or `tideflow runs resume RUN` (both in cli/resume.py).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -45,12 +47,14 @@ from tideflow.cli.render import (
 from tideflow.cli.resume import resume_run_cmd
 from tideflow.cli.waits import waits_of
 from tideflow.core.reopen import RETRYABLE
-from tideflow.model.events import Event, SignalReceived
+from tideflow.model.events import Event, RunRetried, SignalReceived
 from tideflow.model.states import RunStatus
+from tideflow.runtime.delivery import deliver
+from tideflow.runtime.lease import describe
 from tideflow.runtime.result import RunResult
 from tideflow.runtime.runtime import Runtime
 from tideflow.runtime.signals import refuse_undeclared_signal
-from tideflow.store.base import HistoryEntry, RunFilter, RunPage, RunSummary
+from tideflow.store.base import HistoryEntry, Lease, RunFilter, RunPage, RunSummary
 
 runs_app = typer.Typer(
     help="List, inspect, cancel, signal, retry and resume the runs kept in a store.",
@@ -199,19 +203,21 @@ def cancel_cmd(
     ] = "cancelled with tideflow runs cancel",
     store: StoreOption = DEFAULT_STORE,
 ) -> None:
-    """Cancel a run: record the cancellation in the store and return.
+    """Cancel a run.
 
-    Running steps are cancelled at once. With `on_failure: compensate` the steps
-    that completed are compensated, newest first, on the next `tideflow resume`
-    or `tideflow runs resume RUN`; the run then ends `cancelled` (or
-    `compensation_failed`). Exit 1, changing nothing, when the run had already
-    ended or is compensating.
+    When an engine runs on the store (`tideflow run` or `resume` in another
+    shell), the cancellation goes to it and it stops the run at once. Otherwise
+    it is recorded in the store: running steps are cancelled, and with
+    `on_failure: compensate` the steps that completed are compensated, newest
+    first, on the next `tideflow resume` or `tideflow runs resume RUN`; the run
+    then ends `cancelled` (or `compensation_failed`). Exit 1, changing nothing,
+    when the run had already ended or is compensating.
 
     Examples:
       tideflow runs cancel 3f2a9c...
       tideflow runs cancel 3f2a9c... --reason "duplicate order"
     """
-    status = run_async(
+    applied = run_async(
         _apply(
             store,
             run_id,
@@ -220,7 +226,7 @@ def cancel_cmd(
             CANCELLABLE,
         )
     )
-    _report_applied(store, run_id, status)
+    _report_applied(store, run_id, applied)
 
 
 async def _cancel_event(rt: Runtime, run_id: str, reason: str) -> Event:
@@ -242,11 +248,13 @@ def signal_cmd(
     ] = None,
     store: StoreOption = DEFAULT_STORE,
 ) -> None:
-    """Send a signal to a run: record it in the store and return.
+    """Send a signal to a run.
 
     A `wait` for NAME whose `match` holds takes it (else it is kept for a later
-    wait); the steps it unlocks run on the next `tideflow resume` or
-    `tideflow runs resume RUN`. Exit 1 when the run had already ended; exit 2
+    wait). When an engine runs on the store (`tideflow run` or `resume` in
+    another shell), the signal goes to it and the steps it unlocks run at once;
+    otherwise it is recorded in the store and they run on the next
+    `tideflow resume` or `tideflow runs resume RUN`. Exit 1 when the run had already ended; exit 2
     when no wait step of the run's workflow waits for NAME (the error lists the
     names it does wait for).
 
@@ -255,7 +263,7 @@ def signal_cmd(
       tideflow runs signal 3f2a9c... approval -p @answer.json
     """
     value = parse_json_option(payload, "--payload")
-    status = run_async(
+    applied = run_async(
         _apply(
             store,
             run_id,
@@ -264,7 +272,7 @@ def signal_cmd(
             SIGNALLABLE,
         )
     )
-    _report_applied(store, run_id, status)
+    _report_applied(store, run_id, applied)
 
 
 SIGNALLABLE = frozenset(status.value for status in RunStatus) - TERMINAL_STATUSES
@@ -284,15 +292,27 @@ async def _apply(
     make: Callable[[Runtime], Awaitable[Event]],
     action: str,
     allowed: frozenset[str],
-) -> str:
-    """Apply one event to a run without workers; return the run's status after it.
-    A run whose status is not ``allowed`` is left alone: exit 1."""
+    refused: Callable[[str], str] | None = None,
+) -> Applied:
+    """Deliver one event to a run (to the live engine, or applied here without workers);
+    what became of it. A run whose status is not ``allowed`` is left alone: exit 1, with
+    ``refused(status)`` as the message when given."""
     async with opened_runtime(url, recover=False, workers=0) as rt:
         summary = await known_run(rt.store, run_id, url)
         if summary.status not in allowed:
+            if refused is not None:
+                err.print(refused(summary.status), markup=False)
+                raise typer.Exit(EXIT_FAILED)
             _nothing_to_do(run_id, summary.status, action)
-        await rt.apply_now(await make(rt))
-        return (await rt.store.get_run(run_id)).status
+        engine = await deliver(rt, await make(rt))
+        return Applied(engine=engine, status=(await rt.store.get_run(run_id)).status)
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    engine: Lease | None
+    """The live engine the event went to; None when it was applied by this command."""
+    status: str
 
 
 def _nothing_to_do(run_id: str, status: str, action: str) -> NoReturn:
@@ -312,12 +332,13 @@ def retry_cmd(
     ] = "retried with tideflow runs retry",
     store: StoreOption = DEFAULT_STORE,
 ) -> None:
-    """Retry a failed or timed-out run from the steps that did not succeed: record
-    the retry in the store and return.
+    """Retry a failed or timed-out run from the steps that did not succeed.
 
     Steps that succeeded keep their outputs and do not run again; failed,
     cancelled and skipped steps are decided again, each with a fresh attempt
-    count. They run on the next `tideflow resume` or `tideflow runs resume RUN`.
+    count. An engine running on the store runs them at once; otherwise the retry
+    is recorded and they run on the next `tideflow resume` or
+    `tideflow runs resume RUN`.
     Exit 1, changing nothing, when the run is not failed or timed out.
 
     Examples:
@@ -325,28 +346,37 @@ def retry_cmd(
       tideflow runs retry 3f2a9c... --reason "payment service is back"
       tideflow runs resume 3f2a9c...
     """
-    status = run_async(_retry(store, run_id, reason))
-    _report_applied(store, run_id, status)
+    applied = run_async(
+        _apply(
+            store,
+            run_id,
+            lambda rt: _retry_event(rt, run_id, reason),
+            "retry",
+            RETRYABLE_STATUSES,
+            lambda status: (
+                f"run {run_id} is {status}: only a failed or timed-out run can be retried; "
+                "nothing to retry"
+            ),
+        )
+    )
+    _report_applied(store, run_id, applied)
 
 
-async def _retry(url: str, run_id: str, reason: str) -> str:
-    async with opened_runtime(url, recover=False, workers=0) as rt:
-        summary = await known_run(rt.store, run_id, url)
-        if summary.status not in RETRYABLE_STATUSES:
-            err.print(
-                f"run {run_id} is {summary.status}: only a failed or timed-out run can be "
-                "retried; nothing to retry",
-                markup=False,
-            )
-            raise typer.Exit(EXIT_FAILED)
-        await rt.retry(run_id, reason)
-        return (await rt.store.get_run(run_id)).status
+async def _retry_event(rt: Runtime, run_id: str, reason: str) -> Event:
+    return RunRetried(event_id=rt.new_event_id(), run_id=run_id, time=rt.clock.now(), reason=reason)
 
 
 RETRYABLE_STATUSES = frozenset(status.value for status in RETRYABLE)
 
 
-def _report_applied(url: str, run_id: str, status: str) -> None:
+def _report_applied(url: str, run_id: str, applied: Applied) -> None:
+    if applied.engine is not None:
+        err.print(
+            f"delivered to run {run_id}: {describe(applied.engine, time.time())} applies it now",
+            markup=False,
+        )
+        return
+    status = applied.status
     if status in TERMINAL_STATUSES:
         err.print(f"run {run_id} is now {escape(status)}", markup=True)
         return

@@ -65,6 +65,7 @@ from tideflow.model.run import RunState, new_run_state
 from tideflow.model.states import RunStatus
 from tideflow.runtime.clock import Clock, SystemClock
 from tideflow.runtime.definitions import DefinitionSource, coerce_plan
+from tideflow.runtime.lease import DEFAULT_TTL, EngineSeat
 from tideflow.runtime.result import RunResult, result_of
 from tideflow.runtime.runs import Plans, RunCache, WaitIndex
 from tideflow.runtime.scheduler import Listener, Scheduler
@@ -98,6 +99,9 @@ class Runtime:
         recover: bool = True,
         max_step_output: int = storable.MAX_STEP_OUTPUT,
         max_run_input: int = storable.MAX_RUN_INPUT,
+        lease: bool | None = None,
+        lease_ttl: float = DEFAULT_TTL,
+        wait_for_engine: float = 0.0,
     ) -> None:
         if isinstance(store, str):
             from tideflow.store import open_store
@@ -135,6 +139,15 @@ class Runtime:
             start_durably=self._start_durably,
             max_output=max_step_output,
         )
+        engine = lease if lease is not None else recover and self.store.url != "memory://"
+        self._seat = (
+            EngineSeat(
+                self.store, self._apply_delivered, ttl=lease_ttl, wait_for_engine=wait_for_engine
+            )
+            if engine
+            else None
+        )
+        """The store's engine lease and inbox (runtime/lease.py): one engine per store."""
         self._scheduler = Scheduler(
             store=self.store,
             bus=self.bus,
@@ -157,15 +170,21 @@ class Runtime:
     async def start(self) -> None:
         await self.store.open()
         await self.bus.open()
+        if self._seat is not None:
+            await self._seat.take()  # before anything of the store's runs is touched
         self._running = True
         self._scheduler.start()
         if self._worker_count:
             self._workers.start()
         if self._recover_on_start:
             await self._recover()
+        if self._seat is not None:
+            self._seat.start(self._lease_lost)
 
     async def close(self) -> None:
         self._running = False
+        if self._seat is not None:
+            await self._seat.stop_listening()
         await self._workers.close()
         await self._scheduler.stop()  # a batch being committed finishes first
         self._timers.close()
@@ -180,7 +199,21 @@ class Runtime:
                     await closer()
         await self.executors.aclose()
         await self.bus.close()
+        if self._seat is not None:
+            await self._seat.release()
         await self.store.close()
+
+    def _lease_lost(self) -> None:
+        log.error("another engine took this store's lease over: this one stops advancing runs")
+        self._running = False
+        self._publishing.add(asyncio.get_running_loop().create_task(self._scheduler.stop()))
+
+    async def _apply_delivered(self, events: list[Event]) -> None:
+        """Apply events another process put into the inbox (runtime/inbox.py)."""
+        for event in events:
+            if isinstance(event, RunRetried):
+                self._workers.forget_cancels(event.run_id)
+        await self._scheduler.apply(events)
 
     def _compile_stored(self, source: Any) -> Plan:
         return coerce_plan(dict(source), self.executors)
@@ -330,11 +363,12 @@ class Runtime:
         await self._scheduler.apply([event], redeliver=False)
         return (await self._state(run_id)).status
 
-    async def apply_now(self, event: Event) -> None:
+    async def apply_now(self, event: Event, *, relay: bool = True) -> None:
         """Apply one event and commit it before returning (for tools that act on a store
-        without running its workers: what the event dispatches runs on the next resume)."""
+        without running its workers: what the event dispatches runs on the next resume).
+        ``relay=False`` carries out none of its commands (runtime/delivery.py)."""
         self._require_started()
-        await self._scheduler.apply([event], redeliver=False)
+        await self._scheduler.apply([event], redeliver=False, relay=relay)
 
     async def _start_durably(self, event: TaskStarted) -> bool:
         """Commit a worker's TaskStarted now (an ``idempotent: false`` step runs only after

@@ -103,19 +103,25 @@ class Scheduler:
             except Exception:
                 log.exception("scheduler batch failed")
 
-    async def apply(self, events: list[Event], *, redeliver: bool = True) -> set[str]:
+    async def apply(
+        self, events: list[Event], *, redeliver: bool = True, relay: bool = True
+    ) -> set[str]:
         """Apply, commit and relay one batch; return the ids of the events that changed a
         run and were committed (the others were duplicates, stale, or not stored). Nothing
         a caller sees counts a run as ended before the batch that ended it is committed.
         With ``redeliver=False`` (a tool that applies one event and stops) a commit that
-        fails raises instead of coming again later."""
+        fails raises instead of coming again later. With ``relay=False`` (a client recording
+        an event while no engine is live) nothing is relayed: the commands stay derivable
+        from the state and the outbox, for the next engine's recovery."""
         async with self._lock:
             try:
-                return await self._apply_committed(events, redeliver)
+                return await self._apply_committed(events, redeliver, relay)
             finally:
                 self._in_flight.clear()
 
-    async def _apply_committed(self, events: list[Event], redeliver: bool = True) -> set[str]:
+    async def _apply_committed(
+        self, events: list[Event], redeliver: bool = True, relay: bool = True
+    ) -> set[str]:
         batch = await self._apply_all(events)
         if not batch:
             return set()
@@ -131,7 +137,7 @@ class Scheduler:
                 self._runs.evict(run_id)
             raise out.down or next(iter(out.failures.values()))
         await self._not_committed(out, events)
-        await self._committed(out.committed)
+        await self._committed(out.committed, relay)
         return {applied.event.event_id for applied in out.committed}
 
     async def _commit(self, part: Sequence[AppliedEvent]) -> None:
@@ -152,9 +158,13 @@ class Scheduler:
             mine = [e for e in events if e.run_id == run_id]
             await self._run_failed(run_id, mine, error, alone=not out.committed)
 
-    async def _committed(self, batch: list[AppliedEvent]) -> None:
+    async def _committed(self, batch: list[AppliedEvent], relay: bool = True) -> None:
         commands: list[Command] = []
         for applied in batch:
+            if not relay:
+                for listener in self._listeners:
+                    listener(applied.state, applied.transitions)
+                continue
             commands.extend(applied.commands)
             self._relayed.extend(outbox_id for outbox_id, _ in applied.outbox)
             for listener in self._listeners:

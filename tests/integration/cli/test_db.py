@@ -7,7 +7,11 @@ import sqlite3
 
 import pytest
 
+from tideflow.store.sqlfiles import latest_version
+
 from .conftest import Workdir, invoke, stdout_json, waiting_runs
+
+LATEST = latest_version("sqlite")
 
 
 def test_upgrade_creates_a_fresh_file_and_status_reports_it(workdir: Workdir) -> None:
@@ -18,19 +22,19 @@ def test_upgrade_creates_a_fresh_file_and_status_reports_it(workdir: Workdir) ->
 
     created = invoke("db", "upgrade", "--store", workdir.store)
     assert created.exit_code == 0, created.stderr
-    assert "created" in created.stdout and "schema version 1" in created.stdout
+    assert "created" in created.stdout and f"schema version {LATEST}" in created.stdout
     assert workdir.db.is_file()
 
     again = invoke("db", "upgrade", "--store", workdir.store)
     assert again.exit_code == 0
-    assert "already at schema version 1" in again.stdout
+    assert f"already at schema version {LATEST}" in again.stdout
 
     status = invoke("db", "status", "--json", "--store", workdir.store)
     assert status.exit_code == 0
     assert stdout_json(status) == {
         "store": workdir.store,
-        "schema_version": 1,
-        "code_schema_version": 1,
+        "schema_version": LATEST,
+        "code_schema_version": LATEST,
         "up_to_date": True,
         "problems": [],
     }

@@ -23,16 +23,20 @@ from urllib.parse import unquote, urlsplit
 import asyncpg  # type: ignore[import-untyped]
 
 from tideflow.errors import NotFound
+from tideflow.model.events import Event
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
 from tideflow.model.versions import latest
 from tideflow.store import sqlbase as sb
 from tideflow.store.base import (
+    ENGINE_LEASE,
     AppliedEvent,
     Archive,
     ConcurrencyConflict,
     DefinitionSummary,
     HistoryEntry,
+    InboxListener,
+    Lease,
     OutboxItem,
     RunFilter,
     RunPage,
@@ -95,6 +99,8 @@ class PostgresStore(Store):
         self.where = f"{self.server}/{self.database}" + (f" (schema {schema})" if schema else "")
         """Where the data lives, for messages (never the password)."""
         self._pool: Any = None
+        self._listener: Any = None
+        """The connection that LISTENs for inbox notifications (not pooled: it holds a LISTEN)."""
         self._plans: dict[str, Plan] = {}
         self._definitions: dict[tuple[str, str], str] = {}
         """(name, version) -> plan hash of definitions known to exist: they never change."""
@@ -154,10 +160,13 @@ class PostgresStore(Store):
             await self._disconnect()
             raise
 
-    async def _connect(self) -> None:
+    def _settings(self) -> dict[str, str]:
         settings = {"application_name": "tideflow"}
         if self.schema:
             settings["search_path"] = quote_ident(self.schema)
+        return settings
+
+    async def _connect(self) -> None:
         try:
             self._pool = await asyncpg.create_pool(
                 self.url,
@@ -165,7 +174,7 @@ class PostgresStore(Store):
                 max_size=self.max_size,
                 reset=_keep_session,
                 timeout=10,
-                server_settings=settings,
+                server_settings=self._settings(),
             )
         except _DRIVER_ERRORS as exc:
             raise self._translate(exc) from None
@@ -176,6 +185,10 @@ class PostgresStore(Store):
             ) from None
 
     async def _disconnect(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            with contextlib.suppress(*_DRIVER_ERRORS):
+                await listener.close()
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
@@ -378,6 +391,56 @@ class PostgresStore(Store):
         async with self._connection() as conn:
             rows = await conn.fetch(Q["pending_outbox"], limit)
         return [sb.outbox_item(row) for row in rows]
+
+    # -- the engine lease and the inbox ------------------------------------------------
+
+    async def acquire_lease(
+        self, lease: Lease, *, now: float, take_from: str | None = None
+    ) -> Lease:
+        async with self._connection() as conn, conn.transaction():
+            await conn.execute(Q["acquire_lease"], *sb.lease_row(lease), now, take_from)
+            held = sb.lease_from_row(await conn.fetchrow(Q["lease_holder"], lease.name))
+        assert held is not None  # the row was just written or is held by another
+        return held
+
+    async def renew_lease(self, name: str, owner: str, expires_at: float) -> bool:
+        async with self._connection() as conn:
+            return await conn.fetchval(Q["renew_lease"], expires_at, name, owner) is not None
+
+    async def release_lease(self, name: str, owner: str) -> None:
+        async with self._connection() as conn:
+            await conn.execute(Q["release_lease"], name, owner)
+
+    async def lease_holder(self, name: str) -> Lease | None:
+        async with self._connection() as conn:
+            return sb.lease_from_row(await conn.fetchrow(Q["lease_holder"], name))
+
+    async def add_to_inbox(self, events: Sequence[Event]) -> Lease | None:
+        rows = sb.inbox_rows(events)
+        async with self._connection() as conn, conn.transaction():
+            await conn.executemany(Q["insert_inbox"], rows)
+            await conn.execute(Q["notify_inbox"])
+            return sb.lease_from_row(await conn.fetchrow(Q["lease_holder"], ENGINE_LEASE))
+
+    async def inbox(self, limit: int = 1000) -> list[Event]:
+        async with self._connection() as conn:
+            rows = await conn.fetch(Q["inbox"], limit)
+        return [sb.inbox_event(tuple(row)) for row in rows]
+
+    async def remove_from_inbox(self, event_ids: Sequence[str]) -> None:
+        async with self._connection() as conn:
+            await conn.execute(Q["delete_inbox"], list(event_ids))
+
+    async def listen_inbox(self, listener: InboxListener) -> str | None:
+        """LISTEN on the schema's inbox channel on a connection of its own."""
+        try:
+            conn = await asyncpg.connect(self.url, timeout=10, server_settings=self._settings())
+            channel = str(await conn.fetchval(Q["inbox_channel"]))
+            await conn.add_listener(channel, lambda *_: listener())
+        except _DRIVER_ERRORS as exc:
+            raise self._translate(exc) from None
+        self._listener = conn
+        return f"postgres:{channel}"
 
     async def prune(
         self, older_than: float, *, batch_size: int = 500, archive: Archive | None = None
