@@ -91,7 +91,9 @@ async def test_older_schema_upgrades_only_when_allowed(
 
     module = MODULES[sql_backend.name]
     known = migrations(sql_backend.name)
-    extra = Migration(known[-1].version + 1, "9999_test.sql", "CREATE TABLE upgrade_probe (x INTEGER)")
+    extra = Migration(
+        known[-1].version + 1, "9999_test.sql", "CREATE TABLE upgrade_probe (x INTEGER)"
+    )
     monkeypatch.setattr(module, "migrations", lambda dialect: (*known, extra))
     monkeypatch.setattr(module, "latest_version", lambda dialect: extra.version)
 
