@@ -17,6 +17,8 @@ from .test_postgres import pg_store  # noqa: F401  (the fixture)
 
 STEPS = """
 import sys
+import time
+from pathlib import Path
 
 
 def _log(name):
@@ -32,6 +34,16 @@ def first():
 def second(value):
     _log("second")
     return {"got": value}
+
+
+def gated(value):
+    # Runs once `go` exists: the test starts a second engine while this one runs.
+    print("gated-started", file=sys.stderr, flush=True)
+    deadline = time.monotonic() + 60
+    while not Path("go").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    _log("gated")
+    return value
 """
 
 LOGGED = """
@@ -48,6 +60,15 @@ steps:
 output: "{{ steps.second.output }}"
 """
 
+GATED = """
+name: gated
+version: "1"
+steps:
+  - {id: first, type: python, function: "engine_steps:first"}
+  - {id: ask, type: wait, signal: approve, depends_on: [first]}
+  - {id: gated, type: python, function: "engine_steps:gated", depends_on: [ask], input: {value: 1}}
+"""
+
 OTHER = """
 name: other
 version: "1"
@@ -61,6 +82,7 @@ def flows(workdir: Workdir) -> Workdir:
     (workdir.path / "engine_steps.py").write_text(STEPS, encoding="utf-8")
     (workdir.path / "logged.yaml").write_text(LOGGED, encoding="utf-8")
     (workdir.path / "other.yaml").write_text(OTHER, encoding="utf-8")
+    (workdir.path / "gated.yaml").write_text(GATED, encoding="utf-8")
     return workdir
 
 
@@ -166,24 +188,36 @@ def test_a_second_engine_on_the_store_is_refused_and_runs_nothing(flows: Workdir
     assert executions(flows) == ["first", "second"]  # each step once, `other` never
 
 
-def test_two_resumes_started_together_run_each_step_once(flows: Workdir) -> None:
+def test_a_resume_while_another_runs_steps_is_refused_and_each_step_runs_once(
+    flows: Workdir,
+) -> None:
     sys.path.insert(0, str(flows.path))  # the steps, for the runtime in this process
-    runs = waiting_runs(flows.store, 3, flows.path / "logged.yaml")
+    runs = waiting_runs(flows.store, 3, flows.path / "gated.yaml")
     for run_id in runs:
         sent = tideflow(flows.path, "runs", "signal", run_id, "approve", "--store", flows.store)
         assert sent.returncode == 0 and "recorded" in sent.stderr, sent.stderr
-    assert executions(flows) == ["first"] * 3  # recorded: nothing ran `second` yet
+    assert executions(flows) == ["first"] * 3  # recorded: nothing ran `gated` yet
 
-    both = [start(flows.path, "resume", "--json", "--store", flows.store) for _ in range(2)]
-    outcomes = [(p.wait(timeout=60), p.communicate()[1]) for p in both]
-    assert any(code == 0 for code, _ in outcomes)
-    for code, err in outcomes:
-        assert "Traceback" not in err
-        assert code == 0 or "another engine is running on this store" in err, err
-    assert sorted(executions(flows)) == ["first"] * 3 + ["second"] * 3
-    for run_id in runs:
-        shown = tideflow(flows.path, "runs", "show", run_id, "--json", "--store", flows.store)
-        assert stdout_json(shown)["status"] == "succeeded"
+    first = start(flows.path, "resume", "--json", "--store", flows.store)
+    try:
+        wait_for_line(first, "gated-started")  # it runs steps now
+        second = start(flows.path, "resume", "--json", "--store", flows.store)
+        try:
+            _, refused = second.communicate(timeout=60)
+            (flows.path / "go").touch()
+            out, err = first.communicate(timeout=60)
+        finally:
+            second.kill()
+    finally:
+        first.kill()
+    assert second.returncode == 2, refused
+    assert "another engine is running on this store" in refused
+    assert "Traceback" not in refused
+    assert first.returncode == 0, err
+    assert sorted(executions(flows)) == ["first"] * 3 + ["gated"] * 3
+    assert {
+        r["status"] for r in stdout_json(subprocess.CompletedProcess([], 0, out, err))["runs"]
+    } == {"succeeded"}
 
 
 def test_the_lease_of_a_killed_engine_is_taken_over_by_the_next(flows: Workdir) -> None:
