@@ -203,3 +203,14 @@ async def _holder(url: str) -> Lease | None:
         return await store.lease_holder(ENGINE_LEASE)
     finally:
         await store.close()
+
+
+async def test_a_run_started_by_a_client_is_run_by_the_live_engine(url: str) -> None:
+    async with Runtime(store=url) as engine, client(url) as other:
+        plan = await other.register(WAIT_THEN_STEP)
+        state, created = await other._create_run(plan, "started-elsewhere", None, None, None, 5)
+        assert created
+        assert await deliver(other, other._started(state, 5)) is not None
+        await wait_until(engine, "started-elsewhere", step_is("ask", "waiting"), 30)
+        assert await deliver(other, approve(other, "started-elsewhere", "ok")) is not None
+        assert (await engine.wait("started-elsewhere", 30)).output == "ok"
