@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import pytest
 
 from tideflow.model.events import CancelRequested, SignalReceived
+from tideflow.store.backends.postgres import PostgresStore
 from tideflow.store.base import ENGINE_LEASE, Lease, Store, UnstorableData
 
-from .conftest import Backend
+from .conftest import Backend, drop_schema, postgres_backend
 
 T0 = 1_000_000.0
 
@@ -110,3 +112,23 @@ async def test_a_listener_hears_of_events_another_store_adds(backend: Backend) -
     await client.add_to_inbox([signal("e1")])
     await asyncio.wait_for(heard.wait(), 10)
     assert [e.event_id for e in await engine.inbox()] == ["e1"]
+
+
+async def test_a_dropped_postgresql_listen_connection_is_replaced(postgres_url: str) -> None:
+    schema = f"contract_{uuid.uuid4().hex[:16]}"
+    backend = postgres_backend(postgres_url, schema)
+    try:
+        engine, client = await backend.open(), await backend.open()
+        heard = asyncio.Event()
+        await engine.listen_inbox(heard.set)
+        assert isinstance(engine, PostgresStore)
+        pid = engine._listener.get_server_pid()
+        await backend.raw(f"SELECT pg_terminate_backend({int(pid)})")
+        await asyncio.wait_for(heard.wait(), 30)  # reconnected: told to look at the inbox
+        heard.clear()
+        await client.add_to_inbox([signal("e1")])
+        await asyncio.wait_for(heard.wait(), 30)
+        assert engine._listener.get_server_pid() != pid
+    finally:
+        await backend.close_all()
+        await drop_schema(postgres_url, schema)

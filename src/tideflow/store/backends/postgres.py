@@ -13,8 +13,10 @@ naming the server and database and what to check, never an asyncpg traceback.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import getpass
+import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -50,6 +52,7 @@ from tideflow.store.base import (
 from tideflow.store.sqlfiles import latest_version, migrations, queries
 
 Q = queries("postgres")
+log = logging.getLogger("tideflow.store.postgres")
 DIALECT = "postgres"
 
 _CONFLICTS = (asyncpg.SerializationError, asyncpg.DeadlockDetectedError)
@@ -100,6 +103,7 @@ class PostgresStore(Store):
         """Where the data lives, for messages (never the password)."""
         self._pool: Any = None
         self._listener: Any = None
+        self._relistening: asyncio.Task[None] | None = None
         """The connection that LISTENs for inbox notifications (not pooled: it holds a LISTEN)."""
         self._plans: dict[str, Plan] = {}
         self._definitions: dict[tuple[str, str], str] = {}
@@ -185,6 +189,8 @@ class PostgresStore(Store):
             ) from None
 
     async def _disconnect(self) -> None:
+        if self._relistening is not None:
+            self._relistening.cancel()
         listener, self._listener = self._listener, None
         if listener is not None:
             with contextlib.suppress(*_DRIVER_ERRORS):
@@ -432,15 +438,43 @@ class PostgresStore(Store):
             await conn.execute(Q["delete_inbox"], list(event_ids))
 
     async def listen_inbox(self, listener: InboxListener) -> str | None:
-        """LISTEN on the schema's inbox channel on a connection of its own."""
+        """LISTEN on the schema's inbox channel, on a connection of its own; a connection
+        that drops is replaced (and the listener called: what came meanwhile is applied)."""
         try:
-            conn = await asyncpg.connect(self.url, timeout=10, server_settings=self._settings())
-            channel = str(await conn.fetchval(Q["inbox_channel"]))
-            await conn.add_listener(channel, lambda *_: listener())
+            return await self._listen(listener)
         except _DRIVER_ERRORS as exc:
             raise self._translate(exc) from None
+
+    async def _listen(self, listener: InboxListener) -> str:
+        conn = await asyncpg.connect(self.url, timeout=10, server_settings=self._settings())
+        try:
+            channel = str(await conn.fetchval(Q["inbox_channel"]))
+            await conn.add_listener(channel, lambda *_: listener())
+        except BaseException:
+            await conn.close()
+            raise
+        conn.add_termination_listener(lambda _: self._relisten(listener))
         self._listener = conn
         return f"postgres:{channel}"
+
+    def _relisten(self, listener: InboxListener) -> None:
+        if self._pool is None or self._listener is None:
+            return  # closing: nothing to replace
+        self._listener = None
+        self._relistening = asyncio.get_running_loop().create_task(self._reconnect(listener))
+
+    async def _reconnect(self, listener: InboxListener) -> None:
+        delay = 0.1
+        while self._pool is not None:
+            try:
+                await self._listen(listener)
+            except _DRIVER_ERRORS as exc:
+                log.warning("inbox LISTEN on %s lost (%s); reconnecting", self.where, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            listener()
+            return
 
     async def prune(
         self, older_than: float, *, batch_size: int = 500, archive: Archive | None = None
