@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import getpass
-import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -25,20 +24,17 @@ from urllib.parse import unquote, urlsplit
 import asyncpg  # type: ignore[import-untyped]
 
 from tideflow.errors import NotFound
-from tideflow.model.events import Event
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
 from tideflow.model.versions import latest
 from tideflow.store import sqlbase as sb
+from tideflow.store.backends.postgres_inbox import DRIVER_ERRORS, LeaseAndInbox
 from tideflow.store.base import (
-    ENGINE_LEASE,
     AppliedEvent,
     Archive,
     ConcurrencyConflict,
     DefinitionSummary,
     HistoryEntry,
-    InboxListener,
-    Lease,
     OutboxItem,
     RunFilter,
     RunPage,
@@ -52,12 +48,11 @@ from tideflow.store.base import (
 from tideflow.store.sqlfiles import latest_version, migrations, queries
 
 Q = queries("postgres")
-log = logging.getLogger("tideflow.store.postgres")
 DIALECT = "postgres"
 
 _CONFLICTS = (asyncpg.SerializationError, asyncpg.DeadlockDetectedError)
 """Two transactions raced for the same rows: the loser reloads and applies again."""
-_DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError)
+_DRIVER_ERRORS = DRIVER_ERRORS
 """Everything the driver raises (OSError covers refused connections and timeouts)."""
 _UNAVAILABLE = (
     asyncpg.InterfaceError,
@@ -79,7 +74,7 @@ async def _keep_session(conn: Any) -> None:
     released connection needs no extra ``RESET ALL`` round trip."""
 
 
-class PostgresStore(Store):
+class PostgresStore(LeaseAndInbox, Store):
     def __init__(
         self,
         url: str,
@@ -189,12 +184,7 @@ class PostgresStore(Store):
             ) from None
 
     async def _disconnect(self) -> None:
-        if self._relistening is not None:
-            self._relistening.cancel()
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            with contextlib.suppress(*_DRIVER_ERRORS):
-                await listener.close()
+        await self._stop_listening()
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
@@ -397,84 +387,6 @@ class PostgresStore(Store):
         async with self._connection() as conn:
             rows = await conn.fetch(Q["pending_outbox"], limit)
         return [sb.outbox_item(row) for row in rows]
-
-    # -- the engine lease and the inbox ------------------------------------------------
-
-    async def acquire_lease(
-        self, lease: Lease, *, now: float, take_from: str | None = None
-    ) -> Lease:
-        async with self._connection() as conn, conn.transaction():
-            await conn.execute(Q["acquire_lease"], *sb.lease_row(lease), now, take_from)
-            held = sb.lease_from_row(await conn.fetchrow(Q["lease_holder"], lease.name))
-        assert held is not None  # the row was just written or is held by another
-        return held
-
-    async def renew_lease(self, name: str, owner: str, expires_at: float) -> bool:
-        async with self._connection() as conn:
-            return await conn.fetchval(Q["renew_lease"], expires_at, name, owner) is not None
-
-    async def release_lease(self, name: str, owner: str) -> None:
-        async with self._connection() as conn:
-            await conn.execute(Q["release_lease"], name, owner)
-
-    async def lease_holder(self, name: str) -> Lease | None:
-        async with self._connection() as conn:
-            return sb.lease_from_row(await conn.fetchrow(Q["lease_holder"], name))
-
-    async def add_to_inbox(self, events: Sequence[Event]) -> Lease | None:
-        rows = sb.inbox_rows(events)
-        async with self._connection() as conn, conn.transaction():
-            await conn.executemany(Q["insert_inbox"], rows)
-            await conn.execute(Q["notify_inbox"])
-            return sb.lease_from_row(await conn.fetchrow(Q["lease_holder"], ENGINE_LEASE))
-
-    async def inbox(self, limit: int = 1000) -> list[Event]:
-        async with self._connection() as conn:
-            rows = await conn.fetch(Q["inbox"], limit)
-        return [sb.inbox_event(tuple(row)) for row in rows]
-
-    async def remove_from_inbox(self, event_ids: Sequence[str]) -> None:
-        async with self._connection() as conn:
-            await conn.execute(Q["delete_inbox"], list(event_ids))
-
-    async def listen_inbox(self, listener: InboxListener) -> str | None:
-        """LISTEN on the schema's inbox channel, on a connection of its own; a connection
-        that drops is replaced (and the listener called: what came meanwhile is applied)."""
-        try:
-            return await self._listen(listener)
-        except _DRIVER_ERRORS as exc:
-            raise self._translate(exc) from None
-
-    async def _listen(self, listener: InboxListener) -> str:
-        conn = await asyncpg.connect(self.url, timeout=10, server_settings=self._settings())
-        try:
-            channel = str(await conn.fetchval(Q["inbox_channel"]))
-            await conn.add_listener(channel, lambda *_: listener())
-        except BaseException:
-            await conn.close()
-            raise
-        conn.add_termination_listener(lambda _: self._relisten(listener))
-        self._listener = conn
-        return f"postgres:{channel}"
-
-    def _relisten(self, listener: InboxListener) -> None:
-        if self._pool is None or self._listener is None:
-            return  # closing: nothing to replace
-        self._listener = None
-        self._relistening = asyncio.get_running_loop().create_task(self._reconnect(listener))
-
-    async def _reconnect(self, listener: InboxListener) -> None:
-        delay = 0.1
-        while self._pool is not None:
-            try:
-                await self._listen(listener)
-            except _DRIVER_ERRORS as exc:
-                log.warning("inbox LISTEN on %s lost (%s); reconnecting", self.where, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-                continue
-            listener()
-            return
 
     async def prune(
         self, older_than: float, *, batch_size: int = 500, archive: Archive | None = None
