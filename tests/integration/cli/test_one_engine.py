@@ -36,6 +36,13 @@ def second(value):
     return {"got": value}
 
 
+def charge():
+    _log("charge")
+    if not Path("payments-up").exists():
+        raise ConnectionError("payment service unavailable")
+    return {"charged": True}
+
+
 def gated(value):
     # Runs once `go` exists: the test starts a second engine while this one runs.
     print("gated-started", file=sys.stderr, flush=True)
@@ -69,6 +76,14 @@ steps:
   - {id: gated, type: python, function: "engine_steps:gated", depends_on: [ask], input: {value: 1}}
 """
 
+FLAKY = """
+name: flaky
+version: "1"
+steps:
+  - {id: charge, type: python, function: "engine_steps:charge"}
+output: "{{ steps.charge.output }}"
+"""
+
 OTHER = """
 name: other
 version: "1"
@@ -83,6 +98,7 @@ def flows(workdir: Workdir) -> Workdir:
     (workdir.path / "logged.yaml").write_text(LOGGED, encoding="utf-8")
     (workdir.path / "other.yaml").write_text(OTHER, encoding="utf-8")
     (workdir.path / "gated.yaml").write_text(GATED, encoding="utf-8")
+    (workdir.path / "flaky.yaml").write_text(FLAKY, encoding="utf-8")
     return workdir
 
 
@@ -164,6 +180,39 @@ def test_a_cancel_from_another_process_stops_a_live_run(flows: Workdir) -> None:
     assert code == 1, err
     assert result["status"] == "cancelled"
     assert executions(flows) == ["first"]
+
+
+def status_of(workdir: Workdir, store: str, run_id: str) -> str:
+    shown = tideflow(workdir.path, "runs", "show", run_id, "--json", "--store", store)
+    assert shown.returncode == 0, shown.stderr
+    return str(stdout_json(shown)["status"])
+
+
+def test_a_retry_from_another_process_is_run_by_the_live_engine(flows: Workdir) -> None:
+    failed = tideflow(flows.path, "run", "flaky.yaml", "--json", "--store", flows.store)
+    assert failed.returncode == 1, failed.stderr
+    failed_id = stdout_json(failed)["run_id"]
+    proc, waiting_id = live_run(flows, flows.store)
+    try:
+        (flows.path / "payments-up").touch()
+        sent = tideflow(flows.path, "runs", "retry", failed_id, "--store", flows.store)
+        assert sent.returncode == 0, sent.stderr
+        assert "applies it now" in sent.stderr
+        status = ""
+        for _ in range(100):  # each `runs show` is a process of its own: bounded, no sleeps
+            status = status_of(flows, flows.store, failed_id)
+            if status == "succeeded":
+                break
+        assert status == "succeeded"
+        signalled = tideflow(
+            flows.path, "runs", "signal", waiting_id, "approve", "--store", flows.store
+        )
+        assert signalled.returncode == 0, signalled.stderr
+        code, _, err = finished(proc)
+    finally:
+        proc.kill()
+    assert code == 0, err
+    assert executions(flows).count("charge") == 2  # failed once, ran again once by the retry
 
 
 def test_a_second_engine_on_the_store_is_refused_and_runs_nothing(flows: Workdir) -> None:
