@@ -21,7 +21,7 @@ import asyncio
 import builtins
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -35,8 +35,12 @@ from tideflow.model.states import RunStatus
 from tideflow.runtime.catalog import started_event
 from tideflow.runtime.result import RunResult, result_of
 from tideflow.runtime.signals import refuse_undeclared_signal
-from tideflow.store.base import HistoryEntry, RunFilter, RunPage, RunSummary, Store
+from tideflow.store.base import HistoryEntry, Lease, RunFilter, RunPage, RunSummary, Store
 from tideflow.worker.secrets import redact_fields
+
+Deliver = Callable[[Sequence[Event]], Awaitable[Lease | None]]
+"""Gets events to their runs from a process without an engine (``Runtime.deliver``): the
+live engine's lease when they went to it, None when they were recorded for the next."""
 
 if TYPE_CHECKING:
     from tideflow.runtime.catalog import Catalog
@@ -88,12 +92,14 @@ class Client:
         self._new_id = new_event_id
         self._max_step_output = max_step_output
 
-    def recording(self) -> Client:
+    def recording(self, via: Deliver | None = None) -> Client:
         """This client with every event committed before a call returns: for a tool that
-        acts on a store no engine is running on (the next engine carries the work out)."""
+        acts on a store no engine is running on here (the next engine carries the work
+        out). ``via`` delivers instead, to an engine live in another process if there is
+        one (``Runtime.deliver``); ``delivered_to`` then names it."""
         return Client(
             self.store,
-            _Recording(self._link),
+            _Recording(self._link, via),
             self._catalog,
             clock=self._clock,
             new_event_id=self._new_id,
@@ -215,6 +221,11 @@ class Client:
         """Wait until the run is in a terminal state and return its result."""
         return await self._link.wait(run_id, timeout)
 
+    @property
+    def delivered_to(self) -> Lease | None:
+        """The live engine the last event went to (a recording client's), or None."""
+        return self._link.delivered_to if isinstance(self._link, _Recording) else None
+
     async def unfinished(self) -> builtins.list[str]:
         """Ids of the runs in the store that have not ended."""
         return await self.store.unfinished_runs()
@@ -223,17 +234,22 @@ class Client:
 class _Recording(EngineLink):
     """Commits what it is handed at once: the next engine carries out what it unlocks."""
 
-    def __init__(self, engine: EngineLink) -> None:
+    def __init__(self, engine: EngineLink, via: Deliver | None = None) -> None:
         self._engine = engine
+        self._via = via
+        self.delivered_to: Lease | None = None
 
     async def deliver(self, events: Sequence[Event]) -> None:
-        await self._engine.commit(events)
+        await self.commit(events)
 
     async def commit(self, events: Sequence[Event]) -> None:
-        await self._engine.commit(events)
+        if self._via is None:
+            await self._engine.commit(events)
+        else:
+            self.delivered_to = await self._via(events)
 
     async def start_run(self, state: RunState, event: RunStarted) -> None:
-        await self._engine.commit([event])
+        await self.commit([event])
 
     async def state(self, run_id: str) -> RunState:
         return await self._engine.state(run_id)

@@ -13,6 +13,7 @@
     ├── DefinitionConflict         (name, version) already registered with other content
     ├── RuntimeNotStarted          a Runtime used before ``start()`` / ``async with``
     ├── EngineError                a run's event could not be applied or stored: the run failed
+    ├── EngineAlreadyRunning       another live engine holds the store's lease
     ├── UnknownSignal              a signal no wait step of the run's workflow waits for
     ├── StateFormatError           a stored run state or event cannot be read
     ├── BadCursor                  a pagination cursor this store did not hand out
@@ -232,3 +233,7 @@ class ConcurrencyConflict(StoreError):
 
 class BusError(TideflowError):
     """The bus refused a request (a bad option, a partition held elsewhere) or is not available."""
+
+
+class EngineAlreadyRunning(TideflowError):
+    """Another engine holds this store's lease: only one engine may advance its runs."""

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tideflow.dsl import compile_definition
-from tideflow.model.events import CancelRequested, EngineFailed, SignalReceived, TaskCompleted
+from tideflow.model.events import EngineFailed, SignalReceived, TaskCompleted
 from tideflow.model.plan import Plan
 from tideflow.runtime.runtime import Runtime
 from tideflow.store.base import AppliedEvent, Store, StoreUnavailable, UnstorableData
@@ -228,17 +228,19 @@ async def test_a_run_that_cannot_be_loaded_holds_up_no_other(
     )
 
 
-async def test_apply_now_says_when_the_store_did_not_take_the_event(runtime: Runtime) -> None:
+async def test_a_recording_client_says_when_the_store_did_not_take_the_event(
+    runtime: Runtime,
+) -> None:
     await runtime.start_run(WAITING, None, run_id=POISON)
     await wait_until(runtime, POISON, step_is("ask", "waiting"))
     fault = CommitFault(runtime.store, StoreUnavailable("the store is busy"), {POISON}, None)
     fault.install()
-    cancel = CancelRequested(event_id="c1", run_id=POISON, time=1.0)
+    tool = runtime.client.recording()  # what `tideflow runs cancel` uses
     with pytest.raises(StoreUnavailable):
-        await runtime.apply_now(cancel)
+        await tool.cancel(POISON)
     assert (await runtime.store.get_run(POISON)).status == "running"
     fault.heal()
-    await runtime.apply_now(cancel)
+    await tool.cancel(POISON)
     assert (await runtime.store.get_run(POISON)).status == "cancelled"
 
 

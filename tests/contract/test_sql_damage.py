@@ -91,13 +91,15 @@ async def test_older_schema_upgrades_only_when_allowed(
 
     module = MODULES[sql_backend.name]
     known = migrations(sql_backend.name)
-    extra = Migration(len(known) + 1, "9999_test.sql", "CREATE TABLE upgrade_probe (x INTEGER)")
+    extra = Migration(
+        known[-1].version + 1, "9999_test.sql", "CREATE TABLE upgrade_probe (x INTEGER)"
+    )
     monkeypatch.setattr(module, "migrations", lambda dialect: (*known, extra))
     monkeypatch.setattr(module, "latest_version", lambda dialect: extra.version)
 
     with pytest.raises(StoreError, match=r"tideflow db upgrade --store") as caught:
         await sql_backend.open(auto_upgrade=False)
-    assert f"schema {len(known)}" in str(caught.value)
+    assert f"schema {known[-1].version}" in str(caught.value)
     upgraded = await sql_backend.open(auto_upgrade=True)
     assert await upgraded.schema_version() == extra.version
     assert await upgraded.upgrade() == []

@@ -30,7 +30,13 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from tideflow.errors import DefinitionError, Diagnostic, NotFound, TideflowError
+from tideflow.errors import (
+    DefinitionError,
+    Diagnostic,
+    EngineAlreadyRunning,
+    NotFound,
+    TideflowError,
+)
 from tideflow.model import storable
 from tideflow.model.states import RUN_TERMINAL
 from tideflow.store import DEFAULT_URL, Store, open_store
@@ -81,6 +87,18 @@ def format_mode(value: str) -> str:
 
 JsonOption = Annotated[
     bool, typer.Option("--json", help="Print one JSON object.", callback=json_mode)
+]
+WaitForEngineOption = Annotated[
+    float,
+    typer.Option(
+        "--wait-for-engine",
+        metavar="SECONDS",
+        min=0,
+        help=(
+            "When another engine runs on the store, wait up to this long for it to exit "
+            "instead of refusing at once."
+        ),
+    ),
 ]
 RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="The run id.", show_default=False)]
 DEFAULT_STORE = DEFAULT_URL
@@ -308,18 +326,25 @@ async def opened_runtime(
     definitions_dir: Path | None = None,
     listeners: Iterable[Listener] = (),
     limits: Limits | None = None,
+    wait_for_engine: float = 0.0,
 ) -> AsyncIterator[Runtime]:
     """A started runtime on the store at ``url`` (the runtime opens and closes the store).
 
     ``recover=True`` resumes every unfinished run of the store on start; ``workers=0``
     executes no task (what a command dispatches then runs on the next resume).
     ``limits`` default to ``TIDEFLOW_MAX_STEP_OUTPUT`` / ``TIDEFLOW_MAX_RUN_INPUT``.
+    A runtime that recovers is the store's engine: it takes the engine lease
+    (``TIDEFLOW_ENGINE_LEASE_TTL`` seconds, default 10), and is refused with
+    EngineAlreadyRunning while another engine holds it, after waiting up to
+    ``wait_for_engine`` seconds for it to go.
     """
     from tideflow.runtime.clock import clock_from_environment
+    from tideflow.runtime.lease import ttl_from_environment
     from tideflow.runtime.runtime import Runtime
 
     try:
         clock = clock_from_environment(os.environ)
+        lease_ttl = ttl_from_environment(os.environ)
     except ValueError as exc:
         raise fail_usage(str(exc)) from None
     limits = limits or Limits.from_env(os.environ)
@@ -333,6 +358,8 @@ async def opened_runtime(
         clock=clock,
         max_step_output=limits.step_output,
         max_run_input=limits.run_input,
+        lease_ttl=lease_ttl,
+        wait_for_engine=wait_for_engine,
     )
     for listener in listeners:
         rt.add_listener(listener)
@@ -343,6 +370,8 @@ async def opened_runtime(
     except Exception as exc:
         with contextlib.suppress(Exception):
             await rt.close()
+        if isinstance(exc, EngineAlreadyRunning):
+            raise EngineAlreadyRunning(f"{display_url(url)}: {exc.message}") from None
         raise store_unavailable(url, exc) from None
     try:
         yield rt
@@ -356,7 +385,7 @@ async def opened_client(url: str, **options: Any) -> AsyncIterator[Client]:
     to do is recorded (committed) before it returns, and carried out by the next engine
     (`tideflow resume`). Options pass on to ``opened_runtime``."""
     async with opened_runtime(url, recover=False, workers=0, **options) as rt:
-        yield rt.client.recording()
+        yield rt.client.recording(via=rt.deliver)
 
 
 MAX_STEP_OUTPUT_ENV = "TIDEFLOW_MAX_STEP_OUTPUT"
@@ -519,6 +548,7 @@ __all__ = [
     "Limits",
     "RunArgument",
     "StoreOption",
+    "WaitForEngineOption",
     "build_store",
     "display_url",
     "err",

@@ -28,6 +28,7 @@ from tideflow.cli.common import (
     MAX_STEP_OUTPUT_ENV,
     Limits,
     StoreOption,
+    WaitForEngineOption,
     display_url,
     err,
     fail_error,
@@ -164,6 +165,7 @@ def run_cmd(
             help="Largest run input as JSON (default 16MiB); a larger one is refused.",
         ),
     ] = None,
+    wait_for_engine: WaitForEngineOption = 0.0,
 ) -> None:
     """Run a workflow embedded (in-process bus and workers) and print its output.
 
@@ -171,9 +173,14 @@ def run_cmd(
     when missing; memory:// keeps nothing). Starting on a durable store also
     resumes the store's other unfinished runs; this command waits for its own.
 
+    One engine runs on a store at a time: while another `tideflow run` or
+    `resume` is running on --store, this one is refused (exit 2, naming it)
+    unless --wait-for-engine gives it time to exit; send that engine's runs
+    signals with `tideflow runs signal` instead.
+
     Exit 0 when the run succeeded, 1 when it ended in any other state, 2 for a
     usage or definition error, run input that does not fit the definition's
-    input schema, or a store that cannot be opened.
+    input schema, a store that cannot be opened, or one another engine runs on.
 
     Examples:
       tideflow run examples/etl.yaml
@@ -210,6 +217,7 @@ def run_cmd(
         timeout=timeout,
         show=not as_json,
         limits=limits,
+        wait_for_engine=wait_for_engine,
     )
     result = run_async(
         _run(request, executors),
@@ -235,6 +243,7 @@ class _RunRequest:
     timeout: float | None
     show: bool
     limits: Limits
+    wait_for_engine: float = 0.0
 
 
 async def _run(request: _RunRequest, executors: ExecutorRegistry) -> RunResult:
@@ -247,6 +256,7 @@ async def _run(request: _RunRequest, executors: ExecutorRegistry) -> RunResult:
         executors=executors,
         definitions_dir=request.definitions,
         limits=request.limits,
+        wait_for_engine=request.wait_for_engine,
     ) as rt:
         wanted = uuid.uuid4().hex
         progress = Progress(err, request.plan, wanted) if request.show and err.is_terminal else None

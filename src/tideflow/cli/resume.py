@@ -23,6 +23,7 @@ from tideflow.cli.common import (
     JsonOption,
     RunArgument,
     StoreOption,
+    WaitForEngineOption,
     display_url,
     err,
     interrupted_message,
@@ -66,6 +67,7 @@ def resume_run_cmd(
     workers: WorkersOption = 32,
     definitions: DefinitionsOption = None,
     store: StoreOption = DEFAULT_STORE,
+    wait_for_engine: WaitForEngineOption = 0.0,
 ) -> None:
     """Resume the store's unfinished runs, wait for RUN to end and print it like `run`.
 
@@ -78,7 +80,7 @@ def resume_run_cmd(
     """
     use_working_directory_modules()
     result = run_async(
-        _resume_one(store, run_id, timeout, workers, definitions),
+        _resume_one(store, run_id, timeout, workers, definitions, wait_for_engine),
         interrupted=interrupted_message(store, run_id),
     )
     if as_json:
@@ -89,10 +91,20 @@ def resume_run_cmd(
 
 
 async def _resume_one(
-    url: str, run_id: str, timeout: float | None, workers: int, definitions: Path | None
+    url: str,
+    run_id: str,
+    timeout: float | None,
+    workers: int,
+    definitions: Path | None,
+    wait_for_engine: float = 0.0,
 ) -> RunResult:
     async with opened_runtime(
-        url, recover=True, workers=workers, upgrade=True, definitions_dir=definitions or Path.cwd()
+        url,
+        recover=True,
+        workers=workers,
+        upgrade=True,
+        definitions_dir=definitions or Path.cwd(),
+        wait_for_engine=wait_for_engine,
     ) as rt:
         client = rt.client
         await known_run(client, run_id, url)
@@ -122,6 +134,7 @@ def resume_cmd(
     workers: WorkersOption = 32,
     definitions: DefinitionsOption = None,
     store: StoreOption = DEFAULT_STORE,
+    wait_for_engine: WaitForEngineOption = 0.0,
 ) -> None:
     """Resume every unfinished run in the store and wait until they all end.
 
@@ -143,7 +156,7 @@ def resume_cmd(
     """
     use_working_directory_modules()
     outcome = run_async(
-        _resume_all(store, timeout, workers, definitions),
+        _resume_all(store, timeout, workers, definitions, wait_for_engine),
         interrupted=interrupted_message(store),
     )
     if as_json:
@@ -155,7 +168,11 @@ def resume_cmd(
 
 
 async def _resume_all(
-    url: str, timeout: float | None, workers: int, definitions: Path | None
+    url: str,
+    timeout: float | None,
+    workers: int,
+    definitions: Path | None,
+    wait_for_engine: float = 0.0,
 ) -> Resumed:
     if not store_exists(url):
         err.print(f"nothing to resume: no store at {display_url(url)} yet", markup=False)
@@ -173,6 +190,7 @@ async def _resume_all(
         upgrade=True,
         definitions_dir=definitions or Path.cwd(),
         listeners=[seen],
+        wait_for_engine=wait_for_engine,
     ) as rt:
         outcome = Resumed()
         # A run resumed on start may already have ended: the listener saw it.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
@@ -46,8 +47,9 @@ from tideflow.cli.resume import resume_run_cmd
 from tideflow.cli.waits import waits_of
 from tideflow.core.reopen import RETRYABLE
 from tideflow.model.states import RunStatus
+from tideflow.runtime.lease import describe
 from tideflow.runtime.result import RunResult
-from tideflow.store.base import HistoryEntry, RunFilter, RunPage, RunSummary
+from tideflow.store.base import HistoryEntry, Lease, RunFilter, RunPage, RunSummary
 
 if TYPE_CHECKING:
     from tideflow.client import Client
@@ -198,22 +200,24 @@ def cancel_cmd(
     ] = "cancelled with tideflow runs cancel",
     store: StoreOption = DEFAULT_STORE,
 ) -> None:
-    """Cancel a run: record the cancellation in the store and return.
+    """Cancel a run.
 
-    Running steps are cancelled at once. With `on_failure: compensate` the steps
-    that completed are compensated, newest first, on the next `tideflow resume`
-    or `tideflow runs resume RUN`; the run then ends `cancelled` (or
-    `compensation_failed`). Exit 1, changing nothing, when the run had already
-    ended or is compensating.
+    When an engine runs on the store (`tideflow run` or `resume` in another
+    shell), the cancellation goes to it and it stops the run at once. Otherwise
+    it is recorded in the store: running steps are cancelled, and with
+    `on_failure: compensate` the steps that completed are compensated, newest
+    first, on the next `tideflow resume` or `tideflow runs resume RUN`; the run
+    then ends `cancelled` (or `compensation_failed`). Exit 1, changing nothing,
+    when the run had already ended or is compensating.
 
     Examples:
       tideflow runs cancel 3f2a9c...
       tideflow runs cancel 3f2a9c... --reason "duplicate order"
     """
-    status = run_async(
+    applied = run_async(
         _apply(store, run_id, lambda client: client.cancel(run_id, reason), "cancel", CANCELLABLE)
     )
-    _report_applied(store, run_id, status)
+    _report_applied(store, run_id, applied)
 
 
 CANCELLABLE = frozenset({RunStatus.PENDING.value, RunStatus.RUNNING.value})
@@ -231,11 +235,13 @@ def signal_cmd(
     ] = None,
     store: StoreOption = DEFAULT_STORE,
 ) -> None:
-    """Send a signal to a run: record it in the store and return.
+    """Send a signal to a run.
 
     A `wait` for NAME whose `match` holds takes it (else it is kept for a later
-    wait); the steps it unlocks run on the next `tideflow resume` or
-    `tideflow runs resume RUN`. Exit 1 when the run had already ended; exit 2
+    wait). When an engine runs on the store (`tideflow run` or `resume` in
+    another shell), the signal goes to it and the steps it unlocks run at once;
+    otherwise it is recorded in the store and they run on the next
+    `tideflow resume` or `tideflow runs resume RUN`. Exit 1 when the run had already ended; exit 2
     when no wait step of the run's workflow waits for NAME (the error lists the
     names it does wait for).
 
@@ -244,7 +250,7 @@ def signal_cmd(
       tideflow runs signal 3f2a9c... approval -p @answer.json
     """
     value = parse_json_option(payload, "--payload")
-    status = run_async(
+    applied = run_async(
         _apply(
             store,
             run_id,
@@ -253,7 +259,7 @@ def signal_cmd(
             SIGNALLABLE,
         )
     )
-    _report_applied(store, run_id, status)
+    _report_applied(store, run_id, applied)
 
 
 SIGNALLABLE = frozenset(status.value for status in RunStatus) - TERMINAL_STATUSES
@@ -265,15 +271,27 @@ async def _apply(
     act: Callable[[Client], Awaitable[object]],
     action: str,
     allowed: frozenset[str],
-) -> str:
-    """Record one action on a run for the next engine; return the run's status after it.
-    A run whose status is not ``allowed`` is left alone: exit 1."""
+    refused: Callable[[str], str] | None = None,
+) -> Applied:
+    """Deliver one action on a run: to the engine live on the store, or recorded for the
+    next one (runtime/delivery.py); what became of it. A run whose status is not
+    ``allowed`` is left alone: exit 1, with ``refused(status)`` as the message if given."""
     async with opened_client(url) as client:
         summary = await known_run(client, run_id, url)
         if summary.status not in allowed:
+            if refused is not None:
+                err.print(refused(summary.status), markup=False)
+                raise typer.Exit(EXIT_FAILED)
             _nothing_to_do(run_id, summary.status, action)
         await act(client)
-        return (await client.summary(run_id)).status
+        return Applied(engine=client.delivered_to, status=(await client.summary(run_id)).status)
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    engine: Lease | None
+    """The live engine the event went to; None when it was recorded by this command."""
+    status: str
 
 
 def _nothing_to_do(run_id: str, status: str, action: str) -> NoReturn:
@@ -293,12 +311,13 @@ def retry_cmd(
     ] = "retried with tideflow runs retry",
     store: StoreOption = DEFAULT_STORE,
 ) -> None:
-    """Retry a failed or timed-out run from the steps that did not succeed: record
-    the retry in the store and return.
+    """Retry a failed or timed-out run from the steps that did not succeed.
 
     Steps that succeeded keep their outputs and do not run again; failed,
     cancelled and skipped steps are decided again, each with a fresh attempt
-    count. They run on the next `tideflow resume` or `tideflow runs resume RUN`.
+    count. An engine running on the store runs them at once; otherwise the retry
+    is recorded and they run on the next `tideflow resume` or
+    `tideflow runs resume RUN`.
     Exit 1, changing nothing, when the run is not failed or timed out.
 
     Examples:
@@ -306,28 +325,33 @@ def retry_cmd(
       tideflow runs retry 3f2a9c... --reason "payment service is back"
       tideflow runs resume 3f2a9c...
     """
-    status = run_async(_retry(store, run_id, reason))
-    _report_applied(store, run_id, status)
-
-
-async def _retry(url: str, run_id: str, reason: str) -> str:
-    async with opened_client(url) as client:
-        summary = await known_run(client, run_id, url)
-        if summary.status not in RETRYABLE_STATUSES:
-            err.print(
-                f"run {run_id} is {summary.status}: only a failed or timed-out run can be "
-                "retried; nothing to retry",
-                markup=False,
-            )
-            raise typer.Exit(EXIT_FAILED)
-        await client.retry(run_id, reason)
-        return (await client.summary(run_id)).status
+    applied = run_async(
+        _apply(
+            store,
+            run_id,
+            lambda client: client.retry(run_id, reason),
+            "retry",
+            RETRYABLE_STATUSES,
+            lambda status: (
+                f"run {run_id} is {status}: only a failed or timed-out run can be retried; "
+                "nothing to retry"
+            ),
+        )
+    )
+    _report_applied(store, run_id, applied)
 
 
 RETRYABLE_STATUSES = frozenset(status.value for status in RETRYABLE)
 
 
-def _report_applied(url: str, run_id: str, status: str) -> None:
+def _report_applied(url: str, run_id: str, applied: Applied) -> None:
+    if applied.engine is not None:
+        err.print(
+            f"delivered to run {run_id}: {describe(applied.engine, time.time())} applies it now",
+            markup=False,
+        )
+        return
+    status = applied.status
     if status in TERMINAL_STATUSES:
         err.print(f"run {run_id} is now {escape(status)}", markup=True)
         return

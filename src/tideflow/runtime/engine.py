@@ -106,11 +106,11 @@ class Engine(EngineLink, Runs):
     async def deliver(self, events: Sequence[Event]) -> None:
         await self._bus.publish_events(events)
 
-    async def commit(self, events: Sequence[Event]) -> None:
+    async def commit(self, events: Sequence[Event], *, relay: bool = True) -> None:
         for event in events:
             if isinstance(event, RunRetried):  # its attempts are new work, not cancelled ones
                 await self._bus.publish_control(ForgetCancels(run_id=event.run_id))
-        await self.scheduler.apply(list(events), redeliver=False)
+        await self.scheduler.apply(list(events), redeliver=False, relay=relay)
 
     async def start_run(self, state: RunState, event: RunStarted) -> None:
         self.runs.add(state)

@@ -136,11 +136,15 @@ class Relay:
 
     # -- after a commit ---------------------------------------------------------
 
-    async def hand(self, batch: Sequence[AppliedEvent], *, observe: bool = True) -> None:
-        """Relay a committed batch, then tell the listeners (unless not ``observe``)."""
+    async def hand(
+        self, batch: Sequence[AppliedEvent], *, observe: bool = True, act: bool = True
+    ) -> None:
+        """Relay a committed batch, then tell the listeners (unless not ``observe``). With
+        ``act=False`` nothing is relayed (a client recording events for the next engine,
+        which carries their effects out on recovery): only the listeners hear of it."""
         commands: list[Command] = []
         outbox: dict[int, str] = {}
-        for applied in batch:
+        for applied in batch if act else ():
             if applied.commands:
                 _outbox_ids(applied, len(commands), outbox)
                 commands.extend(applied.commands)

@@ -15,8 +15,10 @@ dispatches.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
+import logging
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,16 +35,20 @@ from tideflow.model.run import RunState
 from tideflow.model.states import RunStatus
 from tideflow.runtime.catalog import Catalog
 from tideflow.runtime.clock import Clock, SystemClock
+from tideflow.runtime.delivery import deliver
 from tideflow.runtime.engine import Engine
+from tideflow.runtime.lease import DEFAULT_TTL, EngineSeat
 from tideflow.runtime.relay import EventSink, Listener
 from tideflow.runtime.result import RunResult
 from tideflow.runtime.runs import DEFAULT_RUN_CACHE_SIZE
 from tideflow.store.backends.memory import MemoryStore
-from tideflow.store.base import HistoryEntry, Store
+from tideflow.store.base import HistoryEntry, Lease, Store
 from tideflow.worker.executors.registry import ExecutorRegistry
 from tideflow.worker.interceptors import Interceptor
 from tideflow.worker.pool import WorkerPool
 from tideflow.worker.secrets import SecretProvider
+
+log = logging.getLogger("tideflow.runtime")
 
 
 class Runtime:
@@ -64,6 +70,9 @@ class Runtime:
         max_run_input: int = storable.MAX_RUN_INPUT,
         interceptors: Sequence[Interceptor] = (),
         run_cache_size: int = DEFAULT_RUN_CACHE_SIZE,
+        lease: bool | None = None,
+        lease_ttl: float = DEFAULT_TTL,
+        wait_for_engine: float = 0.0,
     ) -> None:
         """``interceptors`` wrap every attempt the workers run, outermost first (see
         tideflow.worker.interceptors): metrics, tracing, your own policies."""
@@ -104,6 +113,16 @@ class Runtime:
             max_output=max_step_output,
             interceptors=interceptors,
         )
+        engine = lease if lease is not None else recover and self.store.url != "memory://"
+        self._seat = (
+            EngineSeat(
+                self.store, self._apply_delivered, ttl=lease_ttl, wait_for_engine=wait_for_engine
+            )
+            if engine
+            else None
+        )
+        """The store's engine lease and inbox (runtime/lease.py): one engine per store."""
+        self._stopping: set[asyncio.Task[None]] = set()
         self._engine = Engine(
             store=self.store,
             bus=self.bus,
@@ -135,15 +154,21 @@ class Runtime:
     async def start(self) -> None:
         await self.store.open()
         await self.bus.open()
+        if self._seat is not None:
+            await self._seat.take()  # before anything of the store's runs is touched
         self._running = True
         self._engine.start()
         if self._worker_count:
             self._workers.start()
         if self._recover_on_start:
             await self._engine.recover()
+        if self._seat is not None:
+            self._seat.start(self._lease_lost)
 
     async def close(self) -> None:
         self._running = False
+        if self._seat is not None:
+            await self._seat.stop_listening()
         await self._workers.close()
         await self._engine.stop()  # a batch being committed finishes first
         for sink in self._engine.sinks:
@@ -153,7 +178,29 @@ class Runtime:
                     await closer()
         await self.executors.aclose()
         await self.bus.close()
+        if self._seat is not None:
+            await self._seat.release()
         await self.store.close()
+
+    def _lease_lost(self) -> None:
+        log.error("another engine took this store's lease over: this one stops advancing runs")
+        self._running = False
+        task = asyncio.get_running_loop().create_task(self._engine.scheduler.stop())
+        self._stopping.add(task)  # keep a reference until it is done
+        task.add_done_callback(self._stopping.discard)
+
+    async def _apply_delivered(self, events: list[Event]) -> None:
+        """Apply events another process put into the inbox (runtime/inbox.py)."""
+        await self._engine.commit(events)
+
+    async def deliver(self, events: Sequence[Event]) -> Lease | None:
+        """Get events to their runs from a process that runs no engine: into the inbox of
+        the live engine (whose lease is returned), or, with none live, committed here for
+        the next one without relaying anything (runtime/delivery.py)."""
+        return await deliver(self.store, events, self._record)
+
+    async def _record(self, events: Sequence[Event]) -> None:
+        await self._engine.commit(events, relay=False)
 
     def new_event_id(self) -> str:
         return f"{self._prefix}-{next(self._ids)}"
@@ -249,12 +296,6 @@ class Runtime:
         """
         self._require_started()
         return await self.client.retry(run_id, reason)
-
-    async def apply_now(self, event: Event) -> None:
-        """Apply one event and commit it before returning (for tools that act on a store
-        without running its workers: what the event dispatches runs on the next resume)."""
-        self._require_started()
-        await self._engine.commit([event])
 
     async def unfinished(self) -> list[str]:
         """Ids of the runs in the store that have not ended."""

@@ -115,20 +115,28 @@ class Scheduler:
             finally:
                 self._in_flight.clear()
 
-    async def apply(self, events: list[Event], *, redeliver: bool = True) -> set[str]:
+    async def apply(
+        self, events: list[Event], *, redeliver: bool = True, relay: bool = True
+    ) -> set[str]:
         """Apply, commit and relay one batch; return the ids of the events that changed a
         run and were committed (the others were duplicates, stale, or not stored). Nothing
         a caller sees counts a run as ended before the batch that ended it is committed.
         With ``redeliver=False`` (a tool that applies one event and stops) a commit that
-        fails raises instead of coming again later."""
+        fails raises instead of coming again later. With ``relay=False`` (a client recording
+        an event while no engine is live) nothing is relayed: the commands stay derivable
+        from the state and the outbox, for the next engine's recovery."""
         async with self._lock:
             try:
-                return await self._apply_committed(events, redeliver)
+                return await self._apply_committed(events, redeliver, relay=relay)
             finally:
                 self._in_flight.clear()
 
     async def _apply_committed(
-        self, events: list[Event], redeliver: bool = True, delivered: EventBatch | None = None
+        self,
+        events: list[Event],
+        redeliver: bool = True,
+        delivered: EventBatch | None = None,
+        relay: bool = True,
     ) -> set[str]:
         batch = await self._apply_all(events)
         if not batch:
@@ -151,7 +159,7 @@ class Scheduler:
         await self._not_committed(out, events, delivered)
         if delivered is not None:
             await delivered.ack()
-        await self._committed(out.committed)
+        await self._committed(out.committed, relay)
         return {applied.event.event_id for applied in out.committed}
 
     async def _commit(self, part: Sequence[AppliedEvent]) -> None:
@@ -201,8 +209,8 @@ class Scheduler:
                 run_id, mine, error, alone=not out.committed, delivered=delivered
             )
 
-    async def _committed(self, batch: list[AppliedEvent]) -> None:
-        await self._relay.hand(batch)
+    async def _committed(self, batch: list[AppliedEvent], relay: bool = True) -> None:
+        await self._relay.hand(batch, act=relay)
         if faults.ARMED:
             faults.checkpoint("after_relay")
 

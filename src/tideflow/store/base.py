@@ -189,6 +189,30 @@ class RunFilter:
     created_before: float | None = None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Lease:
+    """Who holds a store lease (the engine lease of embedded mode: ``ENGINE_LEASE``)."""
+
+    name: str
+    owner: str
+    """A unique id per holder (one per process run)."""
+    kind: str
+    """``engine`` (runs steps, holds it while it lives) or ``client`` (a command that applies
+    one event while no engine is live, for a moment)."""
+    host: str
+    pid: int
+    address: str | None
+    """Where the holder is notified of new inbox events (``udp://…``, ``postgres:…``)."""
+    acquired_at: float
+    expires_at: float
+    """Epoch seconds; once passed, another process may take the lease over."""
+
+
+ENGINE_LEASE = "engine"
+
+InboxListener = Callable[[], None]
+"""Called (on the event loop) when another process has put events into the inbox."""
+
 Archive = Callable[[dict[str, Any]], None]
 """Receives each pruned run as ``{"run": RunSummary dict, "history": [HistoryEntry dicts]}``."""
 
@@ -307,6 +331,49 @@ class Store(ABC):
     @abstractmethod
     async def pending_outbox(self, limit: int = 1000) -> list[OutboxItem]:
         """Outbox entries not yet relayed, oldest first."""
+
+    # -- the engine lease and the inbox ---------------------------------------------
+
+    @abstractmethod
+    async def acquire_lease(
+        self, lease: Lease, *, now: float, take_from: str | None = None
+    ) -> Lease:
+        """Take ``lease.name`` for ``lease.owner`` when it is free, expired (``expires_at`` at
+        or before ``now``), already this owner's, or held by owner ``take_from`` (a holder
+        known to be dead); return the holder afterwards (``lease`` itself when taken)."""
+
+    @abstractmethod
+    async def renew_lease(self, name: str, owner: str, expires_at: float) -> bool:
+        """Move the lease's expiry on; False when ``owner`` no longer holds it."""
+
+    @abstractmethod
+    async def release_lease(self, name: str, owner: str) -> None:
+        """Give the lease up (nothing happens when ``owner`` does not hold it)."""
+
+    @abstractmethod
+    async def lease_holder(self, name: str) -> Lease | None:
+        """The lease row as stored (it may have expired), or None."""
+
+    @abstractmethod
+    async def add_to_inbox(self, events: Sequence[Event]) -> Lease | None:
+        """Record events for the engine (an event id already there is kept as it is) and
+        return the engine lease as read in the same transaction, so the caller can notify
+        its holder; a backend with a channel of its own (PostgreSQL NOTIFY) notifies here."""
+
+    @abstractmethod
+    async def inbox(self, limit: int = 1000) -> list[Event]:
+        """Events in the inbox, oldest first."""
+
+    @abstractmethod
+    async def remove_from_inbox(self, event_ids: Sequence[str]) -> None:
+        """Forget inbox events once applied."""
+
+    async def listen_inbox(self, listener: InboxListener) -> str | None:
+        """Call ``listener`` whenever another process adds to the inbox, through the
+        backend's own channel; return that channel's address for the lease row, or None
+        when the backend has none (the runtime then listens on a socket of its own).
+        Closing the store stops listening."""
+        return None
 
     @abstractmethod
     async def prune(

@@ -6,6 +6,7 @@ database; the row shapes, JSON encoding, plan decoding and error wording live he
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,11 +15,13 @@ import orjson
 
 from tideflow.errors import DefinitionConflict, NotFound, TideflowError
 from tideflow.model import codec
+from tideflow.model.events import Event
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
 from tideflow.store.base import (
     AppliedEvent,
     HistoryEntry,
+    Lease,
     OutboxItem,
     RunFilter,
     RunPage,
@@ -206,6 +209,47 @@ def task_lease(row: Sequence[Any]) -> TaskLease:
         owner=owner,
         lease_until=float(lease_until),
     )
+
+
+def lease_row(lease: Lease) -> tuple[Any, ...]:
+    return (
+        lease.name,
+        lease.owner,
+        lease.kind,
+        lease.host,
+        lease.pid,
+        lease.address,
+        lease.acquired_at,
+        lease.expires_at,
+    )
+
+
+def lease_from_row(row: Sequence[Any] | None) -> Lease | None:
+    if row is None:
+        return None
+    name, owner, kind, host, pid, address, acquired_at, expires_at = row
+    return Lease(
+        name=str(name),
+        owner=str(owner),
+        kind=str(kind),
+        host=str(host),
+        pid=int(pid),
+        address=None if address is None else str(address),
+        acquired_at=float(acquired_at),
+        expires_at=float(expires_at),
+    )
+
+
+def inbox_rows(events: Sequence[Event]) -> list[tuple[str, str, float, str]]:
+    return [(e.event_id, e.run_id, time.time(), dumps(codec.event_to_data(e))) for e in events]
+
+
+def inbox_event(row: Sequence[Any]) -> Event:
+    event_id, run_id, text = row
+    data = loads(text, f"inbox event {event_id!r}")
+    if not isinstance(data, dict):
+        raise codec.StateFormatError(f"inbox event {event_id!r} is not a JSON object")
+    return codec.event_from_data(data, run_id=run_id)
 
 
 def plan_label(plan_hash: str, name: str | None, version: str | None) -> str:

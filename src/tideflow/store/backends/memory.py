@@ -27,12 +27,15 @@ from tideflow.model.states import RUN_TERMINAL
 from tideflow.model.versions import latest
 from tideflow.store import sqlbase as sb
 from tideflow.store.base import (
+    ENGINE_LEASE,
     AppliedEvent,
     Archive,
     ConcurrencyConflict,
     DefinitionSummary,
     DueTimer,
     HistoryEntry,
+    InboxListener,
+    Lease,
     OutboxItem,
     RunFilter,
     RunPage,
@@ -103,6 +106,9 @@ class MemoryStore(Store):
         self._waits: dict[str, set[str]] = {}
         """signal -> run ids; ``_waits_of`` is the same by run."""
         self._waits_of: dict[str, frozenset[str]] = {}
+        self._leases: dict[str, Lease] = {}
+        self._inbox: dict[str, Event] = {}
+        self._inbox_listeners: list[InboxListener] = []
 
     async def save_definition(self, plan: Plan) -> bool:
         key = (plan.name, plan.version)
@@ -328,6 +334,49 @@ class MemoryStore(Store):
         expired = [lease for lease in self._tasks.values() if lease.lease_until < before]
         expired.sort(key=lambda t: (t.lease_until, t.run_id, t.step_key))
         return expired[:limit]
+
+    async def acquire_lease(
+        self, lease: Lease, *, now: float, take_from: str | None = None
+    ) -> Lease:
+        held = self._leases.get(lease.name)
+        if held is None or held.expires_at <= now or held.owner in (lease.owner, take_from):
+            held = self._leases[lease.name] = lease
+        return held
+
+    async def renew_lease(self, name: str, owner: str, expires_at: float) -> bool:
+        held = self._leases.get(name)
+        if held is None or held.owner != owner:
+            return False
+        self._leases[name] = replace(held, expires_at=expires_at)
+        return True
+
+    async def release_lease(self, name: str, owner: str) -> None:
+        held = self._leases.get(name)
+        if held is not None and held.owner == owner:
+            del self._leases[name]
+
+    async def lease_holder(self, name: str) -> Lease | None:
+        return self._leases.get(name)
+
+    async def add_to_inbox(self, events: Sequence[Event]) -> Lease | None:
+        for event in events:  # what the SQL stores cannot hold fails here too, adding nothing
+            sb.dumps(codec.event_to_data(event))
+        for event in events:
+            self._inbox.setdefault(event.event_id, event)
+        for listener in list(self._inbox_listeners):
+            listener()
+        return self._leases.get(ENGINE_LEASE)
+
+    async def inbox(self, limit: int = 1000) -> list[Event]:
+        return list(self._inbox.values())[:limit]
+
+    async def remove_from_inbox(self, event_ids: Sequence[str]) -> None:
+        for event_id in event_ids:
+            self._inbox.pop(event_id, None)
+
+    async def listen_inbox(self, listener: InboxListener) -> str | None:
+        self._inbox_listeners.append(listener)
+        return "memory:"
 
     async def prune(
         self, older_than: float, *, batch_size: int = 500, archive: Archive | None = None

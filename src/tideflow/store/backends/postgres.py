@@ -13,6 +13,7 @@ naming the server and database and what to check, never an asyncpg traceback.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import getpass
 import math
@@ -28,6 +29,7 @@ from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
 from tideflow.model.versions import latest
 from tideflow.store import sqlbase as sb
+from tideflow.store.backends.postgres_inbox import DRIVER_ERRORS, LeaseAndInbox
 from tideflow.store.backends.postgres_rows import archive_runs, write_index
 from tideflow.store.base import (
     AppliedEvent,
@@ -55,7 +57,7 @@ DIALECT = "postgres"
 
 _CONFLICTS = (asyncpg.SerializationError, asyncpg.DeadlockDetectedError)
 """Two transactions raced for the same rows: the loser reloads and applies again."""
-_DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError)
+_DRIVER_ERRORS = DRIVER_ERRORS
 """Everything the driver raises (OSError covers refused connections and timeouts)."""
 _UNAVAILABLE = (
     asyncpg.InterfaceError,
@@ -77,7 +79,7 @@ async def _keep_session(conn: Any) -> None:
     released connection needs no extra ``RESET ALL`` round trip."""
 
 
-class PostgresStore(Store):
+class PostgresStore(LeaseAndInbox, Store):
     def __init__(
         self,
         url: str,
@@ -100,6 +102,9 @@ class PostgresStore(Store):
         self.where = f"{self.server}/{self.database}" + (f" (schema {schema})" if schema else "")
         """Where the data lives, for messages (never the password)."""
         self._pool: Any = None
+        self._listener: Any = None
+        self._relistening: asyncio.Task[None] | None = None
+        """The connection that LISTENs for inbox notifications (not pooled: it holds a LISTEN)."""
         self._plans: dict[str, Plan] = {}
         self._definitions: dict[tuple[str, str], str] = {}
         """(name, version) -> plan hash of definitions known to exist: they never change."""
@@ -159,10 +164,13 @@ class PostgresStore(Store):
             await self._disconnect()
             raise
 
-    async def _connect(self) -> None:
+    def _settings(self) -> dict[str, str]:
         settings = {"application_name": "tideflow"}
         if self.schema:
             settings["search_path"] = quote_ident(self.schema)
+        return settings
+
+    async def _connect(self) -> None:
         try:
             self._pool = await asyncpg.create_pool(
                 self.url,
@@ -170,7 +178,7 @@ class PostgresStore(Store):
                 max_size=self.max_size,
                 reset=_keep_session,
                 timeout=10,
-                server_settings=settings,
+                server_settings=self._settings(),
             )
         except _DRIVER_ERRORS as exc:
             raise self._translate(exc) from None
@@ -181,6 +189,7 @@ class PostgresStore(Store):
             ) from None
 
     async def _disconnect(self) -> None:
+        await self.stop_listening()
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()

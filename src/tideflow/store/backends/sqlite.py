@@ -17,17 +17,20 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tideflow.errors import NotFound
+from tideflow.model.events import Event
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
 from tideflow.model.versions import latest
 from tideflow.store import sqlbase as sb
 from tideflow.store.base import (
+    ENGINE_LEASE,
     AppliedEvent,
     Archive,
     ConcurrencyConflict,
     DefinitionSummary,
     DueTimer,
     HistoryEntry,
+    Lease,
     OutboxItem,
     RunFilter,
     RunPage,
@@ -392,6 +395,49 @@ class SqliteStore(Store):
             lambda: self.conn.execute(Q["expired_tasks"], (before, limit)).fetchall()
         )
         return [sb.task_lease(row) for row in rows]
+
+    # -- the engine lease and the inbox ------------------------------------------------
+
+    async def acquire_lease(
+        self, lease: Lease, *, now: float, take_from: str | None = None
+    ) -> Lease:
+        def take(conn: sqlite3.Connection) -> Any:
+            conn.execute(Q["acquire_lease"], (*sb.lease_row(lease), now, take_from))
+            return conn.execute(Q["lease_holder"], (lease.name,)).fetchone()
+
+        held = sb.lease_from_row(await self._run(self._transaction, take))
+        assert held is not None  # the row was just written or is held by another
+        return held
+
+    async def renew_lease(self, name: str, owner: str, expires_at: float) -> bool:
+        def renew(conn: sqlite3.Connection) -> bool:
+            return bool(conn.execute(Q["renew_lease"], (expires_at, name, owner)).rowcount)
+
+        return await self._run(self._transaction, renew)
+
+    async def release_lease(self, name: str, owner: str) -> None:
+        await self._run(self._transaction, lambda c: c.execute(Q["release_lease"], (name, owner)))
+
+    async def lease_holder(self, name: str) -> Lease | None:
+        row = await self._run(lambda: self.conn.execute(Q["lease_holder"], (name,)).fetchone())
+        return sb.lease_from_row(row)
+
+    async def add_to_inbox(self, events: Sequence[Event]) -> Lease | None:
+        rows = sb.inbox_rows(events)
+
+        def write(conn: sqlite3.Connection) -> Any:
+            conn.executemany(Q["insert_inbox"], rows)
+            return conn.execute(Q["lease_holder"], (ENGINE_LEASE,)).fetchone()
+
+        return sb.lease_from_row(await self._run(self._transaction, write))
+
+    async def inbox(self, limit: int = 1000) -> list[Event]:
+        rows = await self._run(lambda: self.conn.execute(Q["inbox"], (limit,)).fetchall())
+        return [sb.inbox_event(row) for row in rows]
+
+    async def remove_from_inbox(self, event_ids: Sequence[str]) -> None:
+        params = [(event_id,) for event_id in event_ids]
+        await self._run(self._transaction, lambda c: c.executemany(Q["delete_inbox"], params))
 
     async def prune(
         self, older_than: float, *, batch_size: int = 500, archive: Archive | None = None

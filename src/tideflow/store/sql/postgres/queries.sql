@@ -213,3 +213,41 @@ SELECT run_id FROM unindexed_runs ORDER BY run_id LIMIT $1;
 
 -- name: indexed_run
 DELETE FROM unindexed_runs WHERE run_id = ANY($1::text[]);
+
+-- name: acquire_lease
+-- Taken when free, expired, already the caller's, or held by a holder known to be dead.
+INSERT INTO engine_leases (name, owner, kind, host, pid, address, acquired_at, expires_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+ON CONFLICT (name) DO UPDATE SET
+    owner = excluded.owner, kind = excluded.kind, host = excluded.host, pid = excluded.pid,
+    address = excluded.address, acquired_at = excluded.acquired_at,
+    expires_at = excluded.expires_at
+WHERE engine_leases.expires_at <= $9 OR engine_leases.owner = excluded.owner
+   OR engine_leases.owner = $10;
+
+-- name: lease_holder
+SELECT name, owner, kind, host, pid, address, acquired_at, expires_at
+FROM engine_leases WHERE name = $1;
+
+-- name: renew_lease
+UPDATE engine_leases SET expires_at = $1 WHERE name = $2 AND owner = $3 RETURNING name;
+
+-- name: release_lease
+DELETE FROM engine_leases WHERE name = $1 AND owner = $2;
+
+-- name: insert_inbox
+INSERT INTO inbox (event_id, run_id, created_at, event) VALUES ($1, $2, $3, $4)
+ON CONFLICT (event_id) DO NOTHING;
+
+-- name: notify_inbox
+-- Delivered to the listening engine when the transaction that added the events commits.
+SELECT pg_notify('tideflow_inbox:' || current_schema(), '');
+
+-- name: inbox_channel
+SELECT 'tideflow_inbox:' || current_schema();
+
+-- name: inbox
+SELECT event_id, run_id, event FROM inbox ORDER BY created_at, event_id LIMIT $1;
+
+-- name: delete_inbox
+DELETE FROM inbox WHERE event_id = ANY($1::text[]);

@@ -145,3 +145,34 @@ SELECT run_id FROM unindexed_runs ORDER BY run_id LIMIT ?;
 
 -- name: indexed_run
 DELETE FROM unindexed_runs WHERE run_id = ?;
+
+-- name: acquire_lease
+-- Taken when free, expired, already the caller's, or held by a holder known to be dead.
+INSERT INTO engine_leases (name, owner, kind, host, pid, address, acquired_at, expires_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (name) DO UPDATE SET
+    owner = excluded.owner, kind = excluded.kind, host = excluded.host, pid = excluded.pid,
+    address = excluded.address, acquired_at = excluded.acquired_at,
+    expires_at = excluded.expires_at
+WHERE engine_leases.expires_at <= ? OR engine_leases.owner = excluded.owner
+   OR engine_leases.owner = ?;
+
+-- name: lease_holder
+SELECT name, owner, kind, host, pid, address, acquired_at, expires_at
+FROM engine_leases WHERE name = ?;
+
+-- name: renew_lease
+UPDATE engine_leases SET expires_at = ? WHERE name = ? AND owner = ?;
+
+-- name: release_lease
+DELETE FROM engine_leases WHERE name = ? AND owner = ?;
+
+-- name: insert_inbox
+INSERT INTO inbox (event_id, run_id, created_at, event) VALUES (?, ?, ?, ?)
+ON CONFLICT (event_id) DO NOTHING;
+
+-- name: inbox
+SELECT event_id, run_id, event FROM inbox ORDER BY created_at, event_id LIMIT ?;
+
+-- name: delete_inbox
+DELETE FROM inbox WHERE event_id = ?;
