@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import inspect
 import logging
 from collections.abc import Callable, Mapping
@@ -120,11 +121,11 @@ class PythonExecutor(Executor):
     ) -> Any:
         pool = self.pool
         context = contextvars.copy_context()
-        future = pool.submit(context.run, _contained, fn, kwargs)
+        call = pool.call(functools.partial(context.run, _contained, fn, kwargs))
         try:
-            return await asyncio.wrap_future(future)
+            return await call.future
         except asyncio.CancelledError:
-            thread = pool.abandon(future)
+            thread = pool.abandon(call)
             if thread is not None:
                 log.warning(
                     "run %s step %s: python function %r is still running in thread %s after "
