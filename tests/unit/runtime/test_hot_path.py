@@ -45,7 +45,9 @@ def chain(function: str, n: int) -> Plan:
         | ({"depends_on": [f"s{i - 1}"]} if i else {})
         for i in range(n)
     ]
-    return compile_definition({"name": f"hot-{uuid.uuid4().hex[:8]}", "version": "1", "steps": steps})
+    return compile_definition(
+        {"name": f"hot-{uuid.uuid4().hex[:8]}", "version": "1", "steps": steps}
+    )
 
 
 async def test_a_quick_python_step_records_one_event_not_two(
@@ -108,8 +110,12 @@ def test_sqlite_refuses_a_changed_definition_under_a_known_version(tmp_path: Pat
 
     async def main() -> None:
         store = SqliteStore(f"sqlite:///{tmp_path}/runs.db")
-        first = compile_definition({"name": "same", "version": "1", "steps": [{"id": "a", "type": "noop"}]})
-        other = compile_definition({"name": "same", "version": "1", "steps": [{"id": "b", "type": "noop"}]})
+        first = compile_definition(
+            {"name": "same", "version": "1", "steps": [{"id": "a", "type": "noop"}]}
+        )
+        other = compile_definition(
+            {"name": "same", "version": "1", "steps": [{"id": "b", "type": "noop"}]}
+        )
         async with Runtime(store=store) as rt:
             await rt.register(first)
             await rt.register(first)  # known: no error

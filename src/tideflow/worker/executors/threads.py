@@ -20,6 +20,7 @@ that finished while the loop was busy, not one wake-up per call.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import queue
 import threading
@@ -252,10 +253,9 @@ class _Results:
             if self._scheduled:
                 return
             self._scheduled = True
-        try:
+        # A closed loop raises RuntimeError: nobody waits for the result any more.
+        with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(self._deliver)
-        except RuntimeError:
-            pass  # the loop is closed: nobody waits for the result any more
 
     def _deliver(self) -> None:
         with self.lock:
