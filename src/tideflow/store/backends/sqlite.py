@@ -216,7 +216,7 @@ class SqliteStore(Store):
         key = (plan.name, plan.version)
         known = self._definitions.get(key)
         if known is None:
-            created = await self._run(self._transaction, lambda c: _save_definition(c, plan))
+            created: bool = await self._run(self._transaction, lambda c: _save_definition(c, plan))
             self._definitions[key] = plan.hash
             return created
         if known != plan.hash:
