@@ -243,6 +243,19 @@ class _Binder:
         return keys <= self.names
 
 
+def is_async(fn: Callable[..., Any]) -> bool:
+    """Whether calling ``fn`` makes a coroutine (remembered per function)."""
+    try:
+        return _is_async(fn)
+    except TypeError:  # an unhashable callable object
+        return inspect.iscoroutinefunction(fn)
+
+
+@functools.lru_cache(maxsize=1024)
+def _is_async(fn: Callable[..., Any]) -> bool:
+    return inspect.iscoroutinefunction(fn)
+
+
 def _needed(param: inspect.Parameter) -> bool:
     return param.default is inspect.Parameter.empty
 
@@ -274,4 +287,6 @@ def dump_output(value: Any, spec: str) -> bytes:
 
 def json_output(value: Any, spec: str) -> Any:
     """``value`` as the plain JSON data the next steps will see (tuples become lists, …)."""
+    if value is None or type(value) is str or type(value) is bool:
+        return value  # already plain JSON data
     return orjson.loads(dump_output(value, spec))

@@ -75,7 +75,7 @@ class DaemonThreadPool(Executor):
         results = self._results
         if results is None or results.loop is not loop:
             results = self._results = _Results(loop)
-        handle = LoopCall[T](loop.create_future(), results)
+        handle: LoopCall[T] = LoopCall(loop.create_future(), results)
         self._put(handle, fn)
         return handle
 
