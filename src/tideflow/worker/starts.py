@@ -1,13 +1,13 @@
 """Reporting that a worker started an attempt (``TaskStarted``), cheaply.
 
 The start is what an attempt's ``timeout`` counts from: it carries the time the
-attempt started. Starts are sent in batches, `REPORT_DELAY` after the first start of
-a batch, beside the other events. An attempt that ends before its start went out (a
-``noop``, a quick python function, an executor that fails at once) sends no separate
-start: the outcome carries it (``started_at``), so a quick step costs one event, not
-two. An
-``idempotent: false`` step is different: its start is committed before it runs
-(``start_durably``), never batched or folded into the outcome.
+attempt started. A start is sent once it is `REPORT_DELAY` old, in one batch with
+every other start due by then, beside the other events. An attempt that ends before
+its start went out (a ``noop``, a quick python function, an executor that fails at
+once) sends no separate start: the outcome carries it (``started_at``), so a quick
+step costs one event, not two. An ``idempotent: false`` step is different: its start
+is committed before it runs (``start_durably``), never batched or folded into the
+outcome.
 """
 
 from __future__ import annotations

@@ -115,6 +115,23 @@ async def test_an_abandoned_queued_call_never_runs() -> None:
     assert ran == ["after"]
 
 
+async def test_a_slow_call_does_not_hold_up_the_calls_queued_behind_it() -> None:
+    pool = DaemonThreadPool(2, thread_name_prefix="tideflow-test")
+    release = threading.Event()
+    try:
+        # One burst: the thread that takes the slow call wakes another for the rest.
+        slow = pool.call(lambda: release.wait(10))
+        quick = [pool.call(lambda i=i: i) for i in range(5)]
+        done = await asyncio.wait_for(asyncio.gather(*(c.future for c in quick)), 10)
+        assert done == [0, 1, 2, 3, 4]
+        assert not slow.future.done()
+        release.set()
+        assert await asyncio.wait_for(slow.future, 10) is True
+    finally:
+        release.set()
+        pool.shutdown()
+
+
 class _CountingWakeups:
     """Counts ``call_soon_threadsafe`` on a loop while active."""
 

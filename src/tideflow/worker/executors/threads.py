@@ -13,8 +13,8 @@ stop such a function.
 
 The event loop hands calls over with :meth:`DaemonThreadPool.call`, which answers
 with an asyncio future directly (no ``concurrent.futures.Future`` wrapped in a
-second one): results come back in batches, one wake-up of the loop for every call
-that finished while the loop was busy, not one wake-up per call.
+second one): results come back in batches, one wake-up of the loop for all the calls
+that finished while it was busy, not one wake-up per call.
 """
 
 from __future__ import annotations
