@@ -1,5 +1,14 @@
 """tideflow benchmark suite: no-op workloads through the embedded runtime.
 
+Every workload runs with two kinds of step (``--steps``):
+
+noop    the built-in ``noop`` executor (the engine's own overhead)
+python  a ``python`` step calling a plain module-level sync function
+        (``bench/bench_steps.py``), which is what users run: compare these rows
+        with other engines
+
+Runs are submitted the way a client does, one ``Runtime.start_run`` per run.
+
 W1   1,000 runs x 10-step chain (started together)
 W1-seq  200 runs x 10-step chain, one at a time (per-run latency)
 W2   one run: 1,000 parallel steps and a join
@@ -11,6 +20,7 @@ Usage:
     python bench/run.py                  # all workloads, in-memory store
     python bench/run.py --only W1 --repeat 5
     python bench/run.py --json           # machine-readable rows
+    python bench/run.py --steps python --store sqlite --store postgres
 
 Each row reports steps/s (steps executed / wall time from first start to last
 finish), per-step cost in microseconds, and p50/p99 run latency for W1.
@@ -41,6 +51,7 @@ from tideflow.runtime.runtime import Runtime
 class Row:
     workload: str
     store: str
+    step_type: str
     steps: int
     seconds: float
     steps_per_s: float
@@ -49,26 +60,40 @@ class Row:
     p99_ms: float | None = None
 
 
-def chain(n: int) -> Plan:
-    steps: list[dict[str, Any]] = [{"id": "s0", "type": "noop"}]
-    steps += [{"id": f"s{i}", "type": "noop", "depends_on": [f"s{i - 1}"]} for i in range(1, n)]
-    return compile_definition({"name": f"chain-{n}", "version": "1", "steps": steps})
+STEP_TYPES: dict[str, dict[str, Any]] = {
+    "noop": {"type": "noop"},
+    "python": {"type": "python", "function": "bench_steps:step"},
+}
+"""The step body of each ``--steps`` kind."""
 
 
-def fan(n: int) -> Plan:
-    steps: list[dict[str, Any]] = [{"id": f"p{i}", "type": "noop"} for i in range(n)]
-    steps.append({"id": "join", "type": "noop", "depends_on": [f"p{i}" for i in range(n)]})
-    return compile_definition({"name": f"fan-{n}", "version": "1", "steps": steps})
+def _step(kind: str, step_id: str, depends_on: list[str] | None = None) -> dict[str, Any]:
+    step = {"id": step_id, **STEP_TYPES[kind]}
+    if depends_on:
+        step["depends_on"] = depends_on
+    return step
 
 
-def random_dag(n: int, seed: int = 42) -> Plan:
+def chain(n: int, kind: str = "noop") -> Plan:
+    steps = [_step(kind, "s0")]
+    steps += [_step(kind, f"s{i}", [f"s{i - 1}"]) for i in range(1, n)]
+    return compile_definition({"name": f"chain-{n}-{kind}", "version": "1", "steps": steps})
+
+
+def fan(n: int, kind: str = "noop") -> Plan:
+    steps = [_step(kind, f"p{i}") for i in range(n)]
+    steps.append(_step(kind, "join", [f"p{i}" for i in range(n)]))
+    return compile_definition({"name": f"fan-{n}-{kind}", "version": "1", "steps": steps})
+
+
+def random_dag(n: int, kind: str = "noop", seed: int = 42) -> Plan:
     rng = random.Random(seed)
-    steps: list[dict[str, Any]] = [{"id": "n0", "type": "noop"}]
+    steps = [_step(kind, "n0")]
     for i in range(1, n):
         k = rng.randint(1, min(3, i))
         deps = sorted(rng.sample(range(i), k))
-        steps.append({"id": f"n{i}", "type": "noop", "depends_on": [f"n{d}" for d in deps]})
-    return compile_definition({"name": f"dag-{n}", "version": "1", "steps": steps})
+        steps.append(_step(kind, f"n{i}", [f"n{d}" for d in deps]))
+    return compile_definition({"name": f"dag-{n}-{kind}", "version": "1", "steps": steps})
 
 
 async def _runs(
@@ -97,6 +122,7 @@ def measure(
     name: str,
     workload: tuple[Plan, int, int],
     store: str,
+    kind: str,
     make_runtime: Callable[[], Runtime],
 ) -> Row:
     plan, count, concurrency = workload
@@ -105,6 +131,7 @@ def measure(
     row = Row(
         workload=name,
         store=store,
+        step_type=kind,
         steps=steps,
         seconds=round(seconds, 3),
         steps_per_s=round(steps / seconds),
@@ -116,13 +143,13 @@ def measure(
     return row
 
 
-WORKLOADS: dict[str, Callable[[], tuple[Plan, int, int]]] = {
-    # name: (plan, runs, runs in flight at once)
-    "W1": lambda: (chain(10), 1000, 1000),
-    "W1-seq": lambda: (chain(10), 200, 1),
-    "W2": lambda: (fan(1000), 1, 1),
-    "W3": lambda: (random_dag(300), 1, 1),
-    "W3-10k": lambda: (random_dag(10_000), 1, 1),
+WORKLOADS: dict[str, Callable[[str], tuple[Plan, int, int]]] = {
+    # name: step kind -> (plan, runs, runs in flight at once)
+    "W1": lambda kind: (chain(10, kind), 1000, 1000),
+    "W1-seq": lambda kind: (chain(10, kind), 200, 1),
+    "W2": lambda kind: (fan(1000, kind), 1, 1),
+    "W3": lambda kind: (random_dag(300, kind), 1, 1),
+    "W3-10k": lambda kind: (random_dag(10_000, kind), 1, 1),
 }
 
 
@@ -162,14 +189,22 @@ def main(argv: list[str] | None = None) -> int:
         help="stores to measure (default: memory); postgres uses $TIDEFLOW_BENCH_PG "
         "(default postgresql://root@127.0.0.1:5432/test)",
     )
+    parser.add_argument(
+        "--steps",
+        action="append",
+        choices=sorted(STEP_TYPES),
+        help="step kinds to measure (default: both); python calls bench_steps:step",
+    )
     args = parser.parse_args(argv)
     names = args.only or list(WORKLOADS)
+    kinds = args.steps or list(STEP_TYPES)
     rows: list[Row] = []
-    for store, name in [(st, n) for st in (args.store or ["memory"]) for n in names]:
-        workload = WORKLOADS[name]()
+    combos = [(st, k, n) for st in (args.store or ["memory"]) for k in kinds for n in names]
+    for store, kind, name in combos:
+        workload = WORKLOADS[name](kind)
         factory = runtime_factory(store)
         best = max(
-            (measure(name, workload, store, factory) for _ in range(args.repeat)),
+            (measure(name, workload, store, kind, factory) for _ in range(args.repeat)),
             key=lambda r: r.steps_per_s,
         )
         rows.append(best)
@@ -180,14 +215,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"  p50 {best.p50_ms} ms  p99 {best.p99_ms} ms" if best.p50_ms is not None else ""
             )
             print(
-                f"{best.workload:<8} {best.store:<8} {best.steps:>7} steps  "
+                f"{best.workload:<8} {best.store:<8} {best.step_type:<6} {best.steps:>7} steps  "
                 f"{best.seconds:>7.3f} s  {best.steps_per_s:>8} steps/s  "
                 f"{best.us_per_step:>6} us/step{latency}"
             )
-    by = {r.workload: r for r in rows if r.store == "memory"}
-    if "W3" in by and "W3-10k" in by and not args.json:
-        ratio = by["W3-10k"].us_per_step / by["W3"].us_per_step
-        print(f"W3-10k / W3 per-step cost ratio: {ratio:.2f} (target <= 1.5)")
+    for kind in kinds:
+        by = {r.workload: r for r in rows if r.store == "memory" and r.step_type == kind}
+        if "W3" in by and "W3-10k" in by and not args.json:
+            ratio = by["W3-10k"].us_per_step / by["W3"].us_per_step
+            print(f"W3-10k / W3 per-step cost ratio ({kind}): {ratio:.2f} (target <= 1.5)")
     return 0
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_bench_script_runs_and_reports_rows() -> None:
+def test_bench_script_runs_and_reports_rows_for_both_step_kinds() -> None:
     done = subprocess.run(
         [
             sys.executable,
@@ -33,9 +33,47 @@ def test_bench_script_runs_and_reports_rows() -> None:
     )
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in done.stdout.splitlines()]
-    assert [(r["workload"], r["store"], r["steps"]) for r in rows] == [
-        ("W3", "sqlite", 300),
-        ("W1-seq", "sqlite", 2000),
+    assert [(r["workload"], r["store"], r["step_type"], r["steps"]) for r in rows] == [
+        ("W3", "sqlite", "noop", 300),
+        ("W1-seq", "sqlite", "noop", 2000),
+        ("W3", "sqlite", "python", 300),
+        ("W1-seq", "sqlite", "python", 2000),
     ]
     assert all(r["steps_per_s"] > 0 for r in rows)
-    assert rows[1]["p50_ms"] is not None
+    assert rows[1]["p50_ms"] is not None and rows[3]["p50_ms"] is not None
+
+
+def test_python_rows_call_the_plain_function_through_start_run() -> None:
+    """The python rows run `python` steps calling bench_steps:step (a module-level sync
+    function), each run submitted with Runtime.start_run: counted in the process itself."""
+    probe = """
+import sys
+sys.path.insert(0, "bench")
+import bench_steps, run
+from tideflow.runtime.runtime import Runtime
+calls, starts = [0], [0]
+step = bench_steps.step
+def counted():
+    calls[0] += 1
+    return step()
+bench_steps.step = counted
+start_run = Runtime.start_run
+async def counted_start(self, *args, **kwargs):
+    starts[0] += 1
+    return await start_run(self, *args, **kwargs)
+Runtime.start_run = counted_start
+run.main(["--only", "W1-seq", "--steps", "python", "--repeat", "1", "--json"])
+print(calls[0], starts[0])
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    *rows, counts = done.stdout.splitlines()
+    assert json.loads(rows[0])["step_type"] == "python"
+    assert counts == "2000 200"  # 200 runs x 10 steps, each run started on its own

@@ -1,12 +1,13 @@
 """Reporting that a worker started an attempt (``TaskStarted``), cheaply.
 
-The start is what an attempt's ``timeout`` counts from, so it is reported before the
-attempt runs, for compensation attempts as for action attempts. Starts are sent in batches, once per turn of the event loop, beside the
-other events. An attempt that ends before its start went out (a ``noop``, an executor
-that fails at once) sends no separate start: the outcome carries it (``started_at``),
-so a step costs one event when nothing could have timed out in between. An
-``idempotent: false`` step is different: its start is committed before it runs
-(``start_durably``), never batched or folded into the outcome.
+The start is what an attempt's ``timeout`` counts from, for compensation attempts as for
+action attempts: it carries the time the attempt started. A start is sent once it is `REPORT_DELAY` old, in one batch with
+every other start due by then, beside the other events. An attempt that ends before
+its start went out (a ``noop``, a quick python function, an executor that fails at
+once) sends no separate start: the outcome carries it (``started_at``), so a quick
+step costs one event, not two. An ``idempotent: false`` step is different: its start
+is committed before it runs (``start_durably``), never batched or folded into the
+outcome.
 """
 
 from __future__ import annotations
@@ -26,13 +27,15 @@ log = logging.getLogger("tideflow.worker")
 Key = tuple[str, str, int, bool]
 """(run id, step key, attempt, compensation): an attempt of a step's action or of its
 compensation."""
+REPORT_DELAY = 0.005
+"""Seconds a start waits to be sent with others (or folded into its outcome): long enough
+for a quick sync function's result to come back from its thread, short against any
+timeout."""
+StartDurably = Callable[[TaskStarted], Awaitable[bool]]
 
 
 def attempt_key(task: DispatchTask) -> Key:
     return (task.run_id, task.step_key, task.attempt, task.compensation)
-
-
-StartDurably = Callable[[TaskStarted], Awaitable[bool]]
 
 
 class StartReports:
@@ -49,8 +52,10 @@ class StartReports:
         self._new_id = new_event_id
         self._start_durably = start_durably
         self.worker = f"{socket.gethostname()}/{os.getpid()}"
-        self._unsent: dict[Key, float] = {}
-        """Attempts started and not reported yet -> when they started."""
+        self._unsent: dict[Key, tuple[float, float]] = {}
+        """Attempts started and not reported yet -> when they started (clock time) and when
+        the start is due to be sent (event-loop time), oldest first."""
+        self._timer: asyncio.TimerHandle | None = None
         self._sending: asyncio.Task[None] | None = None
 
     async def report(self, task: DispatchTask) -> bool:
@@ -59,14 +64,17 @@ class StartReports:
         key = attempt_key(task)
         if not task.idempotent and self._start_durably is not None:
             return await self._start_durably(self._event(key, self._clock()))
-        self._unsent[key] = self._clock()
-        if len(self._unsent) == 1:
-            asyncio.get_running_loop().call_soon(self._flush)
+        loop = asyncio.get_running_loop()
+        due = loop.time() + REPORT_DELAY
+        self._unsent[key] = (self._clock(), due)
+        if self._timer is None:
+            self._timer = loop.call_at(due, self._flush)
         return True
 
     def take(self, task: DispatchTask) -> float | None:
         """When the attempt started, if that has not been sent yet (its outcome carries it)."""
-        return self._unsent.pop(attempt_key(task), None) if self._unsent else None
+        started = self._unsent.pop(attempt_key(task), None) if self._unsent else None
+        return None if started is None else started[0]
 
     def _event(self, key: Key, time: float) -> TaskStarted:
         run_id, step_key, attempt, compensation = key
@@ -88,11 +96,19 @@ class StartReports:
             await asyncio.shield(sending)
 
     def _flush(self) -> None:
-        if not self._unsent:
-            return
-        events = [self._event(key, time) for key, time in self._unsent.items()]
-        self._unsent.clear()
-        self._sending = asyncio.get_running_loop().create_task(self._send(self._sending, events))
+        """Send the starts that are due; wait for the others."""
+        self._timer = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        due_keys: list[Key] = []
+        for key, (_, due) in self._unsent.items():
+            if due > now:
+                self._timer = loop.call_at(due, self._flush)
+                break
+            due_keys.append(key)
+        events = [self._event(key, self._unsent.pop(key)[0]) for key in due_keys]
+        if events:
+            self._sending = loop.create_task(self._send(self._sending, events))
 
     async def _send(self, previous: asyncio.Task[None] | None, events: list[TaskStarted]) -> None:
         if previous is not None and not previous.done():

@@ -77,6 +77,9 @@ class SqliteStore(Store):
         self._conn: sqlite3.Connection | None = None
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tideflow-sqlite")
         self._plans: dict[str, Plan] = {}
+        self._definitions: dict[tuple[str, str], str] = {}
+        """(name, version) -> plan hash of definitions known to be stored: they never change,
+        so registering one again (every ``start_run`` with a Plan does) costs no transaction."""
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -217,7 +220,15 @@ class SqliteStore(Store):
     # -- definitions ------------------------------------------------------------
 
     async def save_definition(self, plan: Plan) -> bool:
-        return await self._run(self._transaction, lambda c: _save_definition(c, plan))
+        key = (plan.name, plan.version)
+        known = self._definitions.get(key)
+        if known is None:
+            created: bool = await self._run(self._transaction, lambda c: _save_definition(c, plan))
+            self._definitions[key] = plan.hash
+            return created
+        if known != plan.hash:
+            raise sb.definition_conflict(plan.name, plan.version)
+        return False
 
     async def get_definition(self, name: str, version: str | None = None) -> Plan:
         def find(conn: sqlite3.Connection) -> str:

@@ -3,13 +3,21 @@
 The DSL compiler checks configs before a run starts, but templated values are
 only known at execution time, so each executor checks the rendered config again
 (with a validator compiled once per schema) and fails with ``InvalidStepConfig``.
+
+Most configs are the same on every attempt (no templates, or templates that render
+the same), so a config that passed is remembered, by a digest of its JSON form
+(the rendered config may hold secrets: the digest does not), and is not validated
+again: encoding a small config costs a microsecond, validating it tens.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
 from jsonschema import Draft202012Validator
 
 from tideflow.model.durations import parse_duration
@@ -17,16 +25,42 @@ from tideflow.worker.executors.errors import InvalidStepConfig
 
 _validators: dict[int, tuple[Mapping[str, Any], Draft202012Validator]] = {}
 
+VALID_CONFIGS_KEPT = 4096
+"""How many distinct valid configs are remembered (least recently used ones are dropped)."""
+_valid: OrderedDict[tuple[int, bytes], None] = OrderedDict()
+
 
 def check_config(executor_name: str, schema: Mapping[str, Any], config: Any) -> Mapping[str, Any]:
     """Return ``config`` (``None`` counts as ``{}``) or raise ``InvalidStepConfig``."""
     config = {} if config is None else config
+    key = _key(schema, config)
+    if key is not None and key in _valid:
+        _valid.move_to_end(key)
+        return config  # type: ignore[no-any-return]
     errors = sorted(_validator(schema).iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
         problems = "; ".join(_describe(e.absolute_path, e.message) for e in errors[:5])
         raise InvalidStepConfig(f"invalid config for executor '{executor_name}': {problems}")
     assert isinstance(config, Mapping)
+    if key is not None:
+        _valid[key] = None
+        if len(_valid) > VALID_CONFIGS_KEPT:
+            _valid.popitem(last=False)
     return config
+
+
+def _key(schema: Mapping[str, Any], config: Any) -> tuple[int, bytes] | None:
+    """The cache key of a config checked against ``schema``; None when its JSON form does
+    not tell it apart from other configs (it is validated every time)."""
+    try:
+        data = orjson.dumps(config, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        return None
+    if b"null" in data:
+        return None  # NaN and infinities are written as null too: not the same config
+    # The validator cache keeps the schema alive, so its id names it for the process.
+    _validator(schema)
+    return id(schema), hashlib.blake2b(data, digest_size=16).digest()
 
 
 def seconds(value: Any, key: str = "timeout") -> float | None:

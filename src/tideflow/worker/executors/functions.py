@@ -196,47 +196,87 @@ def bind_arguments(
     fn: Callable[..., Any], kwargs: dict[str, Any], ctx: StepContext, spec: str
 ) -> dict[str, Any]:
     """``kwargs`` plus ``ctx`` when ``fn`` declares it; clear error when they do not fit."""
-    signature = _signature(fn)
-    if signature is None:
+    binder = _binder(fn)
+    if binder is None:
         return kwargs
-    if _wants_ctx(signature):
+    if binder.wants_ctx:
         if "ctx" in kwargs:
             raise InvalidStepInput(f"input key 'ctx' clashes with the ctx parameter of {spec!r}")
         kwargs = {**kwargs, "ctx": ctx}
-    try:
-        signature.bind(**kwargs)
-    except TypeError as exc:
-        raise InvalidStepInput(
-            f"function {spec!r} cannot be called with input keys {sorted(kwargs)}: {exc}"
-        ) from None
+    if not binder.fits(kwargs):
+        try:
+            binder.signature.bind(**kwargs)
+        except TypeError as exc:
+            raise InvalidStepInput(
+                f"function {spec!r} cannot be called with input keys {sorted(kwargs)}: {exc}"
+            ) from None
     return kwargs
 
 
-def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
+class _Binder:
+    """What ``Signature.bind(**kwargs)`` checks, precomputed once per function: which
+    keyword arguments it takes and which it needs (``bind`` itself runs only to word the
+    error when they do not fit)."""
+
+    __slots__ = ("names", "required", "signature", "unbindable", "var_keyword", "wants_ctx")
+
+    def __init__(self, signature: inspect.Signature) -> None:
+        kinds = inspect.Parameter
+        params = signature.parameters.values()
+        self.signature = signature
+        self.names = frozenset(
+            p.name for p in params if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)
+        )
+        self.required = frozenset(p.name for p in params if p.name in self.names and _needed(p))
+        self.var_keyword = any(p.kind is kinds.VAR_KEYWORD for p in params)
+        self.unbindable = any(p.kind is kinds.POSITIONAL_ONLY and _needed(p) for p in params)
+        self.wants_ctx = "ctx" in self.names
+
+    def fits(self, kwargs: dict[str, Any]) -> bool:
+        if self.unbindable:
+            return False
+        keys = kwargs.keys()
+        if not self.required <= keys:
+            return False
+        if self.var_keyword:
+            return True
+        return keys <= self.names
+
+
+def is_async(fn: Callable[..., Any]) -> bool:
+    """Whether calling ``fn`` makes a coroutine (remembered per function)."""
     try:
-        return _cached_signature(fn)
+        return _is_async(fn)
     except TypeError:  # an unhashable callable object
-        return _uncached_signature(fn)
+        return inspect.iscoroutinefunction(fn)
 
 
 @functools.lru_cache(maxsize=1024)
-def _cached_signature(fn: Callable[..., Any]) -> inspect.Signature | None:
-    return _uncached_signature(fn)
+def _is_async(fn: Callable[..., Any]) -> bool:
+    return inspect.iscoroutinefunction(fn)
 
 
-def _uncached_signature(fn: Callable[..., Any]) -> inspect.Signature | None:
+def _needed(param: inspect.Parameter) -> bool:
+    return param.default is inspect.Parameter.empty
+
+
+def _binder(fn: Callable[..., Any]) -> _Binder | None:
     try:
-        return inspect.signature(fn)
+        return _cached_binder(fn)
+    except TypeError:  # an unhashable callable object
+        return _make_binder(fn)
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_binder(fn: Callable[..., Any]) -> _Binder | None:
+    return _make_binder(fn)
+
+
+def _make_binder(fn: Callable[..., Any]) -> _Binder | None:
+    try:
+        return _Binder(inspect.signature(fn))
     except (TypeError, ValueError):
         return None  # some builtins have no signature: let the call itself decide
-
-
-def _wants_ctx(signature: inspect.Signature) -> bool:
-    param = signature.parameters.get("ctx")
-    return param is not None and param.kind in (
-        inspect.Parameter.POSITIONAL_OR_KEYWORD,
-        inspect.Parameter.KEYWORD_ONLY,
-    )
 
 
 def dump_output(value: Any, spec: str) -> bytes:
@@ -247,4 +287,6 @@ def dump_output(value: Any, spec: str) -> bytes:
 
 def json_output(value: Any, spec: str) -> Any:
     """``value`` as the plain JSON data the next steps will see (tuples become lists, …)."""
+    if value is None or type(value) is str or type(value) is bool:
+        return value  # already plain JSON data
     return orjson.loads(dump_output(value, spec))

@@ -15,7 +15,9 @@ with :func:`~tideflow.worker.executors.errorinfo.error_info_from_exception`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
+import functools
 import inspect
 import logging
 from collections.abc import Callable, Mapping
@@ -30,6 +32,7 @@ from tideflow.worker.executors.errors import FunctionNotFound, FunctionRaised
 from tideflow.worker.executors.functions import (
     bind_arguments,
     import_path,
+    is_async,
     json_output,
     keyword_arguments,
     register,
@@ -46,6 +49,7 @@ __all__ = ["PythonExecutor", "register", "registered", "unregister"]
 DEFAULT_MAX_WORKERS = 16
 
 log = logging.getLogger("tideflow.worker")
+_NO_DEADLINE = contextlib.nullcontext()
 
 
 class PythonExecutor(Executor):
@@ -64,15 +68,15 @@ class PythonExecutor(Executor):
         spec: str = cfg["function"]
         kwargs = keyword_arguments(input)
         timeout = seconds(cfg.get("timeout")) or ctx.timeout
-        deadline = asyncio.timeout(timeout)
+        deadline = None if timeout is None else asyncio.timeout(timeout)
         try:
-            async with deadline:
+            async with deadline or _NO_DEADLINE:
                 if cfg.get("isolation") == "process":
                     grace = float(cfg.get("kill_grace", DEFAULT_KILL_GRACE))
                     return await run_isolated(_child_spec(spec), kwargs, ctx, grace)
                 result = await self._run_here(spec, kwargs, ctx)
         except TimeoutError:
-            if not deadline.expired():
+            if deadline is None or not deadline.expired():
                 raise  # the function's own TimeoutError
             raise StepTimeout(_timeout_message(spec, timeout, cfg.get("isolation"))) from None
         return json_output(result, spec)
@@ -92,19 +96,17 @@ class PythonExecutor(Executor):
             self._pool = DaemonThreadPool(self._max_workers, thread_name_prefix="tideflow-python")
         return self._pool
 
-    async def _resolve(self, spec: str) -> Callable[..., Any]:
-        fn = registered_function(spec) or self._imported.get(spec)
-        if fn is None:
-            # Importing runs module code of unknown cost: keep it off the event loop.
-            fn = await asyncio.get_running_loop().run_in_executor(self.pool, resolve_function, spec)
-            self._imported[spec] = fn
+    async def _import(self, spec: str) -> Callable[..., Any]:
+        # Importing runs module code of unknown cost: keep it off the event loop.
+        fn = await asyncio.get_running_loop().run_in_executor(self.pool, resolve_function, spec)
+        self._imported[spec] = fn
         return fn
 
     async def _run_here(self, spec: str, kwargs: dict[str, Any], ctx: StepContext) -> Any:
-        fn = await self._resolve(spec)
+        fn = registered_function(spec) or self._imported.get(spec) or await self._import(spec)
         kwargs = bind_arguments(fn, kwargs, ctx, spec)
         try:
-            if inspect.iscoroutinefunction(fn):
+            if is_async(fn):
                 return await fn(**kwargs)
             result = await self._in_thread(fn, kwargs, ctx, spec)
             if inspect.isawaitable(result):  # a sync callable that returned a coroutine
@@ -120,11 +122,11 @@ class PythonExecutor(Executor):
     ) -> Any:
         pool = self.pool
         context = contextvars.copy_context()
-        future = pool.submit(context.run, _contained, fn, kwargs)
+        call = pool.call(functools.partial(context.run, _contained, fn, kwargs))
         try:
-            return await asyncio.wrap_future(future)
+            return await call.future
         except asyncio.CancelledError:
-            thread = pool.abandon(future)
+            thread = pool.abandon(call)
             if thread is not None:
                 log.warning(
                     "run %s step %s: python function %r is still running in thread %s after "

@@ -10,20 +10,39 @@ threads at exit, so one hung function would keep ``tideflow run`` from ever
 ending). An abandoned thread that returns after all goes back to the pool when
 there is room, otherwise it ends. ``isolation: process`` is the way to actually
 stop such a function.
+
+The event loop hands calls over with :meth:`DaemonThreadPool.call`, which answers
+with an asyncio future directly (no ``concurrent.futures.Future`` wrapped in a
+second one): results come back in batches, one wake-up of the loop for all the calls
+that finished while it was busy, not one wake-up per call.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
-from typing import Any, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 T = TypeVar("T")
 
-_Item = tuple["Future[Any]", Callable[[], Any]]
+
+class _Handle(Protocol):
+    """What a worker thread needs of a call's future (``concurrent.futures.Future`` or a
+    `LoopCall`)."""
+
+    def set_running_or_notify_cancel(self) -> bool: ...
+    def set_result(self, result: Any) -> None: ...
+    def set_exception(self, exception: BaseException | None) -> None: ...
+    def cancel(self) -> bool: ...
+
+
+_Item = tuple[_Handle, Callable[[], Any]]
 _NAMES = itertools.count()
 """Thread numbers, unique in the process, so that a warning names one thread."""
 
@@ -32,25 +51,47 @@ class DaemonThreadPool(Executor):
     def __init__(self, max_workers: int, thread_name_prefix: str) -> None:
         self.max_workers = max_workers
         self._prefix = thread_name_prefix
-        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._calls: deque[_Item] = deque()
+        self._wake: queue.SimpleQueue[bool] = queue.SimpleQueue()
+        """Tokens for idle threads: True, look for calls; False, end."""
         self._lock = threading.Lock()
         self._threads: set[threading.Thread] = set()
         self._abandoned: set[threading.Thread] = set()
-        self._running: dict[Future[Any], threading.Thread] = {}
-        self._waiting = 0
-        """Threads blocked on the queue, ready to take a call."""
+        self._running: dict[_Handle, threading.Thread] = {}
+        self._idle = 0
+        """Threads blocked on ``_wake``."""
+        self._waking = 0
+        """Threads woken (or started) that have not looked for calls yet: while one is on
+        its way, a new call wakes nobody, so a burst of calls costs one wake-up, not one
+        per call (each thread that takes a call wakes the next while calls remain, so a
+        slow call does not hold up the ones behind it)."""
         self._closed = False
+        self._results: _Results | None = None
+
+    def call(self, fn: Callable[[], T]) -> LoopCall[T]:
+        """Run ``fn()`` in a pool thread for the running event loop; await ``.future`` for
+        its result. Pass the `LoopCall` to :meth:`abandon` to give up on it."""
+        loop = asyncio.get_running_loop()
+        results = self._results
+        if results is None or results.loop is not loop:
+            results = self._results = _Results(loop)
+        handle: LoopCall[T] = LoopCall(loop.create_future(), results)
+        self._put(handle, fn)
+        return handle
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         future: Future[T] = Future()
+        self._put(future, lambda: fn(*args, **kwargs))
+        return future
+
+    def _put(self, handle: _Handle, call: Callable[[], Any]) -> None:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the thread pool is shut down")
-            self._queue.put((future, lambda: fn(*args, **kwargs)))
-            self._grow()
-        return future
+            self._calls.append((handle, call))
+            self._wake_one()
 
-    def abandon(self, future: Future[Any]) -> str | None:
+    def abandon(self, future: _Handle) -> str | None:
         """Stop waiting for ``future``: a queued call never starts; a running one keeps its
         thread, which leaves the pool. The thread's name, when the call was running."""
         if future.cancel():
@@ -60,7 +101,7 @@ class DaemonThreadPool(Executor):
             if thread is None:
                 return None
             self._abandoned.add(thread)
-            self._grow()  # the queued calls must not wait on the hung one
+            self._wake_one()  # the queued calls must not wait on the hung one
             return thread.name
 
     def abandoned(self) -> list[str]:
@@ -72,24 +113,27 @@ class DaemonThreadPool(Executor):
         with self._lock:
             self._closed = True
             threads = list(self._threads - self._abandoned)
-        if cancel_futures:
-            while True:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is not None:
-                    item[0].cancel()
+            cancelled = list(self._calls) if cancel_futures else []
+            if cancel_futures:
+                self._calls.clear()
+            self._waking += len(threads)
+        for handle, _ in cancelled:
+            handle.cancel()
         for _ in threads:
-            self._queue.put(None)
+            self._wake.put(False)
         if wait:
             for thread in threads:
                 thread.join()
 
-    def _grow(self) -> None:
-        """Start a thread when calls wait and the pool has room (the lock is held)."""
-        counted = len(self._threads) - len(self._abandoned)
-        if self._queue.qsize() > self._waiting and counted < self.max_workers:
+    def _wake_one(self) -> None:
+        """Have a thread come for the queued calls, unless one is on its way (lock held)."""
+        if self._waking or not self._calls or self._closed:
+            return
+        if self._idle > 0:
+            self._waking += 1
+            self._wake.put(True)
+        elif len(self._threads) - len(self._abandoned) < self.max_workers:
+            self._waking += 1
             self._start_thread()
 
     def _start_thread(self) -> None:
@@ -101,32 +145,47 @@ class DaemonThreadPool(Executor):
 
     def _work(self) -> None:
         me = threading.current_thread()
+        woken = True  # a new thread was started for a call
         while True:
-            with self._lock:
-                self._waiting += 1
-            item = self._queue.get()
-            with self._lock:
-                self._waiting -= 1
+            item = self._take(me, woken)
             if item is None:
-                break
-            future, call = item
-            if not future.set_running_or_notify_cancel():
+                with self._lock:
+                    self._idle += 1
+                go_on = self._wake.get()
+                with self._lock:
+                    self._idle -= 1
+                if not go_on:
+                    break
+                woken = True
                 continue
-            with self._lock:
-                self._running[future] = me
+            woken = False
+            handle, call = item
             try:
-                future.set_result(call())
+                handle.set_result(call())
             except BaseException as exc:
-                future.set_exception(exc)
+                handle.set_exception(exc)
             finally:
                 del item, call
-            if not self._next(future, me):
+            if not self._next(handle, me):
                 break
         with self._lock:
             self._threads.discard(me)
             self._abandoned.discard(me)
 
-    def _next(self, future: Future[Any], me: threading.Thread) -> bool:
+    def _take(self, me: threading.Thread, woken: bool) -> _Item | None:
+        """The next call to run (marked running on ``me``), or None when there is none."""
+        with self._lock:
+            if woken:
+                self._waking -= 1
+            while self._calls:
+                item = self._calls.popleft()
+                if item[0].set_running_or_notify_cancel():
+                    self._running[item[0]] = me
+                    self._wake_one()
+                    return item
+        return None
+
+    def _next(self, future: _Handle, me: threading.Thread) -> bool:
         """After a call: stay for more work (True) or end, when an abandoned thread
         returns to a pool that is full."""
         with self._lock:
@@ -135,3 +194,78 @@ class DaemonThreadPool(Executor):
                 self._abandoned.discard(me)
                 return len(self._threads) - len(self._abandoned) <= self.max_workers
             return True
+
+
+_PENDING, _RUNNING, _CANCELLED, _FINISHED = range(4)
+
+
+class LoopCall(Generic[T]):
+    """A call handed to the pool from an event loop: its asyncio ``future``, and what the
+    worker thread does with it (the `_Handle` interface)."""
+
+    __slots__ = ("_results", "_state", "future")
+
+    def __init__(self, future: asyncio.Future[T], results: _Results) -> None:
+        self.future = future
+        self._results = results
+        self._state = _PENDING
+
+    def set_running_or_notify_cancel(self) -> bool:
+        with self._results.lock:
+            if self._state != _PENDING:
+                return False
+            self._state = _RUNNING
+            return True
+
+    def cancel(self) -> bool:
+        """Stop the call if it has not started (True); a running call cannot be stopped."""
+        with self._results.lock:
+            if self._state == _PENDING:
+                self._state = _CANCELLED
+            cancelled = self._state == _CANCELLED
+        if cancelled and not self.future.done():
+            self.future.cancel()
+        return cancelled
+
+    def set_result(self, result: Any) -> None:
+        self._state = _FINISHED
+        self._results.add(self.future, result, None)
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        self._state = _FINISHED
+        self._results.add(self.future, None, exception)
+
+
+class _Results:
+    """Results of `LoopCall`s on their way back to one event loop: the first result of a
+    batch schedules one delivery, which sets every result that arrived by then."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.lock = threading.Lock()
+        self._done: deque[tuple[asyncio.Future[Any], Any, BaseException | None]] = deque()
+        self._scheduled = False
+
+    def add(self, future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+        """Called in a worker thread."""
+        self._done.append((future, result, error))
+        with self.lock:
+            if self._scheduled:
+                return
+            self._scheduled = True
+        # A closed loop raises RuntimeError: nobody waits for the result any more.
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self.lock:
+            self._scheduled = False
+        done = self._done
+        while done:
+            future, result, error = done.popleft()
+            if future.done():
+                continue  # cancelled: the attempt ended without it
+            if error is None:
+                future.set_result(result)
+            else:
+                future.set_exception(error)
