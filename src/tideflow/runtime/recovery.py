@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 
 from tideflow.core.resume import lost_attempts, lost_events, resume_commands
+from tideflow.core.saga import lost_compensation
 from tideflow.model.commands import Command, DispatchTask, StartChildRun, StartTimer
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
@@ -84,6 +85,18 @@ def in_flight(plan: Plan, state: RunState, now: float) -> list[TaskLease]:
         )
         for st in lost_attempts(plan, state)
     ]
+    compensation = lost_compensation(state)  # a started compensation attempt is a row too
+    if compensation is not None:
+        key, attempt, started = compensation
+        leases.append(
+            TaskLease(
+                run_id=state.run_id,
+                step_key=key,
+                attempt=attempt,
+                dispatched_at=now,
+                started_at=started,
+            )
+        )
     for c in resume_commands(plan, state, now):
         if isinstance(c, DispatchTask):
             leases.append(

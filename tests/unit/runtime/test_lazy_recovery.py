@@ -237,3 +237,25 @@ async def test_runs_stored_before_schema_2_get_their_rows_on_the_next_start(
         assert (await rt.wait(waiter, timeout=5)).status == "succeeded"
         rt.clock.advance(HOUR)  # type: ignore[attr-defined]
         assert (await rt.wait(sleeper, timeout=5)).status == "succeeded"
+
+
+def test_a_started_compensation_is_in_flight_for_the_stored_rows() -> None:
+    """A compensation a worker started is an attempt in flight: ``index_run`` keeps its
+    row, so that a second crash before its ``TaskLost`` is applied does not lose the run."""
+    from tideflow.dsl import compile_definition
+    from tideflow.runtime.recovery import in_flight
+    from tideflow.testing.harness import CoreHarness
+
+    plan = compile_definition(
+        'name: saga\nversion: "1"\non_failure: compensate\nsteps:\n'
+        "  - {id: a, type: noop, compensate: {type: noop}}\n"
+        "  - {id: b, type: noop, depends_on: [a]}\n"
+    )
+    h = CoreHarness(plan)
+    h.start({})
+    h.complete("a")
+    h.fail("b")
+    assert h.status == "compensating"
+    (lease,) = in_flight(h.plan, h.state, h.now)
+    assert (lease.step_key, lease.attempt) == ("a", 1)
+    assert lease.started_at is not None
