@@ -94,6 +94,7 @@ def read_log(path: Path, offset: int = 0) -> tuple[list[Execution], int]:
     if not path.exists():
         return [], offset
     data = path.read_bytes()
+    data = data[: data.rfind(b"\n") + 1]  # complete lines only: a writer may be mid-line
     executions = []
     for raw in data[offset:].splitlines():
         line = json.loads(raw)
