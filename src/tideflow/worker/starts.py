@@ -1,11 +1,11 @@
 """Reporting that a worker started an attempt (``TaskStarted``), cheaply.
 
 The start is what an attempt's ``timeout`` counts from, for compensation attempts as for
-action attempts: it carries the time the attempt started. A start is sent once it is `REPORT_DELAY` old, in one batch with
+action attempts: it carries the time the attempt started. A start is sent once it is
+``REPORT_DELAY`` old (by default on the next turn of the event loop), in one batch with
 every other start due by then, beside the other events. An attempt that ends before
-its start went out (a ``noop``, a quick python function, an executor that fails at
-once) sends no separate start: the outcome carries it (``started_at``), so a quick
-step costs one event, not two. An ``idempotent: false`` step is different: its start
+its start went out (a ``noop``, an executor that fails at once) sends no separate start:
+the outcome carries it (``started_at``), so such a step costs one event, not two. An ``idempotent: false`` step is different: its start
 is committed before it runs (``start_durably``), never batched or folded into the
 outcome.
 """
