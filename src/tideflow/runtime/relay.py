@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -62,17 +63,17 @@ FIRST_DELAY = 0.05
 MAX_DELAY = 5.0
 
 
-class Runs:
+class Runs(ABC):
     """What the relay needs from the engine around it (the engine implements it)."""
 
+    @abstractmethod
     async def finished(self, command: RunFinished) -> None:
         """A run ended: give its result to whoever waits for it (never fails)."""
-        raise NotImplementedError
 
+    @abstractmethod
     async def start_child(self, command: StartChildRun) -> RunState:
         """Create the child run (idempotent by its id) and return its state; raises a
         ``TideflowError`` when it cannot be started (no such workflow, bad input)."""
-        raise NotImplementedError
 
 
 @dataclass(slots=True, eq=False)
