@@ -157,11 +157,14 @@ class Runtime:
         if self._seat is not None:
             await self._seat.take()  # before anything of the store's runs is touched
         self._running = True
-        self._engine.start()
         if self._worker_count:
             self._workers.start()
         if self._recover_on_start:
+            # Before the scheduler applies anything: what recovery finds in flight must be
+            # what the previous engine left, not attempts this one has just dispatched
+            # (those it would report lost and dispatch again while they run).
             await self._engine.recover()
+        self._engine.start()
         if self._seat is not None:
             self._seat.start(self._lease_lost)
 

@@ -3,6 +3,8 @@ and waits are read from the store's rows; idle runs leave a bounded cache."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import sqlite3
 import textwrap
 from collections.abc import Sequence
@@ -259,3 +261,67 @@ def test_a_started_compensation_is_in_flight_for_the_stored_rows() -> None:
     (lease,) = in_flight(h.plan, h.state, h.now)
     assert (lease.step_key, lease.attempt) == ("a", 1)
     assert lease.started_at is not None
+
+
+class CommitsDuringRecovery(SqliteStore):
+    """The real SQLite store, noting each commit made while an engine recovers."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.recovering = False
+        self.during: list[str] = []
+        self.committed = asyncio.Event()
+
+    async def commit(self, batch: Any, relayed: Any = ()) -> None:
+        if self.recovering:
+            self.during += [type(applied.event).__name__ for applied in batch]
+        await super().commit(batch, relayed)
+        self.committed.set()
+
+    async def expired_tasks(self, before: float, limit: int = 10_000) -> list[Any]:
+        # Give a scheduler running beside recovery the time to apply the start it was
+        # just sent (a bound, not a pause: with none running, nothing can come).
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.committed.wait(), 0.3)
+        return await super().expired_tasks(before, limit)
+
+
+async def test_recovery_sees_only_what_the_previous_engine_left(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run stored but never started is started by recovery; were the scheduler already
+    applying events, its first attempt could be dispatched and started before recovery
+    looked for lost attempts, which would then report it lost and dispatch it again
+    while it ran (a step ran three times after a crash)."""
+    setup = SqliteStore(url)
+    await setup.open()
+    await setup.save_definition(WORKER)
+    pending = new_run_state(
+        run_id="never-started",
+        workflow="worker",
+        version="1",
+        plan_hash=WORKER.hash,
+        created_at=0.0,
+    )
+    await setup.create_run(pending)
+    await setup.close()
+    store = CommitsDuringRecovery(url)
+
+    from tideflow.runtime.engine import Engine
+
+    original = Engine.recover
+
+    async def watched(self: Engine) -> None:
+        store.recovering = True
+        try:
+            await original(self)
+        finally:
+            store.recovering = False
+
+    monkeypatch.setattr(Engine, "recover", watched)
+    async with Runtime(store=store) as rt:
+        assert store.during == []
+        result = await rt.wait("never-started", timeout=5)
+        kinds = [entry.kind for entry in await rt.history("never-started")]
+    assert result.status == "succeeded"
+    assert "task_lost" not in kinds
