@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tideflow.model.events import ErrorInfo
-from tideflow.model.states import RunStatus, StepStatus
+from tideflow.model.states import RUN_TERMINAL, RunStatus, StepStatus
 
 TimerKind = Literal[
     "run_timeout",
@@ -166,8 +166,6 @@ class RunState:
 
     @property
     def is_terminal(self) -> bool:
-        from tideflow.model.states import RUN_TERMINAL
-
         return self.status in RUN_TERMINAL
 
 

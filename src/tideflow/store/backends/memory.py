@@ -101,8 +101,11 @@ class MemoryStore(Store):
         self._idempotency: dict[str, str] = {}
         self._event_ids: set[str] = set()
         self._outbox: dict[str, OutboxItem] = {}
-        self._timers: dict[tuple[str, str], float] = {}
-        self._tasks: dict[tuple[str, str], TaskLease] = {}
+        self._timers: dict[str, dict[str, float]] = {}
+        """Run id -> timer id -> when it fires (by run, so that an ended run's rows go at
+        the cost of that run, not of every row)."""
+        self._tasks: dict[str, dict[str, TaskLease]] = {}
+        """Run id -> step key -> the attempt in flight."""
         self._waits: dict[str, set[str]] = {}
         """signal -> run ids; ``_waits_of`` is the same by run."""
         self._waits_of: dict[str, frozenset[str]] = {}
@@ -199,17 +202,23 @@ class MemoryStore(Store):
         self._write_index(index)
 
     def _write_index(self, rows: IndexRows) -> None:
+        timers, tasks = self._timers, self._tasks
         for (run_id, timer_id), fire_at in rows.timers.items():
-            if fire_at is None:
-                self._timers.pop((run_id, timer_id), None)
-            else:
-                self._timers[(run_id, timer_id)] = fire_at
+            if fire_at is not None:
+                timers.setdefault(run_id, {})[timer_id] = fire_at
+            elif (of_run := timers.get(run_id)) is not None:
+                of_run.pop(timer_id, None)
+                if not of_run:
+                    del timers[run_id]
         upserts, starts, deletes = rows.task_rows()
         for run_id, key, attempt in deletes:
-            if (old := self._tasks.get((run_id, key))) is not None and old.attempt == attempt:
-                del self._tasks[(run_id, key)]
+            held = tasks.get(run_id)
+            if held is not None and (old := held.get(key)) is not None and old.attempt == attempt:
+                del held[key]
+                if not held:
+                    del tasks[run_id]
         for run_id, key, attempt, dispatched, started in upserts:
-            self._tasks[(run_id, key)] = TaskLease(
+            tasks.setdefault(run_id, {})[key] = TaskLease(
                 run_id=run_id,
                 step_key=key,
                 attempt=attempt,
@@ -217,8 +226,9 @@ class MemoryStore(Store):
                 started_at=started,
             )
         for started, run_id, key, attempt in starts:
-            if (old := self._tasks.get((run_id, key))) is not None and old.attempt == attempt:
-                self._tasks[(run_id, key)] = replace(old, started_at=started)
+            held = tasks.get(run_id)
+            if held is not None and (old := held.get(key)) is not None and old.attempt == attempt:
+                held[key] = replace(old, started_at=started)
         for run_id, names in rows.waits.items():
             self._set_waits(run_id, names)
         if rows.ended:
@@ -236,9 +246,9 @@ class MemoryStore(Store):
                 self._waits.setdefault(name, set()).add(run_id)
 
     def _forget_index(self, runs: set[str]) -> None:
-        self._timers = {k: v for k, v in self._timers.items() if k[0] not in runs}
-        self._tasks = {k: v for k, v in self._tasks.items() if k[0] not in runs}
         for run_id in runs:
+            self._timers.pop(run_id, None)
+            self._tasks.pop(run_id, None)
             self._set_waits(run_id, frozenset())
 
     def _apply(self, applied: AppliedEvent) -> None:
@@ -302,7 +312,8 @@ class MemoryStore(Store):
         low = -math.inf if after is None else after
         due = sorted(
             (fire_at, run_id, timer_id)
-            for (run_id, timer_id), fire_at in self._timers.items()
+            for run_id, of_run in self._timers.items()
+            for timer_id, fire_at in of_run.items()
             if low < fire_at <= before
         )
         return [DueTimer(run_id=r, timer_id=t, fire_at=f) for f, r, t in due[:limit]]
@@ -313,25 +324,30 @@ class MemoryStore(Store):
     async def claim_task(
         self, run_id: str, step_key: str, attempt: int, *, owner: str, now: float, until: float
     ) -> bool:
-        lease = self._tasks.get((run_id, step_key))
+        lease = self._tasks.get(run_id, {}).get(step_key)
         if lease is None or lease.attempt != attempt:
             return False
         if lease.owner not in (None, owner) and lease.lease_until > now:
             return False
-        self._tasks[(run_id, step_key)] = replace(lease, owner=owner, lease_until=until)
+        self._tasks[run_id][step_key] = replace(lease, owner=owner, lease_until=until)
         return True
 
     async def extend_task(
         self, run_id: str, step_key: str, attempt: int, *, owner: str, until: float
     ) -> bool:
-        lease = self._tasks.get((run_id, step_key))
+        lease = self._tasks.get(run_id, {}).get(step_key)
         if lease is None or lease.attempt != attempt or lease.owner != owner:
             return False
-        self._tasks[(run_id, step_key)] = replace(lease, lease_until=until)
+        self._tasks[run_id][step_key] = replace(lease, lease_until=until)
         return True
 
     async def expired_tasks(self, before: float, limit: int = 10_000) -> list[TaskLease]:
-        expired = [lease for lease in self._tasks.values() if lease.lease_until < before]
+        expired = [
+            lease
+            for held in self._tasks.values()
+            for lease in held.values()
+            if lease.lease_until < before
+        ]
         expired.sort(key=lambda t: (t.lease_until, t.run_id, t.step_key))
         return expired[:limit]
 
