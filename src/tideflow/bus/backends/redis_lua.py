@@ -268,3 +268,15 @@ for i = n + 1, #KEYS do
 end
 return 0
 """
+
+SCRIPTS = {
+    "take_tasks": TAKE_TASKS,
+    "take_events": TAKE_EVENTS,
+    "settle": SETTLE,
+    "touch": TOUCH,
+    "due": DUE,
+    "claim_partitions": CLAIM_PARTITIONS,
+    "renew_partitions": RENEW_PARTITIONS,
+    "release": RELEASE,
+}
+"""Every script by the name ``RedisBus.script`` calls it by."""
