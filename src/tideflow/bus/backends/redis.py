@@ -44,12 +44,11 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from tideflow.bus.backends import redis_lua as lua
 from tideflow.bus.backends.redis_consumers import (
-    LOST,
+    FAILED,
     Backoff,
     ControlStream,
     Entry,
@@ -142,7 +141,7 @@ class RedisBus(Bus):
             await self._check_partitions(client)
             await pubsub.subscribe(self.key("control"))
             await _subscribed(pubsub)
-        except (RedisError, *LOST) as exc:
+        except FAILED as exc:
             await pubsub.aclose()
             await client.aclose()
             raise self.failure("connecting", exc) from exc
@@ -197,7 +196,7 @@ class RedisBus(Bus):
                 await self.run(
                     ("XADD", self.key("queues:new"), "MAXLEN", "~", 100, "*", "q", "new")
                 )
-        except (RedisError, *LOST) as exc:
+        except FAILED as exc:
             raise self.failure(f"publishing {len(tasks)} task(s)", exc) from exc
 
     async def publish_events(self, events: Sequence[Event | Message[Event]]) -> None:
@@ -212,13 +211,13 @@ class RedisBus(Bus):
             commands.append(_xadd(stream, encode_event(body), headers))
         try:
             await self.run(*commands)
-        except (RedisError, *LOST) as exc:
+        except FAILED as exc:
             raise self.failure(f"publishing {len(events)} event(s)", exc) from exc
 
     async def publish_control(self, message: Control) -> None:
         try:
             await self.client.publish(self.key("control"), encode_control(message))
-        except (RedisError, *LOST) as exc:
+        except FAILED as exc:
             raise self.failure("publishing a control message", exc) from exc
 
     # -- consumer ---------------------------------------------------------------
@@ -306,7 +305,7 @@ class RedisBus(Bus):
                     "settle", [self.key("delayed")] + [e.stream for e in entries], *args
                 )
             )
-        except (RedisError, *LOST) as exc:
+        except FAILED as exc:
             what = "acknowledging" if delay_ms < 0 else "handing back"
             raise self.failure(f"{what} {len(entries)} message(s)", exc) from exc
         if delay_ms > 0 and done:
@@ -321,7 +320,7 @@ class RedisBus(Bus):
             args += [entry.id, entry.times]
         try:
             return int(await self.script("touch", [e.stream for e in entries], *args))
-        except (RedisError, *LOST) as exc:
+        except FAILED as exc:
             raise self.failure(f"extending the lease of {len(entries)} message(s)", exc) from exc
 
     async def release(self, locks: list[str], keys: list[str], me: str, group: str) -> None:
@@ -357,7 +356,7 @@ class RedisBus(Bus):
                     backoff.succeeded()
                     if message.get("type") == "message":
                         self._fan_out(message["data"])
-            except LOST as exc:
+            except FAILED as exc:
                 await backoff.failed(exc)
 
     def _fan_out(self, raw: bytes) -> None:
@@ -376,7 +375,7 @@ class RedisBus(Bus):
             self._due.clear()
             try:
                 moved, wait_ms = await self.script("due", [self.key("delayed")], 100)
-            except LOST as exc:
+            except FAILED as exc:
                 await backoff.failed(exc)
                 continue
             backoff.succeeded()

@@ -17,9 +17,7 @@ from collections import deque
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from tideflow.bus.backends.redis_wire import Malformed, decode_event, decode_task, fields_of
 from tideflow.bus.base import PRIORITY_CYCLE, Control, Delivery, EventBatch, Headers
@@ -41,8 +39,9 @@ LONG_IDLE = 10**12
 """Milliseconds of idle time that mark an entry as expired for the next sweep."""
 RANKS = (Priority.HIGH, Priority.NORMAL, Priority.LOW)
 CYCLE = "".join(str(RANKS.index(p)) for p in PRIORITY_CYCLE)
-LOST = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
-"""What a lost connection raises."""
+FAILED = (RedisError, ConnectionError, OSError)
+"""What a lost connection, or a server that refuses for now (READONLY after a failover,
+out of memory), raises."""
 
 
 class Entry:
@@ -64,7 +63,7 @@ class Entry:
 
 
 class Backoff:
-    """Waits between reconnection attempts (50 ms doubling to 5 s), logging each."""
+    """Waits between attempts after a failure (50 ms doubling to 5 s), logging each."""
 
     def __init__(self, bus: RedisBus, what: str) -> None:
         self.bus = bus
@@ -74,7 +73,7 @@ class Backoff:
     async def failed(self, exc: BaseException) -> None:
         self.delay = min(self.delay * 2, 5.0) if self.delay else 0.05
         log.warning(
-            "redis bus %s: %s lost its connection (%s: %s); reconnecting in %.2fs",
+            "redis bus %s: %s failed (%s: %s); trying again in %.2fs",
             self.bus.shown,
             self.what,
             type(exc).__name__,
@@ -85,7 +84,7 @@ class Backoff:
 
     def succeeded(self) -> None:
         if self.delay:
-            log.info("redis bus %s: %s reconnected", self.bus.shown, self.what)
+            log.info("redis bus %s: %s works again", self.bus.shown, self.what)
             self.delay = 0.0
 
 
@@ -141,7 +140,7 @@ class TaskConsumer:
                     return delivery
             try:
                 await self._fill()
-            except LOST as exc:
+            except FAILED as exc:
                 await backoff.failed(exc)
             else:
                 backoff.succeeded()
@@ -254,7 +253,7 @@ class TaskConsumer:
             if held:
                 await self.bus.settle(held, TASK_GROUP, self.name, 0)
             await self.bus.release([], self.keys, self.name, TASK_GROUP)
-        except (RedisError, BusError, *LOST) as exc:
+        except (BusError, *FAILED) as exc:
             if not held:
                 log.debug("redis bus %s: a closing task consumer: %s", self.bus.shown, exc)
                 return
@@ -335,7 +334,7 @@ class EventConsumer:
                 PARKED,
                 LONG_IDLE,
             )
-        except (RedisError, *LOST) as exc:
+        except FAILED as exc:
             raise bus.failure("claiming event partitions", exc) from exc
         if taken:
             raise BusError(
@@ -352,7 +351,7 @@ class EventConsumer:
                 lost = await self.bus.script(
                     "renew_partitions", self.locks, self.name, self.bus.lease_ms
                 )
-            except LOST as exc:
+            except FAILED as exc:
                 await backoff.failed(exc)
                 continue
             backoff.succeeded()
@@ -371,7 +370,7 @@ class EventConsumer:
                 )
             try:
                 batch = await self._take()
-            except LOST as exc:
+            except FAILED as exc:
                 await backoff.failed(exc)
                 continue
             backoff.succeeded()
@@ -451,7 +450,7 @@ class EventConsumer:
             if held:  # marked expired, in place: the next owner takes them first, in order
                 await self.bus.touch(held, EVENT_GROUP, self.name, PARKED, LONG_IDLE)
             await self.bus.release(self.locks, self.keys, self.name, EVENT_GROUP)
-        except (RedisError, BusError, *LOST) as exc:
+        except (BusError, *FAILED) as exc:
             log.warning(
                 "redis bus %s: a closing event consumer could not hand back its partitions "
                 "(%s: %s); another consumer can take them when their lock runs out (%gs)",
