@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 from tideflow import faults
 from tideflow.bus.base import Bus, EventBatch
@@ -40,6 +40,10 @@ from tideflow.runtime.runs import Plans, RunCache
 from tideflow.store.base import AppliedEvent, Store
 
 log = logging.getLogger("tideflow.scheduler")
+
+CONSUME_RETRY_FIRST = 0.05
+CONSUME_RETRY_MAX = 5.0
+"""Seconds before an event stream that failed is opened again (doubling up to the max)."""
 
 
 class Scheduler:
@@ -96,6 +100,26 @@ class Scheduler:
         return run_id in self._in_flight
 
     async def _loop(self) -> None:
+        """Consume until stopped; an event stream that fails (a broker gone, partitions
+        another engine still holds) is opened again after a backoff, never given up."""
+        delay = CONSUME_RETRY_FIRST
+        while True:
+            try:
+                async for _ in self._consume():
+                    delay = CONSUME_RETRY_FIRST
+                return  # the bus ended the stream: it is closing
+            except Exception as exc:
+                log.error(
+                    "the scheduler's event stream failed (%s: %s); consuming again in %.2fs",
+                    type(exc).__name__,
+                    exc,
+                    delay,
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, CONSUME_RETRY_MAX)
+
+    async def _consume(self) -> AsyncIterator[None]:
+        """Apply the delivered batches; yields after each one."""
         batches = self._bus.consume_events(max_batch=self._batch_size)
         async with contextlib.aclosing(batches) as deliveries:
             async for batch in deliveries:
@@ -105,6 +129,7 @@ class Scheduler:
                     log.exception("scheduler batch failed; its events come again")
                     with contextlib.suppress(Exception):
                         await batch.nack(self._retry_delay)  # a no-op once acknowledged
+                yield
 
     async def _apply_delivered(self, batch: EventBatch) -> None:
         """Apply a batch from the bus; acknowledge it once it is committed (events that
