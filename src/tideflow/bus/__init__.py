@@ -2,13 +2,19 @@
 
 ``memory://`` (or ``local://``): the in-process bus, nothing to start; options in
 the query: ``?partitions=16&lease=30`` (event partitions; seconds a delivery is
-held without an ack). ``redis://`` and ``nats://`` name the Redis Streams and NATS
-JetStream backends, which are not built yet.
+held without an ack).
+
+``redis://[user:password@]host:port/db`` (or ``rediss://`` for TLS): the Redis Streams
+bus (``pip install 'tideflow[redis]'``), with ``?prefix=tideflow&partitions=16&lease=30``
+(``prefix``: the start of every key it creates, so that several clusters share a server).
+
+``nats://`` names the NATS JetStream backend, which is not built yet.
 """
 
 from __future__ import annotations
 
-from urllib.parse import parse_qsl, urlsplit
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from tideflow.bus.base import Bus
 from tideflow.errors import BusError
@@ -18,8 +24,6 @@ DEFAULT_URL = "memory://"
 __all__ = ["DEFAULT_URL", "Bus", "BusError", "open_bus"]
 
 _COMING = {
-    "redis": ("Redis Streams", "redis"),
-    "rediss": ("Redis Streams", "redis"),
     "nats": ("NATS JetStream", "nats"),
     "tls": ("NATS JetStream", "nats"),
 }
@@ -33,6 +37,8 @@ def open_bus(url: str) -> Bus:
 
         partitions, lease = _local_options(url)
         return LocalBus(partitions=partitions, lease=lease)
+    if scheme in ("redis", "rediss"):
+        return _redis_bus(url)
     if scheme in _COMING:
         name, extra = _COMING[scheme]
         raise BusError(
@@ -40,7 +46,7 @@ def open_bus(url: str) -> Bus:
             f"for now; when it lands it will need: pip install 'tideflow[{extra}]'"
         )
     raise BusError(
-        f"unknown bus URL {url!r}: use memory:// (in-process); redis:// and nats:// are coming"
+        f"unknown bus URL {url!r}: use memory:// (in-process) or redis://host:port/db; nats:// is coming"
     )
 
 
@@ -64,3 +70,44 @@ def _local_options(url: str) -> tuple[int, float]:
         except ValueError:
             raise BusError(f"bus URL {url!r}: {key}={value!r} is not a number") from None
     return partitions, lease
+
+
+def _redis_bus(url: str) -> Bus:
+    try:
+        from tideflow.bus.backends.redis import RedisBus
+    except ImportError as exc:
+        if not (exc.name or "").startswith("redis"):
+            raise
+        raise BusError(
+            f"bus URL {url.split('://', 1)[0]}:// needs redis-py: pip install 'tideflow[redis]'"
+        ) from None
+    parts = urlsplit(url)
+    if parts.fragment:
+        raise BusError(f"bus URL {url!r}: a Redis bus URL has no #fragment")
+    try:
+        parts.port  # noqa: B018 (a bad port raises)
+    except ValueError:
+        raise BusError(f"bus URL {url!r}: the port is not a number") from None
+    db = parts.path.strip("/") or "0"
+    if not db.isdigit():
+        raise BusError(
+            f"bus URL {url!r}: the path is the database number (redis://host:6379/0), got {db!r}"
+        )
+    options: dict[str, Any] = {}
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        try:
+            if key == "prefix":
+                options["prefix"] = value
+            elif key == "partitions":
+                options["partitions"] = int(value)
+            elif key == "lease":
+                options["lease"] = float(value)
+            else:
+                raise BusError(
+                    f"bus URL {url!r}: unknown option {key!r}; the options are prefix, "
+                    "partitions, lease"
+                )
+        except ValueError:
+            raise BusError(f"bus URL {url!r}: {key}={value!r} is not a number") from None
+    server = urlunsplit((parts.scheme, parts.netloc, f"/{db}", "", ""))
+    return RedisBus(server, **options)
