@@ -179,7 +179,7 @@ class WorkerPool:
                 key = (task.run_id, task.step_key, task.attempt)
                 if self._draining:
                     await delivery.nack()  # taken as the pool drains: someone else runs it
-                    continue
+                    await asyncio.Event().wait()  # and take no more (until close cancels)
                 if key in self._cancelled:
                     del self._cancelled[key]
                     await delivery.ack()  # cancelled while it was queued
