@@ -199,6 +199,7 @@ def test_c_a_standby_server_takes_over_from_a_killed_one(cluster: Cluster) -> No
 # -- (d) SIGTERM a worker: it hands back and exits 0 -----------------------------------
 
 
+@pytest.mark.slow
 def test_d_a_stopped_worker_hands_back_and_exits_0(cluster: Cluster) -> None:
     cluster.server()
     first = cluster.worker("--grace", "0.2")
