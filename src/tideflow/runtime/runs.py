@@ -60,6 +60,10 @@ class Plans:
     def add(self, plan: Plan) -> None:
         self._plans[plan.hash] = plan
 
+    def known(self, plan_hash: str) -> Plan | None:
+        """The plan if it was fetched already (no await on the hot path)."""
+        return self._plans.get(plan_hash)
+
     async def get(self, plan_hash: str) -> Plan:
         plan = self._plans.get(plan_hash)
         if plan is None:
@@ -108,6 +112,13 @@ class RunCache:
 
     def cached(self) -> list[LiveRun]:
         return list(self._live.values())
+
+    def hit(self, run_id: str) -> LiveRun | None:
+        """The run if it is cached (counted as used), without an await."""
+        live = self._live.get(run_id)
+        if live is not None:
+            self._live.move_to_end(run_id)
+        return live
 
     async def get(self, run_id: str) -> LiveRun:
         live = self._live.get(run_id)

@@ -302,10 +302,12 @@ class Scheduler:
     async def _apply(self, event: Event) -> AppliedEvent | None:
         kind = type(event).__name__
         try:
-            live = await self._runs.get(event.run_id)
+            live = self._runs.hit(event.run_id) or await self._runs.get(event.run_id)
             if self._doubt:
                 await self._settle_doubt(event.run_id, live.last_seq)
-            plan = await self._plans.get(live.state.plan_hash)
+            plan = self._plans.known(live.state.plan_hash) or await self._plans.get(
+                live.state.plan_hash
+            )
         except NotFound:
             log.warning("event %s for unknown run %s dropped", kind, event.run_id)
             return None

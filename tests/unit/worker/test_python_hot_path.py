@@ -149,3 +149,31 @@ class _CountingWakeups:
 
     def __exit__(self, *exc: object) -> None:
         del self.loop.call_soon_threadsafe
+
+
+async def test_a_call_queued_behind_a_busy_thread_wakes_nobody_until_that_thread_is_stuck() -> None:
+    pool = DaemonThreadPool(4, thread_name_prefix="tideflow-test")
+    release = threading.Event()
+    started = threading.Event()
+    try:
+
+        def slow() -> bool:
+            started.set()
+            return release.wait(10)
+
+        blocker = pool.call(slow)
+        assert await asyncio.to_thread(started.wait, 10)
+        quick = [pool.call(lambda i=i: i) for i in range(3)]
+        # Queued behind a busy thread: no wake-up, no new thread (the busy one would take
+        # them, were it quick)...
+        assert len(pool._threads) == 1
+        # ...but it is stuck in its call, so the loop's check wakes threads for them.
+        done = await asyncio.wait_for(asyncio.gather(*(c.future for c in quick)), 10)
+        assert done == [0, 1, 2]
+        assert 2 <= len(pool._threads) <= 4
+        assert not blocker.future.done()
+        release.set()
+        assert await asyncio.wait_for(blocker.future, 10) is True
+    finally:
+        release.set()
+        pool.shutdown()

@@ -15,6 +15,15 @@ The event loop hands calls over with :meth:`DaemonThreadPool.call`, which answer
 with an asyncio future directly (no ``concurrent.futures.Future`` wrapped in a
 second one): results come back in batches, one wake-up of the loop for all the calls
 that finished while it was busy, not one wake-up per call.
+
+Waking a thread costs the loop a system call and a fight for the GIL, so a call from
+the loop wakes a thread only when no thread is busy: a busy thread takes the queued
+calls itself as it finishes each one. Whether that is enough is checked on the loop
+every ``STALL`` seconds while calls wait: when every busy thread has been in its
+current call that long (slow or blocked functions), more threads are woken, one per
+waiting call, up to the pool's size. Quick functions thus run on one or two threads
+with few wake-ups; slow ones still run side by side (each waits ``STALL`` at most
+for a thread).
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import contextlib
 import itertools
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
@@ -42,7 +52,12 @@ class _Handle(Protocol):
     def cancel(self) -> bool: ...
 
 
-_Item = tuple[_Handle, Callable[[], Any]]
+_Item = tuple[_Handle, Callable[[], Any], bool]
+"""A call, its handle, and whether it was submitted from outside an event loop (such a
+call wakes a thread at once, and the thread that takes it wakes the next)."""
+STALL = 0.001
+"""Seconds every busy thread must have spent in its current call before the loop wakes
+more threads for the calls waiting."""
 _NAMES = itertools.count()
 """Thread numbers, unique in the process, so that a warning names one thread."""
 
@@ -60,6 +75,8 @@ class DaemonThreadPool(Executor):
         self._running: dict[_Handle, threading.Thread] = {}
         self._idle = 0
         """Threads blocked on ``_wake``."""
+        self._tokens = 0
+        """True tokens put on ``_wake`` that no thread has taken yet."""
         self._waking = 0
         """Threads woken (or started) that have not looked for calls yet: while one is on
         its way, a new call wakes nobody, so a burst of calls costs one wake-up, not one
@@ -67,6 +84,9 @@ class DaemonThreadPool(Executor):
         slow call does not hold up the ones behind it)."""
         self._closed = False
         self._results: _Results | None = None
+        self._busy_since: dict[threading.Thread, float] = {}
+        """Threads running a call -> when they started it."""
+        self._watch: asyncio.TimerHandle | None = None
 
     def call(self, fn: Callable[[], T]) -> LoopCall[T]:
         """Run ``fn()`` in a pool thread for the running event loop; await ``.future`` for
@@ -76,20 +96,40 @@ class DaemonThreadPool(Executor):
         if results is None or results.loop is not loop:
             results = self._results = _Results(loop)
         handle: LoopCall[T] = LoopCall(loop.create_future(), results)
-        self._put(handle, fn)
+        with self._lock:
+            self._put(handle, fn, False)
+            if not self._busy_since and not self._waking:
+                self._wake_one()  # nobody would come for it otherwise
+            elif self._watch is None:
+                self._watch = loop.call_later(STALL, self._check, loop)
         return handle
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         future: Future[T] = Future()
-        self._put(future, lambda: fn(*args, **kwargs))
+        with self._lock:
+            self._put(future, lambda: fn(*args, **kwargs), True)
+            self._wake_one()
         return future
 
-    def _put(self, handle: _Handle, call: Callable[[], Any]) -> None:
+    def _put(self, handle: _Handle, call: Callable[[], Any], eager: bool) -> None:
+        """Queue a call (lock held)."""
+        if self._closed:
+            raise RuntimeError("the thread pool is shut down")
+        self._calls.append((handle, call, eager))
+
+    def _check(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On the loop, every ``STALL`` seconds while calls wait: wake threads for them
+        when every busy thread is stuck in its call (see the module docstring)."""
         with self._lock:
-            if self._closed:
-                raise RuntimeError("the thread pool is shut down")
-            self._calls.append((handle, call))
-            self._wake_one()
+            self._watch = None
+            if not self._calls or self._closed:
+                return
+            since = time.monotonic() - STALL
+            if all(started <= since for started in self._busy_since.values()):
+                for _ in range(len(self._calls)):
+                    if not self._wake_another():
+                        break
+            self._watch = loop.call_later(STALL, self._check, loop)
 
     def abandon(self, future: _Handle) -> str | None:
         """Stop waiting for ``future``: a queued call never starts; a running one keeps its
@@ -117,7 +157,7 @@ class DaemonThreadPool(Executor):
             if cancel_futures:
                 self._calls.clear()
             self._waking += len(threads)
-        for handle, _ in cancelled:
+        for handle, *_ in cancelled:
             handle.cancel()
         for _ in threads:
             self._wake.put(False)
@@ -129,12 +169,20 @@ class DaemonThreadPool(Executor):
         """Have a thread come for the queued calls, unless one is on its way (lock held)."""
         if self._waking or not self._calls or self._closed:
             return
-        if self._idle > 0:
+        self._wake_another()
+
+    def _wake_another(self) -> bool:
+        """Wake an idle thread or start one, if the pool has room (lock held)."""
+        if self._idle > self._tokens:
             self._waking += 1
+            self._tokens += 1
             self._wake.put(True)
-        elif len(self._threads) - len(self._abandoned) < self.max_workers:
+            return True
+        if len(self._threads) - len(self._abandoned) < self.max_workers:
             self._waking += 1
             self._start_thread()
+            return True
+        return False
 
     def _start_thread(self) -> None:
         thread = threading.Thread(
@@ -154,12 +202,14 @@ class DaemonThreadPool(Executor):
                 go_on = self._wake.get()
                 with self._lock:
                     self._idle -= 1
+                    if go_on:
+                        self._tokens -= 1
                 if not go_on:
                     break
                 woken = True
                 continue
             woken = False
-            handle, call = item
+            handle, call, _ = item
             try:
                 handle.set_result(call())
             except BaseException as exc:
@@ -181,7 +231,9 @@ class DaemonThreadPool(Executor):
                 item = self._calls.popleft()
                 if item[0].set_running_or_notify_cancel():
                     self._running[item[0]] = me
-                    self._wake_one()
+                    self._busy_since[me] = time.monotonic()
+                    if item[2]:
+                        self._wake_one()
                     return item
         return None
 
@@ -190,6 +242,7 @@ class DaemonThreadPool(Executor):
         returns to a pool that is full."""
         with self._lock:
             del self._running[future]
+            self._busy_since.pop(me, None)
             if me in self._abandoned:
                 self._abandoned.discard(me)
                 return len(self._threads) - len(self._abandoned) <= self.max_workers
