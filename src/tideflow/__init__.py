@@ -4,6 +4,7 @@ The public API is the names below; everything else is reachable from its
 subpackage but may change between minor versions.
 """
 
+from tideflow.client import Client
 from tideflow.dsl import Workflow, compile_definition, load_plan, validate
 from tideflow.errors import DefinitionError, StepError, TideflowError
 from tideflow.model.plan import Plan
@@ -16,6 +17,7 @@ from tideflow.worker.executors.functions import register
 __version__ = "0.1.0"
 
 __all__ = [
+    "Client",
     "DefinitionError",
     "Executor",
     "Plan",

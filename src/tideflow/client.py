@@ -13,6 +13,14 @@ run's start), have one committed now (a retry), read a run's state, wait for a r
 end. Whether the events go to a live engine or are recorded for the next one is the
 link's business: ``Client.recording()`` is a client whose events are committed at once,
 for the next engine to carry out (what `tideflow runs signal` does when no engine runs).
+
+In cluster mode a process with no engine at all opens a client on the cluster's store and
+bus (``Client.connect``): events go onto the bus for the `tideflow server` that owns the
+runs, reads come from the store (runtime/remote.py)::
+
+    async with Client.connect(store="postgresql://db/tideflow", bus="redis://mq:6379/0") as c:
+        run_id = await c.start("order-fulfillment", {"order_id": "A1"})
+        result = await c.wait(run_id)
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import builtins
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +52,7 @@ Deliver = Callable[[Sequence[Event]], Awaitable[Lease | None]]
 live engine's lease when they went to it, None when they were recorded for the next."""
 
 if TYPE_CHECKING:
+    from tideflow.bus.base import Bus
     from tideflow.runtime.catalog import Catalog
     from tideflow.runtime.clock import Clock
 
@@ -91,6 +101,21 @@ class Client:
         self._clock = clock
         self._new_id = new_event_id
         self._max_step_output = max_step_output
+
+    @classmethod
+    def connect(
+        cls, store: Store | str, bus: Bus | str, **options: Any
+    ) -> AbstractAsyncContextManager[Client]:
+        """A client on a cluster's store and bus (URLs, or opened by it), with no engine in
+        this process: ``async with Client.connect(store=URL, bus=URL) as client``. Events go
+        onto the bus for the `tideflow server` that owns the runs; reads come from the
+        store; ``wait`` polls the run's summary (10 ms backing off to 0.5 s). Options:
+        ``executors``, ``clock``, ``max_step_output``, ``max_run_input``, ``apply_timeout``
+        (seconds ``retry`` waits for the engine to commit; default 30). See
+        runtime/remote.py."""
+        from tideflow.runtime.remote import connect
+
+        return connect(store, bus, **options)
 
     def recording(self, via: Deliver | None = None) -> Client:
         """This client with every event committed before a call returns: for a tool that

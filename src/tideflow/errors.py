@@ -14,6 +14,7 @@
     ├── RuntimeNotStarted          a Runtime used before ``start()`` / ``async with``
     ├── EngineError                a run's event could not be applied or stored: the run failed
     ├── EngineAlreadyRunning       another live engine holds the store's lease
+    ├── EngineUnreachable          no engine applied a client's event in time (cluster mode)
     ├── UnknownSignal              a signal no wait step of the run's workflow waits for
     ├── StateFormatError           a stored run state or event cannot be read
     ├── BadCursor                  a pagination cursor this store did not hand out
@@ -28,6 +29,7 @@
         ├── ExecutorNotFound            a step type with no registered executor
         ├── OutputNotSerializable       a value a step produced cannot be stored as JSON
         ├── OutputTooLarge              a step's output is over the configured limit
+        ├── DurableStartUnavailable     a worker with no store met an `idempotent: false` step
         └── ExecutorError               an executor failed (its `type` names the error class);
                                         the built-in executors' subclasses are drawn in
                                         ``tideflow.worker.executors.errors``
@@ -237,3 +239,16 @@ class BusError(TideflowError):
 
 class EngineAlreadyRunning(TideflowError):
     """Another engine holds this store's lease: only one engine may advance its runs."""
+
+
+class EngineUnreachable(TideflowError):
+    """No engine applied the event in time: is a `tideflow server` running on this store
+    and bus?"""
+
+
+class DurableStartUnavailable(StepError):
+    """This worker cannot record the start of an `idempotent: false` step before running
+    it: start `tideflow worker` with --store URL (the cluster's store)."""
+
+    type_name = "DurableStartUnavailable"
+    retryable = False

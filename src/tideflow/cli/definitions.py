@@ -1,4 +1,8 @@
-"""`tideflow definitions`: register, list and show the definitions kept in a store."""
+"""`tideflow definitions`: register, list and show the definitions kept in a store.
+
+Definitions live in the store only: in a cluster these commands need its ``--store``;
+``--bus`` (or ``TIDEFLOW_BUS``) is accepted, so that one set of options works for every
+command, and not used."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import typer
 import yaml
 from rich.table import Table
 
+from tideflow.cli.cluster import BusOption
 from tideflow.cli.common import (
     DEFAULT_STORE,
     JsonOption,
@@ -34,6 +39,7 @@ def register_cmd(
         list[Path], typer.Argument(help="Definition files (YAML or JSON).", show_default=False)
     ],
     store: StoreOption = DEFAULT_STORE,
+    bus: BusOption = None,
 ) -> None:
     """Compile definitions and register them (name, version) in the store.
 
@@ -64,6 +70,7 @@ def list_cmd(
     name: Annotated[str | None, typer.Option("--name", help="Only this workflow.")] = None,
     as_json: JsonOption = False,
     store: StoreOption = DEFAULT_STORE,
+    bus: BusOption = None,
 ) -> None:
     """List registered definitions: name, version, content hash, when registered.
 
@@ -98,6 +105,7 @@ def show_cmd(
     ] = None,
     as_json: JsonOption = False,
     store: StoreOption = DEFAULT_STORE,
+    bus: BusOption = None,
 ) -> None:
     """Print a registered definition in its normalised form (YAML, or JSON with --json).
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.markup import escape
 
+from tideflow.cli.cluster import server_cmd, worker_cmd
 from tideflow.cli.common import (
     DEFAULT_STORE,
     MAX_RUN_INPUT_ENV,
@@ -75,6 +76,8 @@ app.add_typer(runs_app, name="runs")
 app.add_typer(db_app, name="db")
 app.add_typer(definitions_app, name="definitions")
 app.command("resume")(resume_cmd)
+app.command("server")(server_cmd)
+app.command("worker")(worker_cmd)
 
 
 def _print_version(value: bool) -> None:

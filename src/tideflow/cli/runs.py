@@ -4,7 +4,9 @@ Every command goes through the client (tideflow/client.py). Reading commands (li
 show, history) never start workers or resume anything. `cancel`, `signal` and
 `retry` record their event in the store and return: the work the event unlocks
 runs on the next `tideflow resume` or `tideflow runs resume RUN` (both in
-cli/resume.py).
+cli/resume.py). With ``--bus`` (or ``TIDEFLOW_BUS``) every command is a cluster client
+instead (cli/cluster.py): events go onto the bus for the `tideflow server`, reads come
+from the store; `runs start` and `runs wait` are in cli/runs_start.py.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 from rich.markup import escape
 
+from tideflow.cli.cluster import BusOption, connected
 from tideflow.cli.common import (
     DEFAULT_STORE,
     EXIT_FAILED,
@@ -28,7 +31,6 @@ from tideflow.cli.common import (
     err,
     fail_usage,
     known_run,
-    opened_client,
     parse_json_option,
     parse_since,
     resume_command,
@@ -44,6 +46,7 @@ from tideflow.cli.render import (
     summary_json,
 )
 from tideflow.cli.resume import resume_run_cmd
+from tideflow.cli.runs_start import start_cmd, wait_cmd
 from tideflow.cli.waits import waits_of
 from tideflow.core.reopen import RETRYABLE
 from tideflow.model.states import RunStatus
@@ -91,6 +94,7 @@ def list_cmd(
     ] = None,
     as_json: JsonOption = False,
     store: StoreOption = DEFAULT_STORE,
+    bus: BusOption = None,
 ) -> None:
     """List runs, newest first, one page at a time.
 
@@ -107,7 +111,7 @@ def list_cmd(
         raise fail_usage(f"--status {status!r} is not a run state: use {', '.join(RUN_STATUSES)}")
     after = parse_since(since, time.time()) if since is not None else None
     filter = RunFilter(status=status, workflow=workflow, created_after=after)
-    page = run_async(_list(store, filter, limit, cursor))
+    page = run_async(_list(store, bus, filter, limit, cursor))
     if as_json:
         write_json(
             {"runs": [summary_json(run) for run in page.runs], "next_cursor": page.next_cursor}
@@ -121,8 +125,10 @@ def list_cmd(
         err.print(f"more: --cursor {page.next_cursor}", markup=False)
 
 
-async def _list(url: str, filter: RunFilter, limit: int, cursor: str | None) -> RunPage:
-    async with opened_client(url) as client:
+async def _list(
+    url: str, bus: str | None, filter: RunFilter, limit: int, cursor: str | None
+) -> RunPage:
+    async with connected(url, bus) as client:
         return await client.list(filter, limit=limit, cursor=cursor)
 
 
@@ -131,7 +137,10 @@ async def _list(url: str, filter: RunFilter, limit: int, cursor: str | None) -> 
 
 @runs_app.command("show")
 def show_cmd(
-    run_id: RunArgument, as_json: JsonOption = False, store: StoreOption = DEFAULT_STORE
+    run_id: RunArgument,
+    as_json: JsonOption = False,
+    store: StoreOption = DEFAULT_STORE,
+    bus: BusOption = None,
 ) -> None:
     """Show a run: its summary and every step instance (status, attempts, error).
 
@@ -144,15 +153,17 @@ def show_cmd(
       tideflow runs show 3f2a9c...
       tideflow runs show 3f2a9c... --json
     """
-    summary, result, waits = run_async(_show(store, run_id))
+    summary, result, waits = run_async(_show(store, bus, run_id))
     if as_json:
         write_json(run_json(summary, result, waits))
     else:
         print_run(summary, result, waits)
 
 
-async def _show(url: str, run_id: str) -> tuple[RunSummary, RunResult, dict[str, dict[str, Any]]]:
-    async with opened_client(url) as client:
+async def _show(
+    url: str, bus: str | None, run_id: str
+) -> tuple[RunSummary, RunResult, dict[str, dict[str, Any]]]:
+    async with connected(url, bus) as client:
         summary = await known_run(client, run_id, url)
         waits = waits_of(await client.state(run_id), await client.plan(run_id))
         return summary, await client.get(run_id), waits
@@ -163,7 +174,10 @@ async def _show(url: str, run_id: str) -> tuple[RunSummary, RunResult, dict[str,
 
 @runs_app.command("history")
 def history_cmd(
-    run_id: RunArgument, as_json: JsonOption = False, store: StoreOption = DEFAULT_STORE
+    run_id: RunArgument,
+    as_json: JsonOption = False,
+    store: StoreOption = DEFAULT_STORE,
+    bus: BusOption = None,
 ) -> None:
     """Show everything that happened to a run, event by event.
 
@@ -176,15 +190,15 @@ def history_cmd(
       tideflow runs history 3f2a9c...
       tideflow runs history 3f2a9c... --json | jq '.events[].kind'
     """
-    entries = run_async(_history(store, run_id))
+    entries = run_async(_history(store, bus, run_id))
     if as_json:
         write_json(history_json(run_id, entries))
     else:
         print_history(entries)
 
 
-async def _history(url: str, run_id: str) -> list[HistoryEntry]:
-    async with opened_client(url) as client:
+async def _history(url: str, bus: str | None, run_id: str) -> list[HistoryEntry]:
+    async with connected(url, bus) as client:
         await known_run(client, run_id, url)
         return list(await client.history(run_id))
 
@@ -199,6 +213,7 @@ def cancel_cmd(
         str, typer.Option("--reason", help="Recorded in the run's history.")
     ] = "cancelled with tideflow runs cancel",
     store: StoreOption = DEFAULT_STORE,
+    bus: BusOption = None,
 ) -> None:
     """Cancel a run.
 
@@ -215,7 +230,9 @@ def cancel_cmd(
       tideflow runs cancel 3f2a9c... --reason "duplicate order"
     """
     applied = run_async(
-        _apply(store, run_id, lambda client: client.cancel(run_id, reason), "cancel", CANCELLABLE)
+        _apply(
+            store, bus, run_id, lambda client: client.cancel(run_id, reason), "cancel", CANCELLABLE
+        )
     )
     _report_applied(store, run_id, applied)
 
@@ -234,6 +251,7 @@ def signal_cmd(
         typer.Option("--payload", "-p", help="The signal's payload: JSON text, or @file.json."),
     ] = None,
     store: StoreOption = DEFAULT_STORE,
+    bus: BusOption = None,
 ) -> None:
     """Send a signal to a run.
 
@@ -253,6 +271,7 @@ def signal_cmd(
     applied = run_async(
         _apply(
             store,
+            bus,
             run_id,
             lambda client: client.signal(run_id, name, value),
             "signal",
@@ -267,6 +286,7 @@ SIGNALLABLE = frozenset(status.value for status in RunStatus) - TERMINAL_STATUSE
 
 async def _apply(
     url: str,
+    bus: str | None,
     run_id: str,
     act: Callable[[Client], Awaitable[object]],
     action: str,
@@ -276,7 +296,7 @@ async def _apply(
     """Deliver one action on a run: to the engine live on the store, or recorded for the
     next one (runtime/delivery.py); what became of it. A run whose status is not
     ``allowed`` is left alone: exit 1, with ``refused(status)`` as the message if given."""
-    async with opened_client(url) as client:
+    async with connected(url, bus) as client:
         summary = await known_run(client, run_id, url)
         if summary.status not in allowed:
             if refused is not None:
@@ -284,7 +304,8 @@ async def _apply(
                 raise typer.Exit(EXIT_FAILED)
             _nothing_to_do(run_id, summary.status, action)
         await act(client)
-        return Applied(engine=client.delivered_to, status=(await client.summary(run_id)).status)
+        status = (await client.summary(run_id)).status
+        return Applied(engine=client.delivered_to, status=status, bus=bus)
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +313,8 @@ class Applied:
     engine: Lease | None
     """The live engine the event went to; None when it was recorded by this command."""
     status: str
+    bus: str | None = None
+    """The cluster's bus it was published on (the server applies it)."""
 
 
 def _nothing_to_do(run_id: str, status: str, action: str) -> NoReturn:
@@ -310,6 +333,7 @@ def retry_cmd(
         str, typer.Option("--reason", help="Recorded in the run's history.")
     ] = "retried with tideflow runs retry",
     store: StoreOption = DEFAULT_STORE,
+    bus: BusOption = None,
 ) -> None:
     """Retry a failed or timed-out run from the steps that did not succeed.
 
@@ -328,6 +352,7 @@ def retry_cmd(
     applied = run_async(
         _apply(
             store,
+            bus,
             run_id,
             lambda client: client.retry(run_id, reason),
             "retry",
@@ -345,6 +370,13 @@ RETRYABLE_STATUSES = frozenset(status.value for status in RETRYABLE)
 
 
 def _report_applied(url: str, run_id: str, applied: Applied) -> None:
+    if applied.bus:
+        err.print(
+            f"published for run {run_id} on {display_url(applied.bus)}: the cluster's server "
+            f"applies it (now {applied.status})",
+            markup=False,
+        )
+        return
     if applied.engine is not None:
         err.print(
             f"delivered to run {run_id}: {describe(applied.engine, time.time())} applies it now",
@@ -363,6 +395,8 @@ def _report_applied(url: str, run_id: str, applied: Applied) -> None:
 
 
 runs_app.command("resume")(resume_run_cmd)
+runs_app.command("start")(start_cmd)
+runs_app.command("wait")(wait_cmd)
 
 
 __all__ = ["runs_app"]

@@ -13,6 +13,11 @@ unless the step is ``idempotent: false``: then nobody knows whether its effect h
 and the attempt fails with ``StepOutcomeUnknown`` (retried only when the step's
 ``retry_on`` names it). An attempt that never started lost nothing: recovery simply
 dispatches it again, whatever the step's ``idempotent``.
+
+A task the bus delivers again (its worker died and its lease expired, or the worker
+handed it back) is run again by the next worker as the same attempt: its
+``TaskStarted`` carries ``delivery`` > 1, and for an attempt already started it records
+that fact in the history (the first start still counts for the timeout).
 """
 
 from __future__ import annotations
@@ -97,6 +102,16 @@ def record_fact(d: Decider, st: StepState, cause: str) -> None:
     d.record(st.key, _RUNNING.value, _RUNNING.value, cause, st.attempts)
 
 
+def redelivered_cause(what: str, attempt: int, event: TaskStarted) -> str:
+    """The history cause of a started attempt whose task the bus delivered again."""
+    by = f" by {event.worker}" if event.worker else ""
+    return (
+        f"{what} {attempt} started again{by} (delivery {event.delivery}: lease_expired, the "
+        "worker that held it stopped renewing its lease or handed it back; same attempt and "
+        "idempotency key)"
+    )
+
+
 def started_cause(what: str, attempt: int, worker: str) -> str:
     """The history cause of a start: ``attempt 2 started by host/pid``."""
     return f"{what} {attempt} started" + (f" by {worker}" if worker else "")
@@ -113,8 +128,14 @@ def _current(d: Decider, key: str, attempt: int) -> StepState | None:
 
 def on_started(d: Decider, event: TaskStarted) -> None:
     st = _current(d, event.step_key, event.attempt)
-    if st is None or st.attempt_started_at is not None:
-        return  # stale, or a duplicate: the first start counts
+    if st is None:
+        return  # stale
+    if st.attempt_started_at is not None:
+        if event.delivery > 1 and d.plan.specs[st.step_id].idempotent:
+            # not a duplicate: the attempt's task came to another worker, which runs it
+            # again (an `idempotent: false` one is refused: its start changes nothing)
+            record_fact(d, st, redelivered_cause("attempt", st.attempts, event))
+        return  # a duplicate: the first start counts (and its timeout clock)
     st.attempt_started_at = d.now
     for tid in timer_ids(st):  # the timeout restarts now, even if armed at dispatch
         disarm(d, st, tid)

@@ -71,6 +71,11 @@ class TaskStarted(Event):
     """Which worker took it (``host/pid``), for the history."""
     compensation: bool = False
     """The attempt is one of the step's compensation (``step_key`` names the step undone)."""
+    delivery: int = 1
+    """How many times the bus has delivered this attempt's task: more than 1 when the
+    worker that held it before stopped renewing its lease (``lease_expired``: it died) or
+    handed it back (it was stopped). Such a start of an attempt already started is not a
+    duplicate to drop but a fact for the history: the attempt runs again, elsewhere."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -20,7 +20,7 @@ import contextlib
 import itertools
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,9 +73,12 @@ class Runtime:
         lease: bool | None = None,
         lease_ttl: float = DEFAULT_TTL,
         wait_for_engine: float = 0.0,
+        on_lease_lost: Callable[[], None] | None = None,
     ) -> None:
         """``interceptors`` wrap every attempt the workers run, outermost first (see
-        tideflow.worker.interceptors): metrics, tracing, your own policies."""
+        tideflow.worker.interceptors): metrics, tracing, your own policies.
+        ``on_lease_lost`` is called when another engine took the store's lease over (this
+        one has stopped advancing runs; `tideflow server` then exits)."""
         if isinstance(store, str):
             from tideflow.store import open_store
 
@@ -122,6 +125,7 @@ class Runtime:
             else None
         )
         """The store's engine lease and inbox (runtime/lease.py): one engine per store."""
+        self._on_lease_lost = on_lease_lost
         self._stopping: set[asyncio.Task[None]] = set()
         self._engine = Engine(
             store=self.store,
@@ -191,6 +195,8 @@ class Runtime:
         task = asyncio.get_running_loop().create_task(self._engine.scheduler.stop())
         self._stopping.add(task)  # keep a reference until it is done
         task.add_done_callback(self._stopping.discard)
+        if self._on_lease_lost is not None:
+            self._on_lease_lost()
 
     async def _apply_delivered(self, events: list[Event]) -> None:
         """Apply events another process put into the inbox (runtime/inbox.py)."""

@@ -2,7 +2,8 @@
 
 ``memory://`` (nothing survives the process), ``sqlite:///path/to/file.db``
 (``sqlite:///:memory:`` for a private in-memory database), and
-``postgresql://user@host:port/db``.
+``postgresql://user@host:port/db`` (``?schema=NAME`` keeps the tables in a schema of
+their own, created when missing: several clusters, or test runs, in one database).
 """
 
 from __future__ import annotations
@@ -33,7 +34,27 @@ def open_store(url: str, *, auto_upgrade: bool = True) -> Store:
             raise StoreError(
                 f"the PostgreSQL store needs asyncpg ({exc}); install it with: pip install 'tideflow[postgres]'"
             ) from None
-        return PostgresStore(url, auto_upgrade=auto_upgrade)
+        url, schema = _postgres_schema(url)
+        return PostgresStore(url, auto_upgrade=auto_upgrade, schema=schema)
     raise StoreError(
         f"unknown store URL {url!r}: use memory://, sqlite:///path/to/file.db or postgresql://user@host/db"
     )
+
+
+def _postgres_schema(url: str) -> tuple[str, str | None]:
+    """The URL without its ``schema`` option (asyncpg would send it to the server as a
+    setting), and the schema it names."""
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    schemas = [value for key, value in query if key == "schema"]
+    if not schemas:
+        return url, None
+    if len(schemas) > 1 or not schemas[0].strip():
+        raise StoreError(
+            "a PostgreSQL store URL takes one non-empty schema option: "
+            "postgresql://user@host/db?schema=NAME"
+        )
+    rest = urlencode([(key, value) for key, value in query if key != "schema"])
+    return urlunsplit(parts._replace(query=rest)), schemas[0]

@@ -1,10 +1,20 @@
 """The worker pool: takes tasks from the bus, runs their executor, reports the result.
 
-One consumer takes task deliveries from the bus, at most ``concurrency`` of them
-unacknowledged (the prefetch); the lease of each is extended while its attempt
-runs (a heartbeat); a task is acknowledged after its outcome is published, and
-handed back to the bus when the pool shuts down. Cancels come on the bus's
-control channel.
+One consumer takes task deliveries from the bus, at most ``prefetch`` of them
+unacknowledged (``concurrency`` unless given), and runs at most ``concurrency`` at a
+time; the lease of each is extended while it is held (a heartbeat); a task is
+acknowledged after its outcome is published, and handed back to the bus when the pool
+shuts down (``close``), or when it had not started yet as the pool drains (``drain``:
+the attempts running are given time to finish). Cancels come on the bus's control
+channel.
+
+A task the bus delivers again (``Delivery.deliveries`` > 1: its previous worker died and
+its lease expired, or it was handed back) runs again as the same attempt with the same
+idempotency key, its start reported at once with the delivery count (the history says
+so). An ``idempotent: false`` step is the exception: when its durable start is refused
+because the attempt had started elsewhere, its outcome is unknown and the pool reports
+the execution lost (``TaskLost``, reason ``lease_expired``): the core fails the attempt
+with ``StepOutcomeUnknown`` instead of running it blindly again.
 
 Before it runs an attempt the pool reports its start (`starts`): the attempt's
 ``timeout`` counts from there. The attempt itself goes through the interceptor chain
@@ -28,10 +38,16 @@ from collections.abc import Callable, Collection, Sequence
 from tideflow.bus.base import Bus, CancelAttempt, Control, Delivery, Stream
 from tideflow.model import storable
 from tideflow.model.commands import DispatchTask
-from tideflow.model.events import Event, TaskCompleted, TaskFailed
+from tideflow.model.events import Event, TaskCompleted, TaskFailed, TaskLost
 from tideflow.worker.executors.base import StepContext
 from tideflow.worker.executors.registry import ExecutorRegistry
-from tideflow.worker.interceptors import ExecuteInput, Interceptor, build_chain, failure
+from tideflow.worker.interceptors import (
+    ExecuteInput,
+    ExecuteOutput,
+    Interceptor,
+    build_chain,
+    failure,
+)
 from tideflow.worker.secrets import SecretProvider, default_provider
 from tideflow.worker.starts import StartDurably, StartReports
 
@@ -59,12 +75,14 @@ class WorkerPool:
         max_output: int = storable.MAX_STEP_OUTPUT,
         queues: Collection[str] | None = None,
         interceptors: Sequence[Interceptor] = (),
+        prefetch: int | None = None,
     ) -> None:
         self._bus = bus
         self._starts = StartReports(
             bus, clock=clock, new_event_id=new_event_id, start_durably=start_durably
         )
-        self._concurrency = concurrency
+        self._prefetch = max(prefetch or concurrency, concurrency)
+        self._slots = asyncio.Semaphore(concurrency)
         self._clock = clock
         self._new_id = new_event_id
         self._chain = build_chain(
@@ -79,6 +97,9 @@ class WorkerPool:
         self._cancelled: dict[Key, None] = {}
         """Attempts cancelled before a worker picked them up (bounded, oldest dropped)."""
         self._closing = False
+        self._draining = False
+        self._executing: set[Key] = set()
+        """Attempts past their slot: running, not waiting for one."""
         self._random = random.Random()
 
     def start(self) -> None:
@@ -88,6 +109,27 @@ class WorkerPool:
             asyncio.create_task(self._listen(control), name="tideflow-worker-control"),
             asyncio.create_task(self._heartbeat(), name="tideflow-worker-heartbeat"),
         ]
+
+    @property
+    def running(self) -> int:
+        """Tasks held: running, or waiting for a slot."""
+        return len(self._running)
+
+    async def drain(self, grace: float) -> int:
+        """Take no new task and hand back those not started; give the attempts running up
+        to ``grace`` seconds to finish (their outcomes are reported), then ``close``: what
+        is still running is cancelled and handed back. Returns how many were handed back
+        that way."""
+        self._draining = True
+        for key, (runner, _) in list(self._running.items()):
+            if key not in self._executing:
+                runner.cancel()  # waiting for a slot: handed back at once
+        runners = [runner for runner, _ in self._running.values()]
+        if runners and grace > 0:
+            await asyncio.wait(runners, timeout=grace)
+        left = len(self._running)
+        await self.close()
+        return left
 
     async def close(self) -> None:
         """Stop taking tasks; cancel the attempts running and hand their tasks back."""
@@ -130,11 +172,14 @@ class WorkerPool:
     async def _consume(self) -> None:
         """Take tasks (at most ``concurrency`` unacknowledged) and run each as its own
         asyncio task, so that one attempt can be cancelled alone."""
-        deliveries = self._bus.consume_tasks(self._queues, prefetch=self._concurrency)
+        deliveries = self._bus.consume_tasks(self._queues, prefetch=self._prefetch)
         async with contextlib.aclosing(deliveries) as tasks:
             async for delivery in tasks:
                 task = delivery.body
                 key = (task.run_id, task.step_key, task.attempt)
+                if self._draining:
+                    await delivery.nack()  # taken as the pool drains: someone else runs it
+                    await asyncio.Event().wait()  # and take no more (until close cancels)
                 if key in self._cancelled:
                     del self._cancelled[key]
                     await delivery.ack()  # cancelled while it was queued
@@ -144,12 +189,22 @@ class WorkerPool:
 
     async def _run(self, key: Key, delivery: Delivery[DispatchTask]) -> None:
         """One attempt: its outcome is published before its task is acknowledged; a
-        cancelled attempt publishes nothing; on shutdown its task goes back to the bus."""
+        cancelled attempt publishes nothing; on shutdown its task goes back to the bus, as
+        does one that had not started when the pool began to drain."""
+        event: Event | None = None
+        ran = False
         try:
-            event = await self._execute(delivery.body)
+            async with self._slots:
+                if not self._draining:
+                    ran = True
+                    self._executing.add(key)
+                    event = await self._execute(delivery.body, delivery.deliveries)
+        except asyncio.CancelledError:
+            pass  # cancelled while it waited for a slot
         finally:
             self._running.pop(key, None)
-        if self._closing:
+            self._executing.discard(key)
+        if self._closing or (not ran and self._draining):
             await delivery.nack()
             return
         try:
@@ -172,7 +227,7 @@ class WorkerPool:
                 except Exception:
                     log.exception("the lease of %s could not be extended", delivery.body.run_id)
 
-    async def _execute(self, task: DispatchTask) -> Event | None:
+    async def _execute(self, task: DispatchTask, delivery: int = 1) -> Event | None:
         ctx = StepContext(
             run_id=task.run_id,
             step_id=task.step_id,
@@ -182,8 +237,8 @@ class WorkerPool:
             timeout=task.timeout,
         )
         try:
-            if not await self._starts.report(task):
-                return None  # the attempt is no longer wanted: it must not run
+            if not await self._starts.report(task, delivery):
+                return self._lost(task, delivery)  # it must not run
             out = await self._chain.execute(
                 ExecuteInput(task=task, context=ctx, config=task.config, input=task.input)
             )
@@ -193,6 +248,25 @@ class WorkerPool:
             raise  # turns one that user code raises into a step error itself
         except BaseException as exc:  # SystemExit and the like, or an interceptor's own
             out = failure(exc)  # failure: they fail the step, not the worker
+        return self._outcome(task, out)
+
+    def _lost(self, task: DispatchTask, delivery: int) -> Event | None:
+        """A start refused: stale or a duplicate, nothing to report; but an ``idempotent:
+        false`` attempt the bus delivered again had started elsewhere and its outcome is
+        unknown: the core must decide (``StepOutcomeUnknown``), not wait for it forever."""
+        if task.idempotent or delivery <= 1:
+            return None
+        return TaskLost(
+            event_id=self._new_id(),
+            run_id=task.run_id,
+            time=self._clock(),
+            step_key=task.step_key,
+            attempt=task.attempt,
+            reason=f"lease_expired: its task was delivered again (delivery {delivery})",
+            compensation=task.compensation,
+        )
+
+    def _outcome(self, task: DispatchTask, out: ExecuteOutput) -> Event:
         started = self._starts.take(task)
         worker = self._starts.worker if started is not None else ""
         if out.error is not None:

@@ -7,7 +7,9 @@ other events. An attempt that ends before its start went out (a ``noop``, a quic
 function, an executor that fails at once) sends no separate start: the outcome carries
 it (``started_at``), so such a step costs one event, not two. An ``idempotent: false``
 step is different: its start is committed before it runs (``start_durably``), never
-batched or folded into the outcome.
+batched or folded into the outcome. So is the start of a task the bus delivered again
+(``delivery`` > 1: the worker that held it died or handed it back): it goes out at once
+with its delivery count, so that the history records that the attempt runs again.
 """
 
 from __future__ import annotations
@@ -60,12 +62,19 @@ class StartReports:
         self._timer: asyncio.TimerHandle | None = None
         self._sending: asyncio.Task[None] | None = None
 
-    async def report(self, task: DispatchTask) -> bool:
-        """Report that ``task`` starts; False when it must not run (its start was refused:
-        stale, or a duplicate of an attempt already started elsewhere)."""
+    async def report(self, task: DispatchTask, delivery: int = 1) -> bool:
+        """Report that ``task`` starts (delivered ``delivery`` times); False when it must
+        not run (its start was refused: stale, or a duplicate of an attempt already started
+        elsewhere)."""
         key = attempt_key(task)
         if not task.idempotent and self._start_durably is not None:
-            return await self._start_durably(self._event(key, self._clock()))
+            return await self._start_durably(self._event(key, self._clock(), delivery))
+        if delivery > 1:
+            try:
+                await self._bus.publish_events([self._event(key, self._clock(), delivery)])
+                return True
+            except Exception:  # a fact for the history: the attempt runs all the same
+                log.exception("the start of redelivered %s could not be reported", key)
         loop = asyncio.get_running_loop()
         due = loop.time() + REPORT_DELAY
         self._unsent[key] = (self._clock(), due)
@@ -78,9 +87,10 @@ class StartReports:
         started = self._unsent.pop(attempt_key(task), None) if self._unsent else None
         return None if started is None else started[0]
 
-    def _event(self, key: Key, time: float) -> TaskStarted:
+    def _event(self, key: Key, time: float, delivery: int = 1) -> TaskStarted:
         run_id, step_key, attempt, compensation = key
         return TaskStarted(
+            delivery=delivery,
             event_id=self._new_id(),
             run_id=run_id,
             time=time,

@@ -249,3 +249,41 @@ def test_an_outcome_that_carries_its_start_records_it(harness):
     ]
     assert h.state.steps["a"].attempt_started_at == h.now + 0.5
     assert h.timers == {} and h.status == "succeeded"
+
+
+def _redelivered(h, key, worker, delivery):
+    from tideflow.model.events import TaskStarted
+
+    task = h._task(key, False)
+    return h.apply(
+        TaskStarted(
+            **h._common(), step_key=key, attempt=task.attempt, worker=worker, delivery=delivery
+        )
+    )
+
+
+def test_a_start_of_a_redelivered_task_is_recorded_not_dropped(harness):
+    """A worker died holding the task (its lease expired): the bus delivers it again and
+    the next worker's start says so in the history; the first start's clock counts."""
+    h = harness(HEAD + "steps: [{id: a, type: noop, timeout: 5s}]\n", auto_start=False)
+    h.started("a", "host/1")
+    fire_at = h.timers["attempt_timeout:a:1"]
+    h.now += 2
+    again = _redelivered(h, "a", "host/2", 2)
+    assert again.changed and again.commands == []
+    (fact,) = again.transitions
+    assert (fact.subject, fact.old, fact.new, fact.attempt) == ("a", "running", "running", 1)
+    assert "started again by host/2" in fact.cause and "lease_expired" in fact.cause
+    assert h.timers["attempt_timeout:a:1"] == fire_at
+    h.complete("a", "ok")
+    assert h.status == "succeeded"
+
+
+def test_a_redelivered_start_of_a_non_idempotent_step_changes_nothing(harness):
+    """Its durable start is refused (the pool then reports the execution lost)."""
+    h = harness(HEAD + "steps: [{id: a, type: noop, idempotent: false}]\n", auto_start=False)
+    h.started("a", "host/1")
+    assert not _redelivered(h, "a", "host/2", 2).changed
+    h.lost("a")
+    assert h.step_status("a") == "failed"
+    assert h.state.steps["a"].error.type == "StepOutcomeUnknown"

@@ -13,6 +13,7 @@ PACKAGE = Path(tideflow.__file__).parent
 def test_public_api_is_exactly_this():
     assert sorted(tideflow.__all__) == sorted(
         [
+            "Client",
             "DefinitionError",
             "Executor",
             "Plan",

@@ -159,7 +159,9 @@ class RedisBus(Bus):
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
+            # BusError: a loop whose cancel was swallowed (asyncio.wait_for in 3.11 can
+            # lose one that races a timeout) finds the bus closed on its next call
+            with contextlib.suppress(asyncio.CancelledError, BusError):
                 await task
         self._tasks = []
         if client is not None:

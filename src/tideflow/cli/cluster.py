@@ -1,0 +1,254 @@
+"""`tideflow server` and `tideflow worker`, and the ``--bus`` option that makes every
+`tideflow runs …` command a cluster client (runtime/server.py, worker/process.py,
+runtime/remote.py hold the logic; this module only parses options)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from tideflow.cli.common import (
+    DEFAULT_STORE,
+    EXIT_USAGE,
+    Limits,
+    StoreOption,
+    WaitForEngineOption,
+    display_url,
+    fail_usage,
+    opened_client,
+    run_async,
+    store_unavailable,
+)
+from tideflow.errors import BusError, EngineAlreadyRunning, TideflowError
+
+if TYPE_CHECKING:
+    from tideflow.client import Client
+
+BUS_ENV = "TIDEFLOW_BUS"
+
+BusOption = Annotated[
+    str | None,
+    typer.Option(
+        "--bus",
+        envvar=BUS_ENV,
+        metavar="URL",
+        help=(
+            "The cluster's bus (redis://host:6379/0): the command then talks to the "
+            "`tideflow server` through it instead of running an engine here."
+        ),
+    ),
+]
+ClusterBusOption = Annotated[
+    str,
+    typer.Option(
+        "--bus",
+        envvar=BUS_ENV,
+        metavar="URL",
+        help="The cluster's bus: redis://host:6379/0?prefix=tideflow (TIDEFLOW_BUS).",
+    ),
+]
+
+
+@contextlib.asynccontextmanager
+async def connected(store: str, bus: str | None) -> AsyncIterator[Client]:
+    """The client a `runs …` command uses: on the cluster's store and bus when a bus is
+    given (no engine here), else the store's recording client (cli/common.py)."""
+    if not bus:
+        async with opened_client(store) as client:
+            yield client
+        return
+    from tideflow.client import Client
+    from tideflow.worker.executors.registry import ExecutorRegistry
+
+    limits = Limits.from_env(os.environ)
+    try:
+        opened = Client.connect(
+            store,
+            bus,
+            executors=ExecutorRegistry(),
+            max_step_output=limits.step_output,
+            max_run_input=limits.run_input,
+        )
+        client = await opened.__aenter__()
+    except BusError:
+        raise
+    except Exception as exc:
+        raise store_unavailable(store, exc) from None
+    try:
+        yield client
+    finally:
+        await opened.__aexit__(None, None, None)
+
+
+def _log_level(verbose: bool) -> None:
+    from tideflow.lifecycle import log_to_stderr
+
+    log_to_stderr(logging.DEBUG if verbose else logging.INFO)
+
+
+VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="Log at DEBUG level.")]
+
+
+def server_cmd(
+    store: StoreOption = DEFAULT_STORE,
+    bus: ClusterBusOption = "",
+    wait_for_engine: WaitForEngineOption = 0.0,
+    standby: Annotated[
+        bool,
+        typer.Option(
+            "--standby",
+            help="While another server holds the store's engine lease, wait for it as long as it takes (take over when it stops or dies).",
+        ),
+    ] = False,
+    verbose: VerboseOption = False,
+) -> None:
+    """Run a cluster's engine: scheduler, relay, timers and recovery, no workers.
+
+    One server is active per store (it holds the store's engine lease); another
+    one on the same store is refused, or with --standby (--wait-for-engine
+    SECONDS) waits and takes over when the active one stops, or within the
+    lease's TTL (TIDEFLOW_ENGINE_LEASE_TTL, 10 s) when it dies. SIGTERM or
+    Ctrl-C: finish the batch in progress, release the lease, exit 0. Logs go
+    to stderr. See docs/deployment.md.
+
+    Examples:
+      tideflow server --store postgresql://tideflow@db/tideflow --bus redis://mq:6379/0
+      TIDEFLOW_STORE=postgresql://… TIDEFLOW_BUS=redis://… tideflow server --standby
+    """
+    from tideflow.runtime.clock import clock_from_environment
+    from tideflow.runtime.lease import ttl_from_environment
+    from tideflow.runtime.server import ServerOptions, serve
+
+    if not bus:
+        raise fail_usage("give the cluster's bus: --bus redis://host:6379/0 (or TIDEFLOW_BUS)")
+    try:
+        clock = clock_from_environment(os.environ)
+        ttl = ttl_from_environment(os.environ)
+        limits = Limits.from_env(os.environ)
+    except (ValueError, TideflowError) as exc:
+        raise fail_usage(str(exc)) from None
+    _log_level(verbose)
+    options = ServerOptions(
+        store=store,
+        bus=bus,
+        wait_for_engine=math.inf if standby else wait_for_engine,
+        lease_ttl=ttl,
+        runtime={
+            "clock": clock,
+            "max_step_output": limits.step_output,
+            "max_run_input": limits.run_input,
+        },
+    )
+    code = run_async(_serve(options, serve))
+    raise typer.Exit(code)
+
+
+async def _serve(options: Any, serve: Any) -> int:
+    try:
+        return int(await serve(options))
+    except EngineAlreadyRunning as exc:
+        raise EngineAlreadyRunning(f"{display_url(options.store)}: {exc.message}") from None
+    except (TideflowError, OSError) as exc:
+        if isinstance(exc, BusError):
+            raise
+        raise store_unavailable(options.store, exc) from None
+
+
+def worker_cmd(
+    bus: ClusterBusOption = "",
+    queues: Annotated[
+        str | None,
+        typer.Option(
+            "--queues",
+            "-q",
+            metavar="NAMES",
+            help="Comma-separated queues to take tasks from (default: every queue).",
+        ),
+    ] = None,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", "-c", min=1, help="Attempts run at a time.")
+    ] = 8,
+    prefetch: Annotated[
+        int | None,
+        typer.Option(
+            "--prefetch",
+            min=1,
+            help="Tasks held at most, running or waiting for a slot (default: --concurrency).",
+        ),
+    ] = None,
+    path: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--path",
+            metavar="DIR",
+            help="Put DIR first on sys.path, for `python` step functions (repeatable).",
+        ),
+    ] = None,
+    grace: Annotated[
+        float,
+        typer.Option(
+            "--grace",
+            metavar="SECONDS",
+            min=0,
+            help="On SIGTERM, how long running attempts may take to finish before they are handed back.",
+        ),
+    ] = 30.0,
+    store: Annotated[
+        str | None,
+        typer.Option(
+            "--store",
+            envvar="TIDEFLOW_STORE",
+            metavar="URL",
+            help="The cluster's store: needed only to run `idempotent: false` steps (their start is recorded before they run).",
+        ),
+    ] = None,
+    verbose: VerboseOption = False,
+) -> None:
+    """Run a worker pool on a cluster's bus: execute the tasks of its queues.
+
+    Imports `python` step functions from this environment (--path first). SIGTERM
+    or Ctrl-C: take no new task, give running attempts --grace seconds, hand
+    back the rest, exit 0. A SIGKILLed worker's tasks are delivered to another
+    worker once their lease (the bus URL's lease option) expires. Logs go to
+    stderr. See docs/deployment.md.
+
+    Examples:
+      tideflow worker --bus redis://mq:6379/0 --queues default,high --concurrency 16
+      tideflow worker --bus redis://mq:6379/0 --path ./flows --store postgresql://tideflow@db/tideflow
+    """
+    from tideflow.worker.process import WorkerOptions, work
+
+    if not bus:
+        raise fail_usage("give the cluster's bus: --bus redis://host:6379/0 (or TIDEFLOW_BUS)")
+    names = [q.strip() for q in (queues or "").split(",") if q.strip()]
+    if queues is not None and not names:
+        raise fail_usage("--queues names no queue: give names separated by commas (default,high)")
+    missing = [str(p) for p in path or () if not p.is_dir()]
+    if missing:
+        raise fail_usage(f"--path {missing[0]} is not a directory")
+    try:
+        limits = Limits.from_env(os.environ)
+    except TideflowError as exc:
+        raise fail_usage(exc.message) from None
+    _log_level(verbose)
+    options = WorkerOptions(
+        bus=bus,
+        queues=names or None,
+        concurrency=concurrency,
+        prefetch=prefetch,
+        paths=[str(p) for p in path or ()],
+        grace=grace,
+        store=store,
+        max_output=limits.step_output,
+    )
+    raise typer.Exit(run_async(work(options)))
+
+
+__all__ = ["BUS_ENV", "EXIT_USAGE", "BusOption", "connected", "server_cmd", "worker_cmd"]

@@ -1,0 +1,177 @@
+"""`tideflow runs start` and `tideflow runs wait`: start a run in a store (a cluster's,
+with ``--bus``) and wait for runs to end, without running an engine here.
+
+``wait`` reads the run's summary row from the store, polling with a backoff from
+10 ms to 0.5 s (the store has no channel that announces run ends).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from tideflow.cli.cluster import BusOption, connected
+from tideflow.cli.common import (
+    DEFAULT_STORE,
+    EXIT_FAILED,
+    TERMINAL_STATUSES,
+    JsonOption,
+    RunArgument,
+    StoreOption,
+    display_url,
+    err,
+    known_run,
+    out,
+    parse_json_option,
+    run_async,
+    use_working_directory_modules,
+    write_json,
+)
+from tideflow.cli.render import print_result
+from tideflow.runtime.result import RunResult
+
+if TYPE_CHECKING:
+    from tideflow.client import Client
+
+TimeoutOption = Annotated[
+    float | None,
+    typer.Option(
+        "--timeout",
+        metavar="SECONDS",
+        min=0,
+        help="Give up waiting after this long (exit 1; the run goes on).",
+    ),
+]
+
+
+def start_cmd(
+    workflow: Annotated[
+        str,
+        typer.Argument(
+            metavar="FILE|NAME",
+            help="A definition file (registered first), or the name of a registered workflow.",
+            show_default=False,
+        ),
+    ],
+    input: Annotated[
+        str | None, typer.Option("--input", "-i", help="Run input: JSON text, or @file.json.")
+    ] = None,
+    version: Annotated[
+        str | None, typer.Option("--version", help="The version of NAME (default: the latest).")
+    ] = None,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option("--idempotency-key", help="At most one run per key: a reuse returns it."),
+    ] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait for the run to end.")] = False,
+    timeout: TimeoutOption = None,
+    as_json: JsonOption = False,
+    store: StoreOption = DEFAULT_STORE,
+    bus: BusOption = None,
+) -> None:
+    """Start a run and print its id (with --wait: wait for it to end, exit 0 if it succeeded).
+
+    With --bus (or TIDEFLOW_BUS) the run goes to the cluster's `tideflow server`,
+    which runs it on its workers; without one it is recorded in the store for the
+    engine live on it (or the next `tideflow resume`). `tideflow run FILE` is the
+    embedded one-shot instead. --json prints {"run_id", "workflow", "version"},
+    or with --wait the run's result.
+
+    Examples:
+      tideflow runs start flows/order.yaml --input '{"order_id": "A1"}' --bus redis://mq:6379/0
+      tideflow runs start order-fulfillment -i @order.json --wait --json
+    """
+    value = parse_json_option(input, "--input")
+    use_working_directory_modules()
+    run_id, name, result = run_async(
+        _start(store, bus, workflow, value, version, idempotency_key, wait, timeout)
+    )
+    if result is None and wait:
+        err.print(f"run {run_id} had not ended after {timeout:g}s; it goes on", markup=False)
+        raise typer.Exit(EXIT_FAILED)
+    if result is not None:
+        _print(result, as_json)
+        return
+    if as_json:
+        write_json({"run_id": run_id, "workflow": name[0], "version": name[1]})
+        return
+    out.print(run_id, markup=False)
+    where = f"on {display_url(bus)}" if bus else f"in {display_url(store)}"
+    err.print(f"started run {run_id} of {name[0]} {name[1]} {where}", markup=False)
+
+
+async def _start(
+    store: str,
+    bus: str | None,
+    workflow: str,
+    value: object,
+    version: str | None,
+    key: str | None,
+    wait: bool,
+    timeout: float | None,
+) -> tuple[str, tuple[str, str], RunResult | None]:
+    async with connected(store, bus) as client:
+        run_id = await client.start(workflow, value, version=version, idempotency_key=key)
+        summary = await client.summary(run_id)
+        result = await ended(client, run_id, timeout) if wait else None
+        return run_id, (summary.workflow, summary.version), result
+
+
+def wait_cmd(
+    run_id: RunArgument,
+    timeout: TimeoutOption = None,
+    as_json: JsonOption = False,
+    store: StoreOption = DEFAULT_STORE,
+    bus: BusOption = None,
+) -> None:
+    """Wait for a run to end; print its result; exit 0 if it succeeded, else 1.
+
+    Reads the store only (the bus is not needed, and accepted). --json prints the
+    result as `tideflow run --json` does.
+
+    Examples:
+      tideflow runs wait 3f2a9c... --timeout 60
+      tideflow runs wait 3f2a9c... --json | jq .status
+    """
+    result = run_async(_wait(store, bus, run_id, timeout))
+    if result is None:
+        err.print(f"run {run_id} had not ended after {timeout:g}s; it goes on", markup=False)
+        raise typer.Exit(EXIT_FAILED)
+    _print(result, as_json)
+
+
+async def _wait(
+    store: str, bus: str | None, run_id: str, timeout: float | None
+) -> RunResult | None:
+    async with connected(store, bus) as client:
+        await known_run(client, run_id, store)
+        return await ended(client, run_id, timeout)
+
+
+async def ended(client: Client, run_id: str, timeout: float | None) -> RunResult | None:
+    """The run's result once it has ended (None after ``timeout`` seconds): its summary
+    polled with a backoff from 10 ms to 0.5 s."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    delay = 0.01
+    while (await client.summary(run_id)).status not in TERMINAL_STATUSES:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return None
+        await asyncio.sleep(delay if left is None else min(delay, left))
+        delay = min(delay * 2, 0.5)
+    return await client.get(run_id)
+
+
+def _print(result: RunResult, as_json: bool) -> None:
+    if as_json:
+        write_json(result.to_dict())
+    else:
+        print_result(result)
+    if not result.succeeded:
+        raise typer.Exit(EXIT_FAILED)
+
+
+__all__ = ["ended", "start_cmd", "wait_cmd"]

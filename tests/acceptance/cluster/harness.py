@@ -1,0 +1,179 @@
+"""A cluster of real processes for the tests: `tideflow server` and `tideflow worker`
+subprocesses on PostgreSQL (a fresh schema per test) and Redis (a fresh key prefix per
+test), and `tideflow` CLI calls against them. Everything is waited for on a condition
+with a bound (``eventually``), never on a sleep."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+FLOWS = HERE / "flows"
+TIDEFLOW = str(Path(sys.executable).with_name("tideflow"))
+BUS_LEASE = 2.0
+"""Seconds a delivery is held without renewal: how soon a SIGKILLed worker's task, or a
+dead server's partitions, come again."""
+ENGINE_LEASE_TTL = 2.0
+
+
+def eventually(check: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
+    """``check()``'s first truthy value, looked at every 20 ms for up to ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        time.sleep(0.02)
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def wait_log(self, needle: str, timeout: float = 20.0) -> None:
+        def seen() -> bool:
+            if needle in self.text():
+                return True
+            if self.popen.poll() is not None:
+                raise AssertionError(f"{self.name} exited {self.popen.returncode}:\n{self.text()}")
+            return False
+
+        eventually(seen, f"{self.name} logs {needle!r}\n{self.text()}", timeout)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def kill(self) -> None:
+        self.popen.send_signal(signal.SIGKILL)
+        self.popen.wait(10)
+
+    def term(self, timeout: float = 20.0) -> int:
+        self.popen.send_signal(signal.SIGTERM)
+        return self.popen.wait(timeout)
+
+
+@dataclass
+class Cluster:
+    store: str
+    bus: str
+    tmp: Path
+    env: dict[str, str]
+    procs: list[Proc] = field(default_factory=list)
+
+    @property
+    def steps_log(self) -> Path:
+        return Path(self.env["TIDEFLOW_CLUSTER_LOG"])
+
+    def _spawn(self, name: str, args: list[str]) -> Proc:
+        log = self.tmp / f"{name}-{len(self.procs)}.log"
+        with log.open("wb") as out:
+            popen = subprocess.Popen(
+                [TIDEFLOW, *args],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self.tmp,
+            )
+        proc = Proc(name, popen, log)
+        self.procs.append(proc)
+        return proc
+
+    def server(self, *args: str, ready: bool = True) -> Proc:
+        proc = self._spawn("server", ["server", *args])
+        if ready:
+            proc.wait_log("serving:")
+        return proc
+
+    def worker(self, *args: str) -> Proc:
+        proc = self._spawn("worker", ["worker", "--path", str(HERE), *args])
+        proc.wait_log("taking tasks from")
+        return proc
+
+    def cli(self, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [TIDEFLOW, *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=self.tmp,
+        )
+
+    def start(self, flow: str, input: dict[str, Any]) -> str:
+        done = self.cli("runs", "start", str(FLOWS / f"{flow}.yaml"), "--input", json.dumps(input))
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    def executions(self) -> list[dict[str, Any]]:
+        if not self.steps_log.exists():
+            return []
+        lines = self.steps_log.read_text().splitlines()
+        return [json.loads(line) for line in lines if line.endswith("}")]
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.popen.poll() is None:
+                proc.popen.kill()
+                proc.popen.wait(10)
+
+
+async def _drop(postgres_url: str, schema: str, redis_url: str, prefix: str) -> None:
+    import asyncpg
+    import redis.asyncio as aioredis
+
+    conn = await asyncpg.connect(postgres_url)
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    finally:
+        await conn.close()
+    client = aioredis.from_url(redis_url)
+    try:
+        keys = [key async for key in client.scan_iter(match=f"{prefix}:*", count=1000)]
+        if keys:
+            await client.delete(*keys)
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+def cluster(postgres_url: str, redis_url: str, tmp_path: Path) -> Iterator[Cluster]:
+    token = uuid.uuid4().hex[:12]
+    schema, prefix = f"cluster_{token}", f"cluster-{token}"
+    store = f"{postgres_url}?schema={schema}"
+    bus = f"{redis_url}?prefix={prefix}&lease={BUS_LEASE:g}"
+    env = {
+        **os.environ,
+        "TIDEFLOW_STORE": store,
+        "TIDEFLOW_BUS": bus,
+        "TIDEFLOW_ENGINE_LEASE_TTL": f"{ENGINE_LEASE_TTL:g}",
+        "TIDEFLOW_CLUSTER_LOG": str(tmp_path / "steps.jsonl"),
+        "COLUMNS": "200",
+    }
+    env.pop("TIDEFLOW_FAULT", None)
+    running = Cluster(store=store, bus=bus, tmp=tmp_path, env=env)
+    try:
+        yield running
+    finally:
+        running.stop_all()
+        asyncio.run(_drop(postgres_url, schema, redis_url, prefix))
