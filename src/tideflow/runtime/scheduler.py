@@ -109,7 +109,7 @@ class Scheduler:
                     delay = CONSUME_RETRY_FIRST
                 return  # the bus ended the stream: it is closing
             except Exception as exc:
-                log.error(
+                log.warning(
                     "the scheduler's event stream failed (%s: %s); consuming again in %.2fs",
                     type(exc).__name__,
                     exc,

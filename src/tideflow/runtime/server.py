@@ -14,9 +14,8 @@ consumes, not its shape: a server will hold leases on a share of the partitions 
 scheduler will consume ``bus.consume_events(partitions)`` instead of all of them.
 
 Taking over also means taking the bus's event partitions: the dead server's claims on
-them run out after the bus's delivery lease, so the server's bus (``ClaimingBus``)
-waits for them, trying again with a backoff, instead of failing the scheduler's consumer
-at once.
+them run out after the bus's delivery lease; until then the scheduler's event stream
+is refused, and the scheduler opens it again with a backoff (runtime/scheduler.py).
 
 Stopping: the first SIGTERM or SIGINT finishes the batch being applied, stops the
 relay and the timers (what they still held is re-derived by the next engine's
@@ -32,15 +31,11 @@ import logging
 import math
 import os
 import socket
-from collections.abc import AsyncGenerator, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tideflow.bus.base import Bus, Control, Delivery, EventBatch, Message, Stream
 from tideflow.errors import BusError, StoreError
 from tideflow.lifecycle import Stop, shown
-from tideflow.model.commands import DispatchTask
-from tideflow.model.events import Event
 from tideflow.runtime.lease import DEFAULT_TTL
 from tideflow.runtime.runtime import Runtime
 
@@ -93,7 +88,7 @@ async def serve(options: ServerOptions, stop: Stop | None = None) -> int:
 
     rt = Runtime(
         store=options.store,
-        bus=ClaimingBus(open_bus(options.bus)),
+        bus=open_bus(options.bus),
         workers=0,
         recover=True,
         lease=True,
@@ -168,62 +163,4 @@ async def _started(rt: Runtime, options: ServerOptions, stop: Stop) -> bool:
     return True
 
 
-class ClaimingBus(Bus):
-    """A server's bus: ``consume_events`` waits for partitions another consumer still
-    claims (a dead server's claims run out after the delivery lease), trying again with a
-    backoff from 50 ms to 1 s; everything else is the bus's own."""
-
-    def __init__(self, bus: Bus) -> None:
-        self.inner = bus
-        self.partitions = bus.partitions
-        self.lease = bus.lease
-
-    async def open(self) -> None:
-        await self.inner.open()
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    async def publish_tasks(self, tasks: Sequence[DispatchTask | Message[DispatchTask]]) -> None:
-        await self.inner.publish_tasks(tasks)
-
-    async def publish_events(self, events: Sequence[Event | Message[Event]]) -> None:
-        await self.inner.publish_events(events)
-
-    async def publish_control(self, message: Control) -> None:
-        await self.inner.publish_control(message)
-
-    def consume_tasks(
-        self, queues: Collection[str] | None = None, *, prefetch: int
-    ) -> Stream[Delivery[DispatchTask]]:
-        return self.inner.consume_tasks(queues, prefetch=prefetch)
-
-    def consume_control(self) -> Stream[Control]:
-        return self.inner.consume_control()
-
-    async def consume_events(
-        self, partitions: Collection[int] | None = None, *, max_batch: int
-    ) -> AsyncGenerator[EventBatch, None]:
-        """The inner consumer's batches; a claim refused before the first batch is tried
-        again (once a batch came, a lost claim ends the stream: another engine has it)."""
-        delay = 0.05
-        taken = False
-        while True:
-            batches = self.inner.consume_events(partitions, max_batch=max_batch)
-            try:
-                async for batch in batches:
-                    taken = True
-                    yield batch
-                return
-            except BusError as exc:
-                if taken:
-                    raise
-                if delay == 0.05:
-                    log.info("waiting for the event partitions (%s)", exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
-            finally:
-                await batches.aclose()
-
-
-__all__ = ["LEASE_LOST", "STOPPED", "ClaimingBus", "ServerOptions", "check_urls", "serve"]
+__all__ = ["LEASE_LOST", "STOPPED", "ServerOptions", "check_urls", "serve"]
