@@ -2,8 +2,16 @@
 
 ``memory://`` (or ``local://``): the in-process bus, nothing to start; options in
 the query: ``?partitions=16&lease=30`` (event partitions; seconds a delivery is
-held without an ack). ``redis://`` and ``nats://`` name the Redis Streams and NATS
-JetStream backends, which are not built yet.
+held without an ack).
+
+``nats://host:4222`` (``tls://`` for TLS; several servers: ``nats://a:4222,b:4222``;
+``user:password@`` before the host): the NATS JetStream bus (``pip install
+'tideflow[nats]'``); options ``?prefix=tideflow&partitions=16&lease=30&max_deliver=10``
+(the prefix of its subjects, streams and consumers, so that clusters can share a
+server; deliveries of a task before it goes to the dead-letter subject, -1: no
+limit). See docs/operations.md, "NATS JetStream bus".
+
+``redis://`` names the Redis Streams backend, which is not built yet.
 """
 
 from __future__ import annotations
@@ -20,8 +28,6 @@ __all__ = ["DEFAULT_URL", "Bus", "BusError", "open_bus"]
 _COMING = {
     "redis": ("Redis Streams", "redis"),
     "rediss": ("Redis Streams", "redis"),
-    "nats": ("NATS JetStream", "nats"),
-    "tls": ("NATS JetStream", "nats"),
 }
 
 
@@ -33,6 +39,8 @@ def open_bus(url: str) -> Bus:
 
         partitions, lease = _local_options(url)
         return LocalBus(partitions=partitions, lease=lease)
+    if scheme in ("nats", "tls"):
+        return _nats_bus(url)
     if scheme in _COMING:
         name, extra = _COMING[scheme]
         raise BusError(
@@ -40,8 +48,22 @@ def open_bus(url: str) -> Bus:
             f"for now; when it lands it will need: pip install 'tideflow[{extra}]'"
         )
     raise BusError(
-        f"unknown bus URL {url!r}: use memory:// (in-process); redis:// and nats:// are coming"
+        f"unknown bus URL {url!r}: use memory:// (in-process) or nats:// (NATS JetStream); "
+        "redis:// is coming"
     )
+
+
+def _nats_bus(url: str) -> Bus:
+    try:
+        from tideflow.bus.backends.nats import from_url
+    except ImportError as exc:
+        if (exc.name or "").split(".")[0] != "nats":
+            raise
+        raise BusError(
+            f"the NATS JetStream bus ({url.split('://', 1)[0]}://) needs nats-py: "
+            "pip install 'tideflow[nats]'"
+        ) from None
+    return from_url(url)
 
 
 def _local_options(url: str) -> tuple[int, float]:
