@@ -127,6 +127,33 @@ async def test_a_server_that_does_not_answer_is_a_bus_error() -> None:
         await bus.publish_tasks([task(1)])
 
 
+# -- queues ------------------------------------------------------------------
+
+
+async def test_a_worker_for_every_queue_finds_a_queue_made_while_it_waits(
+    make_bus: Callable[..., Awaitable[Any]],
+) -> None:
+    bus = await make_bus()
+    await bus.publish_tasks([task(1)])
+    async with contextlib.aclosing(bus.consume_tasks(prefetch=1)) as tasks:
+        await (await asyncio.wait_for(anext(tasks), WITHIN)).ack()
+        waiting = asyncio.ensure_future(anext(tasks))  # nothing queued: it waits
+        other = bus.__class__(bus.url, prefix=bus.prefix)
+        await other.open()
+        try:
+            await other.publish_tasks([task(2, queue="gpu.big one"), task(3, queue="io")])
+        finally:
+            await other.close()
+        first = await asyncio.wait_for(waiting, WITHIN)
+        await first.ack()
+        second = await asyncio.wait_for(anext(tasks), WITHIN)
+        await second.ack()
+    assert {first.body.queue, second.body.queue} == {"gpu.big one", "io"}
+    assert f"{bus.prefix}.tasks.=6770752e626967206f6e65.normal" == bus.task_subject(
+        "gpu.big one", Priority.NORMAL
+    )
+
+
 # -- dead letters --------------------------------------------------------------
 
 

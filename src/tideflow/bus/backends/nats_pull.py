@@ -63,6 +63,8 @@ class Puller:
         self._by_consumer: dict[str, Lane] = {}
         self.arrived: deque[tuple[Lane, Msg]] = deque()
         self._waiter: asyncio.Future[None] | None = None
+        self._woken = False
+        """A wake that came while nobody waited: the next wait returns at once."""
 
     async def start(self) -> None:
         self._sub = await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_message)
@@ -101,7 +103,8 @@ class Puller:
 
     async def wait(self, timeout: float) -> None:
         """Until something arrives or ``wake`` is called, at most ``timeout`` seconds."""
-        if timeout <= 0:
+        if self._woken or timeout <= 0:
+            self._woken = False
             return
         self._waiter = asyncio.get_running_loop().create_future()
         try:
@@ -113,7 +116,9 @@ class Puller:
 
     def wake(self) -> None:
         waiter = self._waiter
-        if waiter is not None and not waiter.done():
+        if waiter is None:
+            self._woken = True
+        elif not waiter.done():
             waiter.set_result(None)
 
     def next_deadline(self) -> float:

@@ -48,8 +48,14 @@ def queue_token(queue: str) -> str:
     return queue if _NAME.fullmatch(queue) else "=" + queue.encode().hex()
 
 
-def queue_of_token(token: str) -> str:
-    return bytes.fromhex(token[1:]).decode() if token.startswith("=") else token
+def queue_of_token(token: str) -> str | None:
+    """The queue a subject token names (None: not one this bus wrote)."""
+    if not token.startswith("="):
+        return token
+    try:
+        return bytes.fromhex(token[1:]).decode()
+    except ValueError:
+        return None
 
 
 def _headers_of(msg: Msg) -> Headers:
@@ -198,12 +204,13 @@ class TaskReader:
 
     async def _wait(self, free: int) -> None:
         idle = [lane for lane in self.puller.lanes if not lane.open]
-        if free > 0 and len(idle) <= free:
+        covered = free > 0 and len(idle) <= free
+        if covered:
             for lane in idle:
                 await self.puller.request(lane, 1, linger=LINGER)
-        elif free > 0 and idle:
+        if free > 0 and (self.queues is None or not covered):  # every queue: find new ones
             await self._ring(idle)
-            if await self._pick():  # what came before the doorbell listened
+            if await self._add_found() or await self._pick():  # what came before it rang
                 await self._silence()
                 return
         timeout = min(LINGER, self.puller.next_deadline() - time.monotonic())
@@ -226,16 +233,19 @@ class TaskReader:
                 await bell.unsubscribe()
 
     async def _on_bell(self, msg: Msg) -> None:
-        token = msg.subject.split(".")[-2]
-        if self.queues is None and queue_of_token(token) not in self._by_queue:
-            self._found.add(queue_of_token(token))
+        queue = queue_of_token(msg.subject.split(".")[-2])
+        if self.queues is None and queue is not None and queue not in self._by_queue:
+            self._found.add(queue)
         self.puller.wake()
 
-    async def _add_found(self) -> None:
+    async def _add_found(self) -> bool:
+        """Add the queues found since the last look; whether there were any."""
         if self.queues is None and time.monotonic() - self._looked > LINGER:
             self._found.update(await self._discover())
+        found = bool(self._found)
         while self._found:
             await self._add(self._found.pop())
+        return found
 
     async def _discover(self) -> list[str]:
         """Every queue with tasks waiting or a consumer made for it."""
@@ -247,7 +257,7 @@ class TaskReader:
             subject = consumer.config.filter_subject or ""
             if subject.count(".") >= 3:
                 tokens.add(subject.split(".")[-2])
-        return sorted(queue_of_token(token) for token in tokens)
+        return sorted(q for q in map(queue_of_token, tokens) if q is not None)
 
     async def _add(self, queue: str) -> None:
         if queue in self._by_queue:
