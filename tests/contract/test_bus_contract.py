@@ -89,6 +89,7 @@ answers in well under a millisecond; the nack test needs quiet < 1 scaled second
 
 def nats_backend(request: pytest.FixtureRequest) -> BusBackend:
     from tideflow.bus.backends.nats import NatsBus
+    from tideflow.testing.nats import delete_prefix
 
     url = request.getfixturevalue("nats_url")
     prefix = f"contract-{uuid.uuid4().hex[:12]}"  # streams, consumers, lock bucket
@@ -109,7 +110,7 @@ def nats_backend(request: pytest.FixtureRequest) -> BusBackend:
         if backend.opened:
             bus = backend.opened[0]
             assert isinstance(bus, NatsBus)
-            await bus.destroy()
+            await delete_prefix(bus)
 
     backend.cleanup = cleanup
     return backend

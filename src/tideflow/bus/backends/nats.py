@@ -188,15 +188,6 @@ class NatsBus(Bus):
             await nc.flush(timeout=2)
         await nc.close()
 
-    async def destroy(self) -> None:
-        """Delete this prefix's streams (and with them their consumers) and lock bucket."""
-        for stream in (self.tasks_stream, self.events_stream, self.dead_stream):
-            with contextlib.suppress(nats.js.errors.NotFoundError):
-                await self.js.delete_stream(stream)
-        with contextlib.suppress(nats.js.errors.NotFoundError, nats.js.errors.BucketNotFoundError):
-            await self.js.delete_key_value(self.lock_bucket)
-        self._known.clear()
-
     async def _connect(self) -> Client:
         async def on_error(exc: Exception) -> None:
             log.warning("NATS bus %s: %s", self.url, exc)
