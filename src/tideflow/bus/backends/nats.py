@@ -176,6 +176,9 @@ class NatsBus(Bus):
                     cb=self._on_max_deliveries,
                 ),
             ]
+        except BusError:
+            await self.close()
+            raise
         except nats.errors.Error as exc:
             await self.close()
             raise BusError(f"NATS bus {self.url}: setting up JetStream failed: {exc}") from None
