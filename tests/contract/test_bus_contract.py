@@ -126,10 +126,12 @@ BACKENDS: dict[str, Callable[[pytest.FixtureRequest], BusBackend]] = {
 async def bus_backend(request: pytest.FixtureRequest) -> AsyncIterator[BusBackend]:
     backend = BACKENDS[request.param](request)
     yield backend
-    if backend.cleanup is not None:
-        await backend.cleanup()
-    for bus in backend.opened:
-        await bus.close()
+    try:
+        if backend.cleanup is not None:
+            await backend.cleanup()
+    finally:
+        for bus in backend.opened:
+            await bus.close()
 
 
 def task(n: int, *, queue: str = "default", priority: Priority = Priority.NORMAL) -> DispatchTask:

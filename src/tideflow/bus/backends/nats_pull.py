@@ -5,7 +5,7 @@ status (404 no messages, 408 request expired) answers, and how many requested
 slots are still open on the server. Here every consumer the bus reads ("lane":
 a queue x priority, or an event partition) gets its own reply subject
 ``<inbox>.<index>`` under one wildcard subscription (a status answers on it; a
-message keeps its subject, and its ack subject names the consumer), so a request's slots are
+message keeps its subject, and its metadata names the consumer), so a request's slots are
 counted until they are filled or ended by a status. ``no_wait`` requests answer at
 once; lingering ones (``expires``) stand on the server and take a message the
 moment one is available, including a redelivery after a nack delay or a lease.
@@ -153,7 +153,10 @@ class Puller:
                 self.wake()
             return
         # a message keeps its own subject; its ack subject names the consumer
-        owner = self._by_consumer.get(msg.reply.split(".", 4)[3]) if msg.reply else None
+        try:
+            owner = self._by_consumer.get(msg.metadata.consumer)
+        except Exception:  # not a JetStream message: nothing this reader asked for
+            return
         if owner is None:
             return
         lane = owner

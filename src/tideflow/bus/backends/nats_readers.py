@@ -116,6 +116,7 @@ class TaskReader:
         self._cursor = 0
         self._turn = 0
         self._bells: list[Subscription] = []
+        self._rang = False
         self._found: set[str] = set()
         self._looked = 0.0
 
@@ -210,7 +211,9 @@ class TaskReader:
                 await self.puller.request(lane, 1, linger=LINGER)
         if free > 0 and (self.queues is None or not covered):  # every queue: find new ones
             await self._ring(idle)
-            if await self._add_found() or await self._pick():  # what came before it rang
+            # what came before the bell listened (a new queue, a task on a known one), or
+            # rang while it asked (the wake went to the request it was waiting for)
+            if await self._add_found(look=self.queues is None) or await self._pick() or self._rang:
                 await self._silence()
                 return
         timeout = min(LINGER, self.puller.next_deadline() - time.monotonic())
@@ -224,6 +227,7 @@ class TaskReader:
             subjects = [f"{self.bus.prefix}.tasks.>"]  # finds new queues too
         else:
             subjects = [lane.label for lane in idle]
+        self._rang = False
         self._bells = [await nc.subscribe(s, cb=self._on_bell) for s in subjects]
 
     async def _silence(self) -> None:
@@ -236,24 +240,30 @@ class TaskReader:
         queue = queue_of_token(msg.subject.split(".")[-2])
         if self.queues is None and queue is not None and queue not in self._by_queue:
             self._found.add(queue)
+        self._rang = True
         self.puller.wake()
 
-    async def _add_found(self) -> bool:
-        """Add the queues found since the last look; whether there were any."""
-        if self.queues is None and time.monotonic() - self._looked > LINGER:
-            self._found.update(await self._discover())
+    async def _add_found(self, *, look: bool = False) -> bool:
+        """Add the queues found since the last look (and look again when ``look`` or
+        every ``LINGER`` seconds); whether there were any."""
+        if self.queues is None and (look or time.monotonic() - self._looked > LINGER):
+            try:
+                self._found.update(await self._discover(consumers=False))
+            except nats.errors.Error as exc:  # the next look will do
+                log.warning("NATS bus %s: looking for new queues failed: %s", self.bus.url, exc)
         found = bool(self._found)
         while self._found:
             await self._add(self._found.pop())
         return found
 
-    async def _discover(self) -> list[str]:
-        """Every queue with tasks waiting or a consumer made for it."""
+    async def _discover(self, *, consumers: bool = True) -> list[str]:
+        """Every queue with tasks waiting (and, with ``consumers``, every queue a
+        consumer was made for)."""
         self._looked = time.monotonic()
         bus = self.bus
         info = await bus.js.stream_info(bus.tasks_stream, subjects_filter=">")
         tokens = {s.split(".")[-2] for s in (info.state.subjects or {})}
-        for consumer in await bus.js.consumers_info(bus.tasks_stream):
+        for consumer in await bus.js.consumers_info(bus.tasks_stream) if consumers else ():
             subject = consumer.config.filter_subject or ""
             if subject.count(".") >= 3:
                 tokens.add(subject.split(".")[-2])
