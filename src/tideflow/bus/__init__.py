@@ -8,7 +8,12 @@ held without an ack).
 bus (``pip install 'tideflow[redis]'``), with ``?prefix=tideflow&partitions=16&lease=30``
 (``prefix``: the start of every key it creates, so that several clusters share a server).
 
-``nats://`` names the NATS JetStream backend, which is not built yet.
+``nats://host:4222`` (``tls://`` for TLS; several servers: ``nats://a:4222,b:4222``;
+``user:password@`` before the host): the NATS JetStream bus (``pip install
+'tideflow[nats]'``); options ``?prefix=tideflow&partitions=16&lease=30&max_deliver=10``
+(the prefix of its subjects, streams and consumers, so that clusters can share a
+server; deliveries of a task before it goes to the dead-letter subject, -1: no
+limit). See docs/operations.md, "NATS JetStream bus".
 """
 
 from __future__ import annotations
@@ -23,11 +28,6 @@ DEFAULT_URL = "memory://"
 
 __all__ = ["DEFAULT_URL", "Bus", "BusError", "open_bus"]
 
-_COMING = {
-    "nats": ("NATS JetStream", "nats"),
-    "tls": ("NATS JetStream", "nats"),
-}
-
 
 def open_bus(url: str) -> Bus:
     """A bus for ``url`` (not yet opened: ``await bus.open()``)."""
@@ -39,15 +39,25 @@ def open_bus(url: str) -> Bus:
         return LocalBus(partitions=partitions, lease=lease)
     if scheme in ("redis", "rediss"):
         return _redis_bus(url)
-    if scheme in _COMING:
-        name, extra = _COMING[scheme]
-        raise BusError(
-            f"the {name} bus ({url.split('://', 1)[0]}://) is not built yet: use memory:// "
-            f"for now; when it lands it will need: pip install 'tideflow[{extra}]'"
-        )
+    if scheme in ("nats", "tls"):
+        return _nats_bus(url)
     raise BusError(
-        f"unknown bus URL {url!r}: use memory:// (in-process) or redis://host:port/db; nats:// is coming"
+        f"unknown bus URL {url!r}: use memory:// (in-process), redis://host:port/db "
+        "(Redis Streams) or nats://host:4222 (NATS JetStream)"
     )
+
+
+def _nats_bus(url: str) -> Bus:
+    try:
+        from tideflow.bus.backends.nats import from_url
+    except ImportError as exc:
+        if (exc.name or "").split(".")[0] != "nats":
+            raise
+        raise BusError(
+            f"the NATS JetStream bus ({url.split('://', 1)[0]}://) needs nats-py: "
+            "pip install 'tideflow[nats]'"
+        ) from None
+    return from_url(url)
 
 
 def _local_options(url: str) -> tuple[int, float]:

@@ -1,0 +1,257 @@
+"""What the NATS JetStream bus does beyond the bus contract: its URL, its errors, and
+the dead-letter stream (malformed messages, tasks past ``max_deliver``), against the
+real server (``nats_url``). Each test has its own prefix and deletes what it made."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import orjson
+import pytest
+
+from tideflow.bus import open_bus
+from tideflow.bus.base import Message, partition_of
+from tideflow.errors import BusError
+from tideflow.model.codec import command_to_data
+from tideflow.model.commands import DispatchTask
+from tideflow.model.events import SignalReceived
+from tideflow.model.plan import Priority
+
+nats_bus = pytest.importorskip("tideflow.bus.backends.nats")
+NatsBus = nats_bus.NatsBus
+delete_prefix = pytest.importorskip("tideflow.testing.nats").delete_prefix
+WITHIN = 5.0
+
+
+def task(n: int, queue: str = "default") -> DispatchTask:
+    return DispatchTask(
+        run_id=f"run-{n}",
+        step_key=f"s{n}",
+        step_id=f"s{n}",
+        type="noop",
+        config={},
+        input={"n": n},
+        attempt=1,
+        idempotency_key=f"run-{n}:s{n}:1",
+        timeout=None,
+        queue=queue,
+    )
+
+
+@pytest.fixture
+async def make_bus(nats_url: str) -> AsyncIterator[Callable[..., Awaitable[Any]]]:
+    prefix = f"it-{uuid.uuid4().hex[:12]}"
+    opened: list[Any] = []
+
+    async def make(**options: Any) -> Any:
+        bus = NatsBus(nats_url, prefix=prefix, **options)
+        await bus.open()
+        opened.append(bus)
+        return bus
+
+    yield make
+    try:
+        if opened:
+            await delete_prefix(opened[0])
+    finally:
+        for bus in opened:
+            await bus.close()
+
+
+async def take(sub: Any, count: int) -> list[Any]:
+    """The next ``count`` messages of a core subscription (then it is dropped)."""
+    try:
+        return [await sub.next_msg(timeout=WITHIN) for _ in range(count)]
+    finally:
+        await sub.unsubscribe()
+
+
+async def emptied(bus: Any, stream: str) -> None:
+    """Wait (bounded) until ``stream`` holds no message: an ack, or the delete after a
+    dead letter is kept, reaches the stream a moment after the client sent it."""
+    deadline = asyncio.get_running_loop().time() + WITHIN
+    while (count := (await bus.js.stream_info(stream)).state.messages) != 0:
+        assert asyncio.get_running_loop().time() < deadline, f"{stream} still holds {count}"
+        await asyncio.sleep(0.01)
+
+
+# -- URLs ----------------------------------------------------------------------
+
+
+def test_open_bus_builds_the_nats_bus_with_its_options() -> None:
+    bus = open_bus("nats://127.0.0.1:4222?prefix=blue&partitions=8&lease=2.5&max_deliver=5")
+    assert isinstance(bus, NatsBus)
+    assert (bus.prefix, bus.partitions, bus.lease, bus.max_deliver) == ("blue", 8, 2.5, 5)
+    assert (bus.tasks_stream, bus.events_stream, bus.dead_stream) == (
+        "blue_tasks",
+        "blue_events",
+        "blue_dead",
+    )
+    assert isinstance(open_bus("tls://nats.example:4222"), NatsBus)
+    assert nats_bus.server_urls("nats://u:p@a:1,b:2?prefix=x") == [
+        "nats://u:p@a:1",
+        "nats://u:p@b:2",
+    ]
+    assert nats_bus.server_urls("nats://") == ["nats://127.0.0.1:4222"]
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("nats://h:4222?partition=3", r"unknown option 'partition'; the options are prefix"),
+        ("nats://h:4222?lease=soon", "lease='soon' is not a number"),
+        ("nats://h:4222?partitions=two", "partitions='two' is not a number"),
+        ("nats://h:4222?lease=0", "lease must be a positive number"),
+        ("nats://h:4222?partitions=0", "partitions must be a whole number"),
+        ("nats://h:4222?max_deliver=1", "max_deliver must be at least 2"),
+        ("nats://h:4222?prefix=a.b", "prefix 'a.b': use letters, digits"),
+        ("nats://h:4222/x", "a NATS URL has no path"),
+        ("nats://h:port", "the port is not a number"),
+    ],
+)
+def test_open_bus_refuses_a_bad_nats_url(url: str, message: str) -> None:
+    with pytest.raises(BusError, match=message):
+        open_bus(url)
+
+
+def test_without_nats_py_the_error_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [
+        m
+        for m in sys.modules
+        if m == "nats" or m.startswith(("nats.", "tideflow.bus.backends.nats"))
+    ]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "nats", None)  # `import nats` fails as if not installed
+    with pytest.raises(BusError, match=r"needs nats-py: pip install 'tideflow\[nats\]'"):
+        open_bus("nats://127.0.0.1:4222")
+
+
+async def test_a_server_that_does_not_answer_is_a_bus_error() -> None:
+    bus = NatsBus("nats://127.0.0.1:1")
+    with pytest.raises(BusError, match=r"cannot connect to NATS at nats://127.0.0.1:1"):
+        await bus.open()
+    with pytest.raises(BusError, match="is not open"):
+        await bus.publish_tasks([task(1)])
+
+
+# -- queues ------------------------------------------------------------------
+
+
+async def test_a_worker_for_every_queue_finds_a_queue_made_while_it_waits(
+    make_bus: Callable[..., Awaitable[Any]],
+) -> None:
+    bus = await make_bus()
+    await bus.publish_tasks([task(1)])
+    async with contextlib.aclosing(bus.consume_tasks(prefetch=1)) as tasks:
+        await (await asyncio.wait_for(anext(tasks), WITHIN)).ack()
+        waiting = asyncio.ensure_future(anext(tasks))  # nothing queued: it waits
+        other = bus.__class__(bus.url, prefix=bus.prefix)
+        await other.open()
+        try:
+            await other.publish_tasks([task(2, queue="gpu.big one"), task(3, queue="io")])
+        finally:
+            await other.close()
+        first = await asyncio.wait_for(waiting, WITHIN)
+        await first.ack()
+        second = await asyncio.wait_for(anext(tasks), WITHIN)
+        await second.ack()
+    assert {first.body.queue, second.body.queue} == {"gpu.big one", "io"}
+    assert f"{bus.prefix}.tasks.=6770752e626967206f6e65.normal" == bus.task_subject(
+        "gpu.big one", Priority.NORMAL
+    )
+
+
+# -- dead letters --------------------------------------------------------------
+
+
+async def test_a_malformed_task_goes_to_the_dead_subject_and_the_next_one_comes(
+    make_bus: Callable[..., Awaitable[Any]],
+) -> None:
+    bus = await make_bus()
+    dead = await bus.nc.subscribe(f"{bus.prefix}.dead.>")
+    subject = bus.task_subject("default", Priority.NORMAL)
+    await bus.js.publish(subject, b"{not json", headers={"traceparent": "00-ab-cd-01"})
+    wrong = {**command_to_data(task(2)), "command": "NoSuchCommand"}
+    await bus.js.publish(subject, orjson.dumps(wrong))
+    await bus.publish_tasks([task(3)])
+    async with contextlib.aclosing(bus.consume_tasks(prefetch=5)) as tasks:
+        delivery = await asyncio.wait_for(anext(tasks), WITHIN)
+        assert delivery.body == task(3)
+        await delivery.ack()
+    first, second = await take(dead, 2)
+    assert first.subject == f"{bus.prefix}.dead.tasks.default.normal"
+    assert first.data == b"{not json"
+    assert first.headers["traceparent"] == "00-ab-cd-01"
+    assert first.headers["Tideflow-Dead-Reason"].startswith("malformed task message")
+    assert first.headers["Tideflow-Dead-Subject"] == subject
+    assert "NoSuchCommand" in second.headers["Tideflow-Dead-Reason"]
+    # the malformed ones were acknowledged: the queue empties, the dead stream keeps them
+    await emptied(bus, bus.tasks_stream)
+    assert (await bus.js.stream_info(bus.dead_stream)).state.messages == 2
+
+
+async def test_a_malformed_event_goes_to_the_dead_subject(
+    make_bus: Callable[..., Awaitable[Any]],
+) -> None:
+    bus = await make_bus(partitions=1)
+    dead = await bus.nc.subscribe(f"{bus.prefix}.dead.>")
+    await bus.js.publish(f"{bus.prefix}.events.0", orjson.dumps({"kind": "nope"}))
+    good = SignalReceived(event_id="e1", run_id="r", time=0.0, name="go", payload=1)
+    await bus.publish_events([Message(good, {"traceparent": "t"})])
+    async with contextlib.aclosing(bus.consume_events(max_batch=10)) as batches:
+        batch = await asyncio.wait_for(anext(batches), WITHIN)
+        assert batch.events == [good]
+        await batch.ack()
+    [message] = await take(dead, 1)
+    assert message.subject == f"{bus.prefix}.dead.events.0"
+    assert "unknown type 'nope'" in message.headers["Tideflow-Dead-Reason"]
+
+
+async def test_a_task_past_max_deliver_moves_to_the_dead_stream(
+    make_bus: Callable[..., Awaitable[Any]],
+) -> None:
+    bus = await make_bus(max_deliver=2)
+    dead = await bus.nc.subscribe(f"{bus.prefix}.dead.>")
+    await bus.publish_tasks([Message(task(1), {"traceparent": "t1"})])
+    async with contextlib.aclosing(bus.consume_tasks(prefetch=1)) as tasks:
+        for expected in (1, 2):
+            delivery = await asyncio.wait_for(anext(tasks), WITHIN)
+            assert delivery.deliveries == expected
+            await delivery.nack()
+        waiting = asyncio.ensure_future(anext(tasks))  # its request meets the advisory
+        [message] = await take(dead, 1)
+        assert not waiting.done()
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+    assert message.subject == f"{bus.prefix}.dead.tasks.default.normal"
+    assert message.headers["traceparent"] == "t1"
+    assert "max_deliver" in message.headers["Tideflow-Dead-Reason"]
+    assert orjson.loads(message.data)["run_id"] == "run-1"
+    await emptied(bus, bus.tasks_stream)  # moved, not left behind in the queue
+
+
+# -- partitions across processes ---------------------------------------------
+
+
+async def test_a_partition_held_by_another_connection_is_refused_until_it_closes(
+    make_bus: Callable[..., Awaitable[Any]],
+) -> None:
+    one, two = await make_bus(partitions=2), await make_bus(partitions=2)
+    run = next(f"r{n}" for n in range(100) if partition_of(f"r{n}", 2) == 0)
+    event = SignalReceived(event_id="e", run_id=run, time=0.0, name="go", payload=1)
+    await one.publish_events([event])
+    async with contextlib.aclosing(one.consume_events([0], max_batch=10)) as first:
+        assert (await asyncio.wait_for(anext(first), WITHIN)).events == [event]  # it holds 0
+        with pytest.raises(BusError, match="partition 0 is consumed by another consumer"):
+            await anext(two.consume_events([1, 0], max_batch=10))
+    # partition 1 was not kept by the refused claim, and 0 is free once the first closed
+    async with contextlib.aclosing(two.consume_events([0, 1], max_batch=10)) as second:
+        batch = await asyncio.wait_for(anext(second), WITHIN)
+        assert batch.events == [event]  # handed back unacknowledged by the first
+        await batch.ack()
