@@ -1,5 +1,6 @@
-"""Row writers of the PostgreSQL store: a batch's timer, task and wait rows, and the
-runs handed to an archive before pruning."""
+"""Row writers of the PostgreSQL store: the arguments of ``tideflow_commit`` (a whole
+batch in one statement), a run's timer, task and wait rows, and the runs handed to an
+archive before pruning."""
 
 from __future__ import annotations
 
@@ -12,6 +13,56 @@ from tideflow.store.indexrows import IndexRows
 from tideflow.store.sqlfiles import queries
 
 Q = queries("postgres")
+
+
+STALE_RUN = "TF409"
+"""The SQLSTATE ``tideflow_commit`` raises when a run of the batch was advanced by
+another applier (migration 0004); its message names the run."""
+
+
+def commit_args(
+    rows: sb.BatchRows, index: IndexRows, relayed: Sequence[str]
+) -> list[list[Any] | None]:
+    """The 44 arguments of ``tideflow_commit``, column by column; None for a kind of row
+    the batch has none of."""
+    runs = sorted(rows.runs, key=lambda r: r.run_id)  # the same lock order for every applier
+    timers, untimed = index.timer_rows()
+    tasks, starts, done = index.task_rows()
+    waits = index.wait_rows() if index.waits else []
+    return [
+        *_maybe([_run_row(r) for r in runs], 8),
+        *_maybe(rows.history, 7),
+        *_maybe(rows.snapshots, 3),
+        *_maybe(rows.outbox, 4),
+        list(relayed) or None,
+        *_maybe(timers, 3),
+        *_maybe(untimed, 2),
+        *_maybe(done, 3),
+        *_maybe(tasks, 5),
+        *_maybe(starts, 4),
+        list(index.waits) or None,
+        *_maybe(waits, 2),
+        index.ended or None,
+    ]
+
+
+def _run_row(r: sb.RunUpdate) -> tuple[Any, ...]:
+    return (
+        r.run_id,
+        r.status,
+        r.updated_at,
+        r.finished_at,
+        r.output,
+        r.error,
+        r.last_seq,
+        r.expected_seq,
+    )
+
+
+def _maybe(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any] | None]:
+    if not rows:
+        return [None] * width
+    return [list(column) for column in zip(*rows, strict=True)]
 
 
 async def write_index(conn: Any, rows: IndexRows) -> None:
