@@ -3,8 +3,8 @@
 asyncpg with a connection pool; every statement is a named query of
 ``sql/postgres/queries.sql``, which asyncpg prepares once per connection and then
 reuses. A commit is one statement, so one round trip whatever the size of the
-batch: ``tideflow_commit`` (migration 0004) takes the batch column by column as
-arrays and, in the statement's implicit transaction, advances its runs (optimistic
+batch: ``tideflow_commit`` (migration 0004) takes the batch as one JSON document of
+row lists and, in the statement's implicit transaction, advances its runs (optimistic
 check of each run's ``last_seq``, rows locked in run-id order), appends history,
 saves snapshots, adds and deletes outbox rows and keeps the timer, task and wait
 rows current. That is the group commit the runtime relies on.
@@ -35,7 +35,7 @@ from tideflow.store.backends.postgres_inbox import DRIVER_ERRORS, LeaseAndInbox
 from tideflow.store.backends.postgres_rows import (
     STALE_RUN,
     archive_runs,
-    commit_args,
+    commit_document,
     write_index,
 )
 from tideflow.store.base import (
@@ -353,10 +353,10 @@ class PostgresStore(LeaseAndInbox, Store):
                 async with self._connection() as conn:
                     await conn.execute(Q["delete_outbox"], list(relayed))
             return
-        args = commit_args(sb.batch_rows(batch), index_rows(batch), relayed)
+        document = commit_document(sb.batch_rows(batch), index_rows(batch), relayed)
         async with self._connection() as conn:
             try:
-                await conn.execute(Q["commit_batch"], *args)
+                await conn.execute(Q["commit_batch"], document)
             except asyncpg.PostgresError as exc:
                 if exc.sqlstate == STALE_RUN:
                     raise ConcurrencyConflict(exc.message) from None

@@ -231,7 +231,4 @@ DELETE FROM inbox WHERE event_id = ANY($1::text[]);
 
 -- name: commit_batch
 -- A whole batch in one statement (tideflow_commit, migration 0004): one round trip.
-SELECT tideflow_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
-                       $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28,
-                       $29, $30, $31, $32, $33, $34, $35, $36, $37, $38, $39, $40, $41,
-                       $42, $43, $44);
+SELECT tideflow_commit($1::jsonb);
