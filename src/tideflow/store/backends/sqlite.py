@@ -2,17 +2,22 @@
 
 The stdlib driver is synchronous, so every operation runs on one dedicated
 thread that owns the connection; a whole commit (history rows, run updates,
-snapshots, outbox) is one call onto that thread and one transaction.
+snapshots, outbox) is one call onto that thread and one transaction. The thread
+takes calls from a queue and hands each result back with one
+``call_soon_threadsafe`` (a thread-pool executor's futures cost about twice that
+per call, and a step commits once).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import queue
 import sqlite3
+import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -75,7 +80,9 @@ class SqliteStore(Store):
         self.auto_upgrade = auto_upgrade
         self.compile_plan = compile_plan
         self._conn: sqlite3.Connection | None = None
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tideflow-sqlite")
+        self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        weakref.finalize(self, self._calls.put, None)  # stops the thread of a store never closed
         self._plans: dict[str, Plan] = {}
         self._definitions: dict[tuple[str, str], str] = {}
         """(name, version) -> plan hash of definitions known to be stored: they never change,
@@ -84,9 +91,17 @@ class SqliteStore(Store):
     # -- plumbing ---------------------------------------------------------------
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Call ``fn(*args)`` on the store's thread; driver errors become ours."""
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=_serve, args=(self._calls,), name="tideflow-sqlite", daemon=True
+            )
+            self._thread.start()
         loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._calls.put((loop, future, fn, args))
         try:
-            return await loop.run_in_executor(self._thread, fn, *args)
+            return await future
         except sqlite3.DatabaseError as exc:
             raise self._translate(exc) from None
 
@@ -204,7 +219,10 @@ class SqliteStore(Store):
         if self._conn is not None:
             await self._run(self._conn.close)
             self._conn = None
-        self._thread.shutdown(wait=True)
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._calls.put(None)
+            thread.join()  # it has nothing left to do: the close above was its last call
 
     def _transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         conn = self.conn
@@ -469,6 +487,45 @@ class SqliteStore(Store):
                     archive({"run": summary.to_dict(), "history": [e.to_dict() for e in entries]})
             await self._run(self._transaction, lambda c, ids=ids: _delete_runs(c, ids))
             total += len(ids)
+
+
+_Call = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...]]
+"""A call for the store's thread: run ``fn(*args)``, settle the future on its loop."""
+
+
+def _serve(calls: queue.SimpleQueue[_Call | None]) -> None:
+    """The store's thread: one call at a time, in order, until told to stop (None)."""
+    while (call := calls.get()) is not None:
+        loop, future, fn, args = call
+        if future.cancelled():  # nobody waits for it any more: as an executor, skip it
+            continue
+        try:
+            result = fn(*args)
+        except BaseException as exc:  # handed to the caller, who raises it
+            _settle(loop, future, None, exc)
+        else:
+            _settle(loop, future, result, None)
+        del call, future, fn, args
+
+
+def _settle(
+    loop: asyncio.AbstractEventLoop,
+    future: asyncio.Future[Any],
+    result: Any,
+    error: BaseException | None,
+) -> None:
+    def settle() -> None:
+        if future.cancelled():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    try:
+        loop.call_soon_threadsafe(settle)
+    except RuntimeError:  # the loop is closed: nobody is left to tell
+        pass
 
 
 def _enable_wal(conn: sqlite3.Connection, attempts: int = 50) -> None:
