@@ -5,12 +5,14 @@ thread that owns the connection; a whole commit (history rows, run updates,
 snapshots, outbox) is one call onto that thread and one transaction. The thread
 takes calls from a queue and hands each result back with one
 ``call_soon_threadsafe`` (a thread-pool executor's futures cost about twice that
-per call, and a step commits once).
+per call, and a step commits once). WAL checkpoints run on a thread of their own
+(``sqlite_checkpoints.py``), not inside a commit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import queue
 import sqlite3
@@ -27,6 +29,7 @@ from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
 from tideflow.model.versions import latest
 from tideflow.store import sqlbase as sb
+from tideflow.store.backends.sqlite_checkpoints import WRITER_PAGES, Checkpointer
 from tideflow.store.base import (
     ENGINE_LEASE,
     AppliedEvent,
@@ -82,6 +85,7 @@ class SqliteStore(Store):
         self._conn: sqlite3.Connection | None = None
         self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._checkpointer: Checkpointer | None = None
         weakref.finalize(self, self._calls.put, None)  # stops the thread of a store never closed
         self._plans: dict[str, Plan] = {}
         self._definitions: dict[tuple[str, str], str] = {}
@@ -135,6 +139,13 @@ class SqliteStore(Store):
             self.conn.close()
             self._conn = None
             raise
+        self._start_checkpoints()
+
+    def _start_checkpoints(self) -> None:
+        if self._checkpointer is None and self.path != ":memory:":
+            self.conn.execute(f"PRAGMA wal_autocheckpoint = {WRITER_PAGES}")
+            self._checkpointer = Checkpointer(self.path)
+            self._checkpointer.start()
 
     def _connect(self) -> None:
         if self.path != ":memory:":
@@ -213,16 +224,25 @@ class SqliteStore(Store):
         current = self._version()
         if current > latest_version(DIALECT):
             self._check_schema()
-        return self._upgrade()
+        applied = self._upgrade()
+        self._start_checkpoints()
+        return applied
 
     async def close(self) -> None:
         if self._conn is not None:
-            await self._run(self._conn.close)
-            self._conn = None
+            await self._run(self._close)
         thread, self._thread = self._thread, None
         if thread is not None:
             self._calls.put(None)
             thread.join()  # it has nothing left to do: the close above was its last call
+
+    def _close(self) -> None:
+        checkpointer, self._checkpointer = self._checkpointer, None
+        if checkpointer is not None:
+            checkpointer.stop()
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()  # the last connection to the file checkpoints and removes the WAL
 
     def _transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         conn = self.conn
@@ -233,6 +253,8 @@ class SqliteStore(Store):
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+        if self._checkpointer is not None:
+            self._checkpointer.wrote()
         return result
 
     # -- definitions ------------------------------------------------------------
@@ -522,10 +544,8 @@ def _settle(
         else:
             future.set_result(result)
 
-    try:
+    with contextlib.suppress(RuntimeError):  # a closed loop: nobody is left to tell
         loop.call_soon_threadsafe(settle)
-    except RuntimeError:  # the loop is closed: nobody is left to tell
-        pass
 
 
 def _enable_wal(conn: sqlite3.Connection, attempts: int = 50) -> None:

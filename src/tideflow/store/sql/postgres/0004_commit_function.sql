@@ -23,25 +23,27 @@ DECLARE
     r record;
     stale text[] := '{}';
 BEGIN
-    FOR r IN
-        SELECT e->>0 AS run_id, e->>1 AS status, (e->>2)::float8 AS updated_at,
-               (e->>3)::float8 AS finished_at, e->>4 AS output, e->>5 AS error,
-               (e->>6)::bigint AS last_seq, (e->>7)::bigint AS expected_seq
-        FROM jsonb_array_elements(batch->'runs') AS e
-    LOOP
-        UPDATE runs
-        SET status = r.status, updated_at = r.updated_at, finished_at = r.finished_at,
-            output = r.output, error = r.error, last_seq = r.last_seq
-        WHERE run_id = r.run_id AND last_seq = r.expected_seq;
-        IF NOT FOUND THEN
-            stale := stale || r.run_id;
+    IF batch ? 'runs' THEN
+        FOR r IN
+            SELECT e->>0 AS run_id, e->>1 AS status, (e->>2)::float8 AS updated_at,
+                   (e->>3)::float8 AS finished_at, e->>4 AS output, e->>5 AS error,
+                   (e->>6)::bigint AS last_seq, (e->>7)::bigint AS expected_seq
+            FROM jsonb_array_elements(batch->'runs') AS e
+        LOOP
+            UPDATE runs
+            SET status = r.status, updated_at = r.updated_at, finished_at = r.finished_at,
+                output = r.output, error = r.error, last_seq = r.last_seq
+            WHERE run_id = r.run_id AND last_seq = r.expected_seq;
+            IF NOT FOUND THEN
+                stale := stale || r.run_id;
+            END IF;
+        END LOOP;
+        IF cardinality(stale) > 0 THEN
+            RAISE EXCEPTION USING ERRCODE = 'TF409', MESSAGE = format(
+                'run %s%s was advanced by another applier', stale[1],
+                CASE WHEN cardinality(stale) > 1
+                     THEN format(' (and %s more)', cardinality(stale) - 1) ELSE '' END);
         END IF;
-    END LOOP;
-    IF cardinality(stale) > 0 THEN
-        RAISE EXCEPTION USING ERRCODE = 'TF409', MESSAGE = format(
-            'run %s%s was advanced by another applier', stale[1],
-            CASE WHEN cardinality(stale) > 1
-                 THEN format(' (and %s more)', cardinality(stale) - 1) ELSE '' END);
     END IF;
     IF batch ? 'history' THEN
         INSERT INTO history (run_id, seq, event_id, kind, time, data, transitions)
