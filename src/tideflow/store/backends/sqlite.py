@@ -318,15 +318,19 @@ class SqliteStore(Store):
     ) -> tuple[str, bool]:
         row = sb.new_run_row(state, idempotency_key)
 
-        def insert(conn: sqlite3.Connection) -> tuple[str, bool]:
-            if conn.execute(Q["insert_run"], row).rowcount:
+        def insert() -> tuple[str, bool]:
+            # one statement is its own transaction: no BEGIN and COMMIT round it
+            if self.conn.execute(Q["insert_run"], row).rowcount:
+                if self._checkpointer is not None:
+                    self._checkpointer.wrote()
                 return state.run_id, True
-            existing = conn.execute(Q["run_by_idempotency_key"], (idempotency_key,)).fetchone()
-            if existing is None:
+            existing = self.conn.execute(Q["run_by_idempotency_key"], (idempotency_key,))
+            found = existing.fetchone()
+            if found is None:
                 raise StoreError(f"run {state.run_id} already exists")
-            return existing[0], False
+            return found[0], False
 
-        return await self._run(self._transaction, insert)
+        return await self._run(insert)
 
     async def load_run(self, run_id: str) -> StoredRun:
         def read(conn: sqlite3.Connection) -> tuple[Any, list[Any]]:
