@@ -4,16 +4,19 @@ into messages that say what to check."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
+from asyncpg.connection import Connection
 
 from tideflow.store import open_store
 from tideflow.store.backends.postgres import PostgresStore, redacted
-from tideflow.store.base import StoreError
+from tideflow.store.base import AppliedEvent, StoreError
 
 from .conftest import compile_stored, drop_schema
+from .scenarios import Driver, loaded_state, order_plan, order_script, same_state
 
 
 def with_netloc(url: str, netloc: str | None = None, path: str | None = None) -> str:
@@ -94,3 +97,57 @@ async def test_using_a_closed_store_says_so(postgres_url: str) -> None:
 def test_messages_never_show_the_password() -> None:
     assert redacted("postgresql://app:s3cret@db:5432/prod") == "postgresql://app:***@db:5432/prod"
     assert redacted("postgresql://app@db/prod") == "postgresql://app@db/prod"
+
+
+async def test_a_commit_is_one_statement_whatever_the_batch(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs advanced, history, snapshots, outbox rows added and relayed ones deleted,
+    timer, task and wait rows, ended runs: each commit is one round trip."""
+    schema = f"contract_{uuid.uuid4().hex[:16]}"
+    store = PostgresStore(postgres_url, schema=schema, compile_plan=compile_stored)
+    sent: list[str] = []
+    committing = False
+
+    def counted(name: str) -> None:
+        original = getattr(Connection, name)
+
+        async def call(self: Connection, query: str, *args: object, **kwargs: object) -> object:
+            if committing:
+                sent.append(query)
+            return await original(self, query, *args, **kwargs)
+
+        monkeypatch.setattr(Connection, name, call)
+
+    for name in ("execute", "executemany", "fetch", "fetchrow", "fetchval"):
+        counted(name)
+    commit = store.commit
+    commits = 0
+
+    async def counting_commit(batch: Sequence[AppliedEvent], relayed: Sequence[str] = ()) -> None:
+        nonlocal committing, commits
+        committing, commits = True, commits + 1
+        try:
+            await commit(batch, relayed)
+        finally:
+            committing = False
+
+    monkeypatch.setattr(store, "commit", counting_commit)
+    try:
+        await store.open()
+        plan = order_plan()
+        driver = Driver(store, batch_size=3, snapshot_every=4)
+        first, second = await driver.new_run(plan, "first"), await driver.new_run(plan, "second")
+        scripts = order_script(first), order_script(second)
+        await driver.play(*(script[:5] for script in scripts))
+        relayed = driver.relayed = [item.id for item in await store.pending_outbox()]
+        assert relayed
+        await driver.play(*(script[5:] for script in scripts))
+        assert commits >= 6
+        assert len(sent) == commits
+        for run_id, h in (("first", first), ("second", second)):
+            assert same_state(await loaded_state(store, plan, run_id), h.state)
+        assert not set(relayed) & {item.id for item in await store.pending_outbox()}
+    finally:
+        await store.close()
+        await drop_schema(postgres_url, schema)

@@ -107,6 +107,35 @@ async def test_older_schema_upgrades_only_when_allowed(
     assert (await upgraded.load_run("kept")).last_seq == 2  # run_started, task_started
 
 
+SCHEMA_4_ONLY = {"sqlite": [], "postgres": ["DROP FUNCTION tideflow_commit"]}
+"""What migration 4 added, per dialect (SQLite: nothing)."""
+
+
+async def test_a_store_written_at_schema_3_upgrades_mid_run(sql_backend: Backend) -> None:
+    """Migration 4 (PostgreSQL's one-statement commit) on a store an older tideflow left
+    with a run half done: refused without auto-upgrade, then the run goes on."""
+    store = await sql_backend.open()
+    plan = order_plan()
+    driver = Driver(store, batch_size=3)
+    h = await driver.new_run(plan, "old")
+    script = order_script(h)
+    await driver.play(script[:4])
+    await store.close()
+    for statement in SCHEMA_4_ONLY[sql_backend.name]:
+        await sql_backend.raw(statement)
+    await sql_backend.raw("DELETE FROM schema_version WHERE version > 3")
+
+    with pytest.raises(StoreError, match=r"is at schema 3, .*tideflow db upgrade"):
+        await sql_backend.open(auto_upgrade=False)
+    upgraded = await sql_backend.open()
+    assert await upgraded.schema_version() == migrations(sql_backend.name)[-1].version
+    driver.store = upgraded
+    await driver.play(script[4:])
+    assert same_state(await loaded_state(upgraded, plan, "old"), h.state)
+    assert (await upgraded.get_run("old")).status == "succeeded"
+    assert len(await upgraded.history("old")) == driver.seqs["old"]
+
+
 async def test_a_fresh_database_is_created_even_without_auto_upgrade(sql_backend: Backend) -> None:
     store = await sql_backend.open(auto_upgrade=False)
     assert await store.schema_version() == migrations(sql_backend.name)[-1].version

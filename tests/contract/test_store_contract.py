@@ -156,7 +156,7 @@ async def test_stale_commit_conflicts_and_writes_nothing(store: Store) -> None:
 
     fresh_b = signal("b", driver.seqs["b"] + 1)
     stale_a = signal("a", driver.seqs["a"])  # another applier already wrote this seq
-    with pytest.raises(ConcurrencyConflict, match="a"):
+    with pytest.raises(ConcurrencyConflict, match=r"^run a was advanced by another applier$"):
         await store.commit([fresh_b, stale_a])
     for run_id, entries in before.items():
         assert await store.history(run_id) == entries

@@ -2,10 +2,12 @@
 
 asyncpg with a connection pool; every statement is a named query of
 ``sql/postgres/queries.sql``, which asyncpg prepares once per connection and then
-reuses. A commit is one transaction with a fixed number of round trips whatever
-the size of the batch: one UPDATE for all its runs (optimistic check of each run's
-``last_seq``), pipelined ``executemany`` for history, snapshots and outbox, one
-DELETE for the relayed outbox ids. That is the group commit the runtime relies on.
+reuses. A commit is one statement, so one round trip whatever the size of the
+batch: ``tideflow_commit`` (migration 0004) takes the batch as one JSON document of
+row lists and, in the statement's implicit transaction, advances its runs (optimistic
+check of each run's ``last_seq``, rows locked in run-id order), appends history,
+saves snapshots, adds and deletes outbox rows and keeps the timer, task and wait
+rows current. That is the group commit the runtime relies on.
 
 Driver errors are translated here, at the boundary: a caller sees ``StoreError``
 naming the server and database and what to check, never an asyncpg traceback.
@@ -30,7 +32,12 @@ from tideflow.model.run import RunState
 from tideflow.model.versions import latest
 from tideflow.store import sqlbase as sb
 from tideflow.store.backends.postgres_inbox import DRIVER_ERRORS, LeaseAndInbox
-from tideflow.store.backends.postgres_rows import archive_runs, write_index
+from tideflow.store.backends.postgres_rows import (
+    STALE_RUN,
+    archive_runs,
+    commit_document,
+    write_index,
+)
 from tideflow.store.base import (
     AppliedEvent,
     Archive,
@@ -346,22 +353,14 @@ class PostgresStore(LeaseAndInbox, Store):
                 async with self._connection() as conn:
                     await conn.execute(Q["delete_outbox"], list(relayed))
             return
-        rows = sb.batch_rows(batch)
-        index = index_rows(batch)
-        async with self._connection() as conn, conn.transaction():
-            if rows.runs:
-                await _advance(conn, rows.runs)
-            if rows.history:
-                await conn.executemany(Q["insert_history"], rows.history)
-            if rows.snapshots:
-                await conn.executemany(
-                    Q["save_snapshot"], [(text, seq, run) for run, seq, text in rows.snapshots]
-                )
-            if rows.outbox:
-                await conn.executemany(Q["insert_outbox"], rows.outbox)
-            if relayed:
-                await conn.execute(Q["delete_outbox"], list(relayed))
-            await write_index(conn, index)
+        document = commit_document(sb.batch_rows(batch), index_rows(batch), relayed)
+        async with self._connection() as conn:
+            try:
+                await conn.execute(Q["commit_batch"], document)
+            except asyncpg.PostgresError as exc:
+                if exc.sqlstate == STALE_RUN:
+                    raise ConcurrencyConflict(exc.message) from None
+                raise
 
     async def history(self, run_id: str) -> list[HistoryEntry]:
         async with self._connection() as conn:
@@ -474,27 +473,6 @@ async def _migrate(conn: Any) -> list[int]:
             await conn.execute(Q["insert_schema_version"], migration.version, time.time())
             applied.append(migration.version)
     return applied
-
-
-async def _advance(conn: Any, runs: list[sb.RunUpdate]) -> None:
-    """Move every run of the batch to its new ``last_seq`` if it is still where the
-    applier loaded it; otherwise ConcurrencyConflict (the transaction rolls back)."""
-    ordered = sorted(runs, key=lambda r: r.run_id)  # the same lock order for every applier
-    columns = [
-        [r.run_id for r in ordered],
-        [r.status for r in ordered],
-        [r.updated_at for r in ordered],
-        [r.finished_at for r in ordered],
-        [r.output for r in ordered],
-        [r.error for r in ordered],
-        [r.last_seq for r in ordered],
-        [r.expected_seq for r in ordered],
-    ]
-    advanced = {row[0] for row in await conn.fetch(Q["advance_runs"], *columns)}
-    stale = [r.run_id for r in ordered if r.run_id not in advanced]
-    if stale:
-        others = f" (and {len(stale) - 1} more)" if len(stale) > 1 else ""
-        raise ConcurrencyConflict(f"run {stale[0]}{others} was advanced by another applier")
 
 
 def _describe(url: str) -> tuple[str, str, str]:

@@ -1,5 +1,6 @@
-"""Row writers of the PostgreSQL store: a batch's timer, task and wait rows, and the
-runs handed to an archive before pruning."""
+"""Row writers of the PostgreSQL store: the argument of ``tideflow_commit`` (a whole
+batch in one statement), a run's timer, task and wait rows, and the runs handed to an
+archive before pruning."""
 
 from __future__ import annotations
 
@@ -12,6 +13,49 @@ from tideflow.store.indexrows import IndexRows
 from tideflow.store.sqlfiles import queries
 
 Q = queries("postgres")
+
+
+STALE_RUN = "TF409"
+"""The SQLSTATE ``tideflow_commit`` raises when a run of the batch was advanced by
+another applier (migration 0004); its message names the run."""
+
+
+def commit_document(rows: sb.BatchRows, index: IndexRows, relayed: Sequence[str]) -> str:
+    """The JSON argument of ``tideflow_commit``: each kind of row as a list of rows, a
+    kind the batch has none of left out. One text parameter costs the event loop far
+    less than one array per column (the driver checks every element of an array)."""
+    runs = sorted(rows.runs, key=lambda r: r.run_id)  # the same lock order for every applier
+    timers, untimed = index.timer_rows()
+    tasks, starts, done = index.task_rows()
+    document: dict[str, Sequence[Any]] = {
+        "runs": [_run_row(r) for r in runs],
+        "history": rows.history,
+        "snapshots": rows.snapshots,
+        "outbox": rows.outbox,
+        "relayed": relayed,
+        "timers": timers,
+        "untimed": untimed,
+        "done": done,
+        "tasks": tasks,
+        "starts": starts,
+        "rewait": list(index.waits),
+        "waits": index.wait_rows() if index.waits else (),
+        "ended": index.ended,
+    }
+    return sb.dumps({key: value for key, value in document.items() if value})
+
+
+def _run_row(r: sb.RunUpdate) -> tuple[Any, ...]:
+    return (
+        r.run_id,
+        r.status,
+        r.updated_at,
+        r.finished_at,
+        r.output,
+        r.error,
+        r.last_seq,
+        r.expected_seq,
+    )
 
 
 async def write_index(conn: Any, rows: IndexRows) -> None:

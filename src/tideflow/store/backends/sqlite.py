@@ -2,17 +2,24 @@
 
 The stdlib driver is synchronous, so every operation runs on one dedicated
 thread that owns the connection; a whole commit (history rows, run updates,
-snapshots, outbox) is one call onto that thread and one transaction.
+snapshots, outbox) is one call onto that thread and one transaction. The thread
+takes calls from a queue and hands each result back with one
+``call_soon_threadsafe`` (a thread-pool executor's futures cost about twice that
+per call, and a step commits once). WAL checkpoints run on a thread of their own
+(``sqlite_checkpoints.py``), not inside a commit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+import queue
 import sqlite3
+import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,6 +29,7 @@ from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
 from tideflow.model.versions import latest
 from tideflow.store import sqlbase as sb
+from tideflow.store.backends.sqlite_checkpoints import WRITER_PAGES, Checkpointer
 from tideflow.store.base import (
     ENGINE_LEASE,
     AppliedEvent,
@@ -75,7 +83,10 @@ class SqliteStore(Store):
         self.auto_upgrade = auto_upgrade
         self.compile_plan = compile_plan
         self._conn: sqlite3.Connection | None = None
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tideflow-sqlite")
+        self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._checkpointer: Checkpointer | None = None
+        weakref.finalize(self, self._calls.put, None)  # stops the thread of a store never closed
         self._plans: dict[str, Plan] = {}
         self._definitions: dict[tuple[str, str], str] = {}
         """(name, version) -> plan hash of definitions known to be stored: they never change,
@@ -84,9 +95,17 @@ class SqliteStore(Store):
     # -- plumbing ---------------------------------------------------------------
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Call ``fn(*args)`` on the store's thread; driver errors become ours."""
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=_serve, args=(self._calls,), name="tideflow-sqlite", daemon=True
+            )
+            self._thread.start()
         loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._calls.put((loop, future, fn, args))
         try:
-            return await loop.run_in_executor(self._thread, fn, *args)
+            return await future
         except sqlite3.DatabaseError as exc:
             raise self._translate(exc) from None
 
@@ -120,6 +139,13 @@ class SqliteStore(Store):
             self.conn.close()
             self._conn = None
             raise
+        self._start_checkpoints()
+
+    def _start_checkpoints(self) -> None:
+        if self._checkpointer is None and self.path != ":memory:":
+            self.conn.execute(f"PRAGMA wal_autocheckpoint = {WRITER_PAGES}")
+            self._checkpointer = Checkpointer(self.path)
+            self._checkpointer.start()
 
     def _connect(self) -> None:
         if self.path != ":memory:":
@@ -198,13 +224,25 @@ class SqliteStore(Store):
         current = self._version()
         if current > latest_version(DIALECT):
             self._check_schema()
-        return self._upgrade()
+        applied = self._upgrade()
+        self._start_checkpoints()
+        return applied
 
     async def close(self) -> None:
         if self._conn is not None:
-            await self._run(self._conn.close)
-            self._conn = None
-        self._thread.shutdown(wait=True)
+            await self._run(self._close)
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._calls.put(None)
+            thread.join()  # it has nothing left to do: the close above was its last call
+
+    def _close(self) -> None:
+        checkpointer, self._checkpointer = self._checkpointer, None
+        if checkpointer is not None:
+            checkpointer.stop()
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()  # the last connection to the file checkpoints and removes the WAL
 
     def _transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         conn = self.conn
@@ -215,6 +253,8 @@ class SqliteStore(Store):
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+        if self._checkpointer is not None:
+            self._checkpointer.wrote()
         return result
 
     # -- definitions ------------------------------------------------------------
@@ -278,15 +318,19 @@ class SqliteStore(Store):
     ) -> tuple[str, bool]:
         row = sb.new_run_row(state, idempotency_key)
 
-        def insert(conn: sqlite3.Connection) -> tuple[str, bool]:
-            if conn.execute(Q["insert_run"], row).rowcount:
+        def insert() -> tuple[str, bool]:
+            # one statement is its own transaction: no BEGIN and COMMIT round it
+            if self.conn.execute(Q["insert_run"], row).rowcount:
+                if self._checkpointer is not None:
+                    self._checkpointer.wrote()
                 return state.run_id, True
-            existing = conn.execute(Q["run_by_idempotency_key"], (idempotency_key,)).fetchone()
-            if existing is None:
+            existing = self.conn.execute(Q["run_by_idempotency_key"], (idempotency_key,))
+            found = existing.fetchone()
+            if found is None:
                 raise StoreError(f"run {state.run_id} already exists")
-            return existing[0], False
+            return found[0], False
 
-        return await self._run(self._transaction, insert)
+        return await self._run(insert)
 
     async def load_run(self, run_id: str) -> StoredRun:
         def read(conn: sqlite3.Connection) -> tuple[Any, list[Any]]:
@@ -469,6 +513,43 @@ class SqliteStore(Store):
                     archive({"run": summary.to_dict(), "history": [e.to_dict() for e in entries]})
             await self._run(self._transaction, lambda c, ids=ids: _delete_runs(c, ids))
             total += len(ids)
+
+
+_Call = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...]]
+"""A call for the store's thread: run ``fn(*args)``, settle the future on its loop."""
+
+
+def _serve(calls: queue.SimpleQueue[_Call | None]) -> None:
+    """The store's thread: one call at a time, in order, until told to stop (None)."""
+    while (call := calls.get()) is not None:
+        loop, future, fn, args = call
+        if future.cancelled():  # nobody waits for it any more: as an executor, skip it
+            continue
+        try:
+            result = fn(*args)
+        except BaseException as exc:  # handed to the caller, who raises it
+            _settle(loop, future, None, exc)
+        else:
+            _settle(loop, future, result, None)
+        del call, future, fn, args
+
+
+def _settle(
+    loop: asyncio.AbstractEventLoop,
+    future: asyncio.Future[Any],
+    result: Any,
+    error: BaseException | None,
+) -> None:
+    def settle() -> None:
+        if future.cancelled():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    with contextlib.suppress(RuntimeError):  # a closed loop: nobody is left to tell
+        loop.call_soon_threadsafe(settle)
 
 
 def _enable_wal(conn: sqlite3.Connection, attempts: int = 50) -> None:

@@ -72,29 +72,6 @@ SELECT r.snapshot, r.last_seq,
 FROM runs AS r
 WHERE r.run_id = $1;
 
--- name: advance_runs
--- Every run of a batch in one statement: a run whose last_seq moved on is not returned,
--- and the caller rolls the whole batch back.
-UPDATE runs AS r
-SET status = u.status, updated_at = u.updated_at, finished_at = u.finished_at,
-    output = u.output, error = u.error, last_seq = u.last_seq
-FROM unnest($1::text[], $2::text[], $3::float8[], $4::float8[], $5::text[], $6::text[],
-            $7::bigint[], $8::bigint[])
-     AS u (run_id, status, updated_at, finished_at, output, error, last_seq, expected_seq)
-WHERE r.run_id = u.run_id AND r.last_seq = u.expected_seq
-RETURNING r.run_id;
-
--- name: insert_history
-INSERT INTO history (run_id, seq, event_id, kind, time, data, transitions)
-VALUES ($1, $2, $3, $4, $5, $6, $7);
-
--- name: save_snapshot
-UPDATE runs SET snapshot = $1, snapshot_seq = $2 WHERE run_id = $3;
-
--- name: insert_outbox
-INSERT INTO outbox (id, run_id, created_at, command) VALUES ($1, $2, $3, $4)
-ON CONFLICT (id) DO NOTHING;
-
 -- name: delete_outbox
 DELETE FROM outbox WHERE id = ANY($1::text[]);
 
@@ -251,3 +228,7 @@ SELECT event_id, run_id, event FROM inbox ORDER BY created_at, event_id LIMIT $1
 
 -- name: delete_inbox
 DELETE FROM inbox WHERE event_id = ANY($1::text[]);
+
+-- name: commit_batch
+-- A whole batch in one statement (tideflow_commit, migration 0004): one round trip.
+SELECT tideflow_commit($1::jsonb);

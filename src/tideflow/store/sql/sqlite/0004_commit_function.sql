@@ -1,0 +1,2 @@
+-- tideflow schema version 4 (SQLite): nothing changes. Migration 4 of PostgreSQL adds the
+-- function that writes a commit in one statement; SQLite runs in-process and needs none.

@@ -1,0 +1,85 @@
+"""What only the SQLite store has: the thread that owns its connection, and WAL
+checkpoints on a thread of their own instead of inside a commit."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tideflow.store.backends import sqlite_checkpoints
+from tideflow.store.backends.sqlite import SqliteStore
+
+from .conftest import compile_stored
+from .scenarios import Driver, order_plan, order_script
+
+
+async def until(condition: Callable[[], bool], what: str, within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {within} s: {what}")
+        await asyncio.sleep(0.01)
+
+
+async def test_commits_are_checkpointed_by_a_thread_of_their_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_checkpoints, "EVERY", 1)
+    path = tmp_path / "runs.db"
+    store = SqliteStore(f"sqlite:///{path}", compile_plan=compile_stored)
+    await store.open()
+    try:
+        checkpointer = store._checkpointer
+        assert checkpointer is not None
+        autocheckpoint = await store._run(
+            lambda: store.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+        )
+        assert autocheckpoint == sqlite_checkpoints.WRITER_PAGES
+        driver = Driver(store, batch_size=2)
+        h = await driver.new_run(order_plan(), "kept")
+        await driver.play(order_script(h)[:3])
+        await driver.play([lambda: h.complete("charge", {"amount": 5})])
+
+        def in_the_file_alone() -> int | None:
+            """The run's last_seq as the database file holds it without its WAL."""
+            alone = tmp_path / "alone.db"
+            shutil.copyfile(path, alone)
+            conn = sqlite3.connect(alone)
+            try:
+                row = conn.execute("SELECT last_seq FROM runs WHERE run_id = 'kept'").fetchone()
+            except sqlite3.OperationalError:  # not even the table yet
+                return None
+            finally:
+                conn.close()
+                alone.unlink()
+            return None if row is None else int(row[0])
+
+        await until(
+            lambda: in_the_file_alone() == driver.seqs["kept"],
+            "the last commit checkpointed into the database file",
+        )
+        assert checkpointer.checkpoints >= 1
+    finally:
+        await store.close()
+
+
+async def test_close_ends_the_stores_threads(tmp_path: Path) -> None:
+    store = SqliteStore(f"sqlite:///{tmp_path}/runs.db", compile_plan=compile_stored)
+    await store.open()
+    await Driver(store).new_run(order_plan(), "one")
+    thread, checkpointer = store._thread, store._checkpointer
+    assert thread is not None and thread.is_alive()
+    assert checkpointer is not None and checkpointer._thread is not None
+    checkpoints = checkpointer._thread
+    assert checkpoints.is_alive()
+    await store.close()
+    assert not thread.is_alive() and not checkpoints.is_alive()
+    assert not (tmp_path / "runs.db-wal").exists()  # the last connection folded the WAL in
+    assert await store.upgrade() == []  # a closed store opens again by itself
+    await store.close()
