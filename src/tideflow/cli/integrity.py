@@ -24,9 +24,13 @@ MAX_PROBLEMS = 20
 
 _CREATE_TABLE = re.compile(r"CREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?([a-z_][a-z0-9_]*)", re.I)
 _DROP_TABLE = re.compile(r"DROP\s+TABLE\s+(?:IF\s+EXISTS\s+)?([a-z_][a-z0-9_]*)", re.I)
+_CREATE_FUNCTION = re.compile(r"CREATE\s+(?:OR\s+REPLACE\s+)?FUNCTION\s+([a-z_][a-z0-9_]*)", re.I)
 _SQLITE_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table'"
 _POSTGRES_TABLES = (
     "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
+)
+_POSTGRES_FUNCTIONS = (
+    "SELECT routine_name FROM information_schema.routines WHERE routine_schema = current_schema()"
 )
 _VERSIONS = "SELECT version FROM schema_version ORDER BY version"
 
@@ -40,9 +44,29 @@ def expected_tables(dialect: str) -> frozenset[str]:
     return frozenset(tables)
 
 
-def schema_problems(dialect: str, tables: set[str], versions: list[int]) -> list[str]:
-    """What is wrong with the tables and recorded migrations of an open store."""
+def expected_functions(dialect: str) -> dict[str, str]:
+    """The functions the dialect's migrations create (PostgreSQL's ``tideflow_commit``),
+    with the migration that creates each."""
+    return {
+        name.lower(): migration.name
+        for migration in migrations(dialect)
+        for name in _CREATE_FUNCTION.findall(migration.sql)
+    }
+
+
+def schema_problems(
+    dialect: str, tables: set[str], versions: list[int], functions: set[str] | None = None
+) -> list[str]:
+    """What is wrong with the tables, functions and recorded migrations of an open store
+    (``functions``: None where the dialect has none)."""
     problems = [f"table {name!r} is missing" for name in sorted(expected_tables(dialect) - tables)]
+    if functions is not None:
+        expected = expected_functions(dialect)
+        problems += [
+            f"function {name!r} is missing (commits fail without it): restore the store "
+            f"from a backup, or create the function again from migration {expected[name]}"
+            for name in sorted(set(expected) - functions)
+        ]
     known = [m.version for m in migrations(dialect)]
     if versions != known:
         problems.append(f"schema_version records migrations {versions}, this tideflow has {known}")
@@ -87,7 +111,8 @@ async def _postgres_problems(pool: Any) -> list[str]:
         if "schema_version" not in tables:
             return schema_problems("postgres", tables, [])
         versions = [int(row[0]) for row in await conn.fetch(_VERSIONS)]
-    return schema_problems("postgres", tables, versions)
+        functions = {str(row[0]).lower() for row in await conn.fetch(_POSTGRES_FUNCTIONS)}
+    return schema_problems("postgres", tables, versions, functions)
 
 
-__all__ = ["expected_tables", "schema_problems", "store_problems"]
+__all__ = ["expected_functions", "expected_tables", "schema_problems", "store_problems"]

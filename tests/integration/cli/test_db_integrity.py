@@ -130,3 +130,15 @@ def test_status_on_postgresql_checks_the_tables(pg_store: str) -> None:
 
     assert done.exit_code == 2
     assert stdout_json(done)["problems"] == ["table 'outbox' is missing"]
+
+
+def test_status_on_postgresql_checks_the_commit_function(pg_store: str) -> None:
+    assert invoke("db", "upgrade", "--store", pg_store).exit_code == 0
+    asyncio.run(_admin(pg_store, "DROP FUNCTION tideflow_commit"))
+
+    done = invoke("db", "status", "--json", "--store", pg_store)
+
+    assert done.exit_code == 2
+    [problem] = stdout_json(done)["problems"]
+    assert problem.startswith("function 'tideflow_commit' is missing (commits fail without it)")
+    assert "0004" in problem
