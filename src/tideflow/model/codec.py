@@ -6,7 +6,7 @@ refused with a clear error instead of being misread.
 
 from __future__ import annotations
 
-from dataclasses import asdict, fields
+from dataclasses import fields
 from typing import Any
 
 import orjson
@@ -48,10 +48,23 @@ from tideflow.model.states import RunStatus, StepStatus
 FORMAT = 1
 
 
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _shallow(obj: Any) -> dict[str, Any]:
+    """A dataclass's fields as a dict, values as they are (``asdict`` copies every nested
+    value, which costs most of a snapshot; the result here is serialised at once)."""
+    kind = type(obj)
+    names = _FIELDS.get(kind)
+    if names is None:
+        names = _FIELDS[kind] = tuple(f.name for f in fields(kind))
+    return {name: getattr(obj, name) for name in names}
+
+
 def error_to_data(error: ErrorInfo | None) -> dict[str, Any] | None:
     if error is None:
         return None
-    data = asdict(error)
+    data = _shallow(error)
     data["classes"] = list(error.classes)
     data["causes"] = [dict(cause) for cause in error.causes]
     return data
@@ -65,10 +78,10 @@ def error_from_data(data: dict[str, Any] | None) -> ErrorInfo | None:
 
 
 def _step_to_data(st: StepState) -> dict[str, Any]:
-    data = {f.name: getattr(st, f.name) for f in fields(StepState)}
+    data = _shallow(st)
     data["status"] = st.status.value
     data["error"] = error_to_data(st.error)
-    data["map"] = asdict(st.map) if st.map is not None else None
+    data["map"] = _shallow(st.map) if st.map is not None else None
     data["timers"] = list(st.timers)
     return data
 
@@ -99,15 +112,15 @@ def state_to_data(state: RunState) -> dict[str, Any]:
         "parent_run_id": state.parent_run_id,
         "parent_step_key": state.parent_step_key,
         "steps": [_step_to_data(st) for st in state.steps.values()],
-        "scopes": [asdict(scope) for scope in state.scopes.values()],
-        "timers": {tid: asdict(ref) for tid, ref in state.timers.items()},
+        "scopes": [_shallow(scope) for scope in state.scopes.values()],
+        "timers": {tid: _shallow(ref) for tid, ref in state.timers.items()},
         "waiting": state.waiting,
-        "signals": [asdict(sig) for sig in state.signals],
+        "signals": [_shallow(sig) for sig in state.signals],
         "seen_signals": sorted(state.seen_signals),
         "completed_seq": state.completed_seq,
         "compensable": state.compensable,
         "compensate_requested": state.compensate_requested,
-        "compensation": asdict(comp) if comp is not None else None,
+        "compensation": _shallow(comp) if comp is not None else None,
         "retries": state.retries,
     }
 
@@ -194,7 +207,7 @@ def event_kind(event: Event) -> str:
 
 
 def event_to_data(event: Event) -> dict[str, Any]:
-    data = {f.name: getattr(event, f.name) for f in fields(event)}
+    data = _shallow(event)
     data["kind"] = EVENT_KINDS[type(event)]
     if isinstance(event, TaskFailed | ChildRunFinished | EngineFailed):
         data["error"] = error_to_data(event.error)
@@ -222,7 +235,7 @@ def event_from_data(data: dict[str, Any], *, run_id: str | None = None) -> Event
 
 
 def command_to_data(command: Command) -> dict[str, Any]:
-    data = {f.name: getattr(command, f.name) for f in fields(command)}
+    data = _shallow(command)
     data["command"] = type(command).__name__
     if isinstance(command, RunFinished):
         data["error"] = error_to_data(command.error)
