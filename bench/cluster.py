@@ -181,7 +181,7 @@ async def _drop(cluster: Cluster) -> None:
             await conn.execute(f'DROP SCHEMA IF EXISTS "{cluster.schema}" CASCADE')
         finally:
             await conn.close()
-    except Exception as exc:  # noqa: BLE001 - report and go on with the bus
+    except Exception as exc:
         print(f"could not drop schema {cluster.schema}: {exc}", file=sys.stderr)
     try:
         if cluster.bus_kind == "redis":
@@ -206,7 +206,7 @@ async def _drop(cluster: Cluster) -> None:
                 await delete_prefix(bus)
             finally:
                 await bus.close()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         print(f"could not delete bus prefix {cluster.prefix}: {exc}", file=sys.stderr)
 
 
@@ -265,10 +265,14 @@ async def cluster(
                     print(f"--- {proc.name} (pid {proc.pid}) log tail:\n{tail}", file=sys.stderr)
         await _drop(running)
         if not keep_logs:
-            for proc in running.procs:
-                proc.log.unlink(missing_ok=True)
-            with contextlib.suppress(OSError):
-                tmp.rmdir()
+            _remove_logs(running)
+
+
+def _remove_logs(running: Cluster) -> None:
+    for proc in running.procs:
+        proc.log.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        running.tmp.rmdir()
 
 
 # -- measuring -------------------------------------------------------------------
