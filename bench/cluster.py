@@ -232,11 +232,13 @@ async def cluster(
     concurrency: int,
     prefetch: int,
     server_store: str | None = None,
+    bus_base: str | None = None,
     keep_logs: bool = False,
 ) -> AsyncIterator[Cluster]:
     """A running cluster in a fresh schema and bus prefix, removed on exit.
-    ``server_store``: a function of the cluster's store URL giving the server's own (a
-    proxy in front of PostgreSQL, for bench/idle.py)."""
+    ``server_store``: the server's own store URL, ``{schema}`` in it replaced by the
+    cluster's schema; ``bus_base``: the broker's URL for every process (both: proxies
+    in front of PostgreSQL and the broker, for bench/idle.py)."""
     token = f"{os.getpid()}_{uuid.uuid4().hex[:8]}"
     schema, prefix = f"cbench_{token}", f"cbench_{token}"
     store = f"{POSTGRES}{'&' if '?' in POSTGRES else '?'}schema={schema}"
@@ -244,7 +246,7 @@ async def cluster(
     running = Cluster(
         bus_kind=bus_kind,
         store=store,
-        bus=_bus_url(bus_kind, BUSES[bus_kind], prefix),
+        bus=_bus_url(bus_kind, bus_base or BUSES[bus_kind], prefix),
         schema=schema,
         prefix=prefix,
         tmp=tmp,
