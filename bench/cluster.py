@@ -361,8 +361,11 @@ async def _wait_all_ended(client: Client, ids: Sequence[str], timeout: float) ->
         await asyncio.sleep(0.05)
 
 
-async def measure(client: Client, name: str, bus: str) -> Row:
+async def measure(client: Client, name: str, bus: str, runs: int | None = None) -> Row:
+    """One measurement of workload ``name`` (``runs``: instead of its number of runs)."""
     plan, count, in_flight = workloads()[name]
+    if runs is not None:
+        count, in_flight = runs, min(in_flight, runs)
     await client.register(plan)
     gate = asyncio.Semaphore(in_flight)
     ids: list[str] = []
@@ -458,7 +461,7 @@ async def bench(args: argparse.Namespace) -> int:
             if args.keep_logs:
                 print(f"logs in {running.tmp}", file=sys.stderr)
             for name in names:
-                rows = [await measure(client, name, kind) for _ in range(args.repeat)]
+                rows = [await measure(client, name, kind, args.runs) for _ in range(args.repeat)]
                 show(summarise(rows), args.json)
     return 0
 
@@ -481,11 +484,14 @@ def main(argv: list[str] | None = None) -> int:
         "--prefetch", type=int, default=None, help="each worker's --prefetch (default 2x)"
     )
     parser.add_argument(
+        "--runs", type=int, default=None, help="runs per workload instead of its own (smoke tests)"
+    )
+    parser.add_argument(
         "--keep-logs", action="store_true", help="keep the processes' logs (path on stderr)"
     )
     args = parser.parse_args(argv)
-    if args.repeat < 1 or args.workers < 1 or args.concurrency < 1:
-        parser.error("--repeat, --workers and --concurrency must be at least 1")
+    if min(args.repeat, args.workers, args.concurrency, args.runs or 1) < 1:
+        parser.error("--repeat, --workers, --concurrency and --runs must be at least 1")
     try:
         return asyncio.run(interruptible(bench(args)))
     except KeyboardInterrupt:

@@ -296,7 +296,7 @@ async def fill(running: Cluster, runs: int, timeout: float) -> float:
     t0 = time.monotonic()
     async with Client.connect(store=running.store, bus=running.bus) as client:
         await client.register(plan)
-        gate = asyncio.Semaphore(200)
+        gate = asyncio.Semaphore(50)  # redis-py: at most 100 connections, then an error
 
         async def one() -> None:
             async with gate:
