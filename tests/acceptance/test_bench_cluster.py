@@ -1,0 +1,47 @@
+"""bench/cluster.py and bench/idle.py keep working against a real cluster (their numbers
+are read by people, not asserted here)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench(script: str, *args: str) -> list[dict[str, object]]:
+    done = subprocess.run(
+        [sys.executable, f"bench/{script}", *args, "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+@pytest.mark.slow
+def test_cluster_bench_runs_w1_on_redis_and_reports_dispatch_latency(
+    postgres_url: str, redis_url: str
+) -> None:
+    rows = _bench("cluster.py", "--bus", "redis", "--only", "W1", "--runs", "20", "--repeat", "1")
+    assert [(r["workload"], r["bus"], r["steps"]) for r in rows] == [("W1", "redis", 200)]
+    row = rows[0]
+    assert row["steps_per_s"] > 0  # type: ignore[operator]
+    assert row["dispatch_n"] == 180  # 20 runs x 9 chained steps with an upstream
+    assert row["p50_ms"] is not None and row["dispatch_p99_ms"] is not None
+
+
+@pytest.mark.slow
+def test_idle_bench_counts_the_servers_statements(postgres_url: str, redis_url: str) -> None:
+    (result,) = _bench("idle.py", "--runs", "50", "--idle", "2", "--settle", "0.5")
+    sql = result["sql_statements"]
+    assert isinstance(sql, dict) and sql["total"] >= 1  # the engine lease is renewed every 2 s
+    assert any("engine_leases" in text for text in sql["by"])
+    assert result["runs"] == 50
