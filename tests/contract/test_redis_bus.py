@@ -293,3 +293,21 @@ async def _logged(caplog: pytest.LogCaptureFixture, text: str) -> None:
     # caplog has nothing to wait on: look again every few ms (the caller bounds the wait)
     while not any(text in r.getMessage() for r in caplog.records):  # noqa: ASYNC110
         await asyncio.sleep(0.005)
+
+
+async def test_a_burst_of_publishers_waits_for_connections_instead_of_failing(
+    open_redis: Open,
+) -> None:
+    """More concurrent publishes than the pool holds (a client starting many runs at
+    once): they wait for a connection instead of failing with "Too many connections"."""
+    bus = await open_redis()
+    events = [event(f"run-{n}", n) for n in range(300)]
+    await asyncio.gather(*(bus.publish_events([e]) for e in events))
+    batches = bus.consume_events(max_batch=1000)
+    got = 0
+    async with contextlib.aclosing(batches) as stream:
+        while got < len(events):
+            batch = await next_of(stream)
+            got += len(batch.events)
+            await batch.ack()
+    assert got == len(events)

@@ -86,6 +86,10 @@ log = logging.getLogger("tideflow.bus.redis")
 
 DEFAULT_PREFIX = "tideflow"
 DEAD_MAX = 10_000
+MAX_CONNECTIONS = 64
+"""Connections a bus keeps to Redis at most (blocking reads hold one each)."""
+POOL_WAIT = 10.0
+"""Seconds a command waits for a free connection before it fails with a BusError."""
 """About how many entries the dead stream keeps (the oldest go first)."""
 
 
@@ -126,8 +130,12 @@ class RedisBus(Bus):
     async def open(self) -> None:
         if self._client is not None:
             return
-        client = aioredis.Redis.from_url(
+        # A blocking pool: a burst of publishers (a client starting many runs at once)
+        # waits for a free connection instead of failing with "Too many connections".
+        pool = aioredis.BlockingConnectionPool.from_url(
             self.url,
+            max_connections=MAX_CONNECTIONS,
+            timeout=POOL_WAIT,
             socket_connect_timeout=5.0,
             socket_timeout=10.0,  # longer than any BLOCK (at most 5 s): a dead link is noticed
             client_name=f"tideflow:{self.prefix}",
@@ -135,6 +143,7 @@ class RedisBus(Bus):
             retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),
             retry_on_error=[RedisConnectionError, RedisTimeoutError],
         )
+        client = aioredis.Redis.from_pool(pool)
         pubsub: Any = client.pubsub()  # untyped in redis-py
         try:
             await client.ping()
