@@ -8,13 +8,14 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from tests.integration.cli.conftest import invoke, stdout_json
 
 from tideflow.bus import open_bus
 from tideflow.bus.base import Bus
 from tideflow.cli.queues import age_text
 from tideflow.model.commands import DispatchTask
 from tideflow.model.plan import Priority
+
+from .conftest import invoke, stdout_json
 
 
 def task(n: int, queue: str, priority: Priority = Priority.NORMAL) -> DispatchTask:
