@@ -29,6 +29,7 @@ from tideflow.bus.base import (
     CancelAttempt,
     ForgetCancels,
     Message,
+    QueueStats,
     partition_of,
 )
 from tideflow.errors import BusError
@@ -479,6 +480,111 @@ async def test_a_nack_delay_must_be_a_number_of_seconds(bus_backend: BusBackend)
             with pytest.raises(BusError, match="a nack delay must be"):
                 await delivery.nack(bad)
         await delivery.ack()
+
+
+# -- queue stats (what `tideflow queues` shows) ---------------------------------
+
+HIGH, NORMAL, LOW = Priority.HIGH, Priority.NORMAL, Priority.LOW
+
+
+def by_lane(rows: list[QueueStats]) -> dict[tuple[str, Priority], QueueStats]:
+    return {(row.queue, row.priority): row for row in rows}
+
+
+async def stats_when(
+    bus: Bus, holds: Callable[[dict[tuple[str, Priority], QueueStats]], bool]
+) -> dict[tuple[str, Priority], QueueStats]:
+    """The stats once ``holds`` is true of them (an ack travels to the server on its
+    own: NATS confirms it later), within ``WITHIN`` seconds; the last ones otherwise."""
+    async with asyncio.timeout(WITHIN):
+        while not holds(stats := by_lane(await bus.queue_stats())):  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    return stats
+
+
+async def test_tasks_nobody_consumes_are_counted_and_their_age_grows(
+    bus_backend: BusBackend,
+) -> None:
+    bus = await bus_backend.open()
+    assert await bus.queue_stats() == []
+    await bus.publish_tasks(
+        [
+            task(1, queue="reports"),
+            task(2, queue="reports"),
+            task(3, queue="reports", priority=HIGH),
+        ]
+    )
+    rows = await bus.queue_stats()
+    assert [(r.queue, r.priority) for r in rows] == [
+        ("reports", HIGH),
+        ("reports", NORMAL),
+        ("reports", LOW),
+    ]
+    assert [(r.depth, r.held, r.consumers) for r in rows] == [(1, 0, 0), (2, 0, 0), (0, 0, 0)]
+    assert rows[2].oldest_age is None
+    first = [r.oldest_age for r in rows[:2]]
+    assert all(age is not None and age >= 0 for age in first)
+    await bus_backend.advance(4.0)
+    later = [r.oldest_age for r in (await bus.queue_stats())[:2]]
+    assert all(b is not None and a is not None and b > a for a, b in zip(first, later, strict=True))
+
+
+async def test_delivered_tasks_are_held_and_acknowledged_ones_are_gone(
+    bus_backend: BusBackend,
+) -> None:
+    bus = await bus_backend.open()
+    await bus.publish_tasks([task(1), task(2), task(3)])
+    async with contextlib.aclosing(bus.consume_tasks(["default"], prefetch=2)) as tasks:
+        one, two = await next_of(tasks), await next_of(tasks)
+        stats = await stats_when(bus, lambda s: s["default", NORMAL].held == 2)
+        row = stats["default", NORMAL]
+        assert (row.depth, row.held, row.consumers) == (1, 2, 1)
+        assert row.oldest_age is not None
+        await one.ack()
+        await two.ack()
+        stats = await stats_when(bus, lambda s: s["default", NORMAL].held == 0)
+        assert stats["default", NORMAL].depth == 1  # the third, not asked for yet
+        await (await next_of(tasks)).ack()
+        stats = await stats_when(bus, lambda s: s["default", NORMAL].held == 0)
+        row = stats["default", NORMAL]
+        assert (row.depth, row.oldest_age) == (0, None)
+    stats = await stats_when(bus, lambda s: s["default", NORMAL].consumers == 0)
+    assert (stats["default", NORMAL].depth, stats["default", NORMAL].held) == (0, 0)
+
+
+async def test_a_queue_no_consumer_reads_keeps_its_tasks_queued_and_visible(
+    bus_backend: BusBackend,
+) -> None:
+    bus = await bus_backend.open(lease=2.0)
+    await bus.publish_tasks([task(1, queue="default"), task(2, queue="reports")])
+    async with contextlib.aclosing(bus.consume_tasks(["default"], prefetch=5)) as tasks:
+        await (await next_of(tasks)).ack()
+        waiting = asyncio.ensure_future(anext(tasks))  # a consumer reading, as a worker's is
+        await bus_backend.advance(5.0)  # leases come and go: nothing moves the reports task
+        stats = await stats_when(bus, lambda s: s["default", NORMAL].held == 0)
+        assert not waiting.done()
+        await bus.publish_tasks([task(3)])  # what it waits for (not a cancel, which a
+        await (await asyncio.wait_for(waiting, WITHIN)).ack()  # consumer may not take at once)
+        assert [stats[q, p].consumers for q in ("default", "reports") for p in (HIGH, LOW)] == [
+            1,
+            1,
+            0,
+            0,
+        ]
+        reports = stats["reports", NORMAL]
+        assert (reports.depth, reports.held) == (1, 0)
+        assert reports.oldest_age is not None
+    async with contextlib.aclosing(bus.consume_tasks(prefetch=1)) as every:
+        delivery = await next_of(every)
+        assert delivery.body == task(2, queue="reports")
+        stats = await stats_when(bus, lambda s: s["reports", NORMAL].held == 1)
+        assert (stats["default", NORMAL].consumers, stats["reports", NORMAL].consumers) == (1, 1)
+        await delivery.ack()
+    stats = await stats_when(bus, lambda s: s["reports", NORMAL].consumers == 0)
+    assert (stats["reports", NORMAL].depth, stats["reports", NORMAL].held) == (0, 0)
+
+
+# -- URLs ----------------------------------------------------------------------
 
 
 def test_open_bus_builds_the_in_process_bus_with_its_options() -> None:

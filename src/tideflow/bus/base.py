@@ -126,6 +126,23 @@ def partition_of(run_id: str, partitions: int) -> int:
     return zlib.crc32(run_id.encode()) % partitions if partitions > 1 else 0
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueueStats:
+    """One queue at one priority, as ``Bus.queue_stats`` sees it at one moment."""
+
+    queue: str
+    priority: Priority
+    depth: int
+    """Tasks waiting: published (or handed back) and not delivered."""
+    held: int
+    """Tasks delivered and not settled yet (a lease runs for each)."""
+    oldest_age: float | None
+    """Seconds since the oldest waiting task was put on the queue; None when none waits."""
+    consumers: int
+    """Open ``consume_tasks`` streams reading this queue (every priority of a queue has
+    the same count); what a backend can see of them is in its ``queue_stats``."""
+
+
 class Delivery(ABC, Generic[Body]):
     """One delivered message, held under a lease until it is settled."""
 
@@ -221,6 +238,11 @@ class Bus(Producer, Consumer):
     async def close(self) -> None:
         return None
 
+    async def queue_stats(self) -> list[QueueStats]:
+        """Every task queue this bus knows (published to, or read), at each priority
+        (high, normal, low), sorted by queue name."""
+        raise NotImplementedError(f"{type(self).__name__} does not report queue stats")
+
 
 __all__ = [
     "DEFAULT_LEASE",
@@ -237,6 +259,7 @@ __all__ = [
     "Headers",
     "Message",
     "Producer",
+    "QueueStats",
     "Stream",
     "partition_of",
 ]

@@ -48,6 +48,7 @@ from tideflow.cli.common import (
 from tideflow.cli.db import db_app
 from tideflow.cli.definitions import definitions_app
 from tideflow.cli.progress import Progress
+from tideflow.cli.queues import queues_cmd
 from tideflow.cli.render import print_result
 from tideflow.cli.resume import resume_cmd
 from tideflow.cli.runs import runs_app
@@ -78,6 +79,7 @@ app.add_typer(definitions_app, name="definitions")
 app.command("resume")(resume_cmd)
 app.command("server")(server_cmd)
 app.command("worker")(worker_cmd)
+app.command("queues")(queues_cmd)
 
 
 def _print_version(value: bool) -> None:

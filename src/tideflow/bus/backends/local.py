@@ -26,6 +26,7 @@ from tideflow.bus.base import (
     EventBatch,
     Headers,
     Message,
+    QueueStats,
     Stream,
     partition_of,
 )
@@ -78,6 +79,33 @@ def _unpack(entry: Any) -> tuple[Any, Headers, int]:
     if kind is Message:
         return entry.body, entry.headers, 0
     return entry, NO_HEADERS, 0
+
+
+class _Lane(deque[Any]):
+    """The tasks waiting at one priority of one queue, with when each was put there
+    (for ``queue_stats``; a handed-back task counts from when it came back)."""
+
+    __slots__ = ("_clock", "stamps")
+
+    def __init__(self, clock: BusClock) -> None:
+        super().__init__()
+        self._clock = clock
+        self.stamps: deque[float] = deque()
+
+    def append(self, entry: Any) -> None:
+        super().append(entry)
+        self.stamps.append(self._clock.now())
+
+    def appendleft(self, entry: Any) -> None:
+        super().appendleft(entry)
+        self.stamps.appendleft(self._clock.now())
+
+    def popleft(self) -> Any:
+        self.stamps.popleft()
+        return super().popleft()
+
+    def oldest_age(self) -> float | None:
+        return self._clock.now() - min(self.stamps) if self.stamps else None
 
 
 class _Leases:
@@ -320,7 +348,7 @@ class LocalBus(Bus):
         self.partitions = partitions
         self.lease = float(lease)
         self.clock: BusClock = clock or MonotonicClock()
-        self.queues: dict[str, tuple[deque[Any], deque[Any], deque[Any]]] = {}
+        self.queues: dict[str, tuple[_Lane, _Lane, _Lane]] = {}
         self.parts: list[deque[Any]] = [deque() for _ in range(partitions)]
         self._owners: list[_EventConsumer | None] = [None] * partitions
         self._task_consumers: list[_TaskConsumer] = []
@@ -391,12 +419,46 @@ class LocalBus(Bus):
     def consume_control(self) -> Stream[Control]:
         return _ControlStream(self._controls)
 
+    # -- operator's view --------------------------------------------------------
+
+    async def queue_stats(self) -> list[QueueStats]:
+        """``consumers``: the open ``consume_tasks`` streams of this bus that read the
+        queue (one opened for every queue counts for each); ``held``: their leases."""
+        rows = []
+        for name in sorted(self.queues):
+            lanes = self.queues[name]
+            readers = [
+                c
+                for c in self._task_consumers
+                if c.names is None or any(mine is lanes for mine in c.names)
+            ]
+            for rank, priority in enumerate(_RANK):
+                lane = lanes[rank]
+                held = sum(
+                    1
+                    for c in readers
+                    for d in c.leases.held
+                    if d.body.queue == name and d.body.priority is priority
+                )
+                rows.append(
+                    QueueStats(
+                        queue=name,
+                        priority=priority,
+                        depth=len(lane),
+                        held=held,
+                        oldest_age=lane.oldest_age(),
+                        consumers=len(readers),
+                    )
+                )
+        return rows
+
     # -- internals --------------------------------------------------------------
 
-    def lanes_of(self, queue: str) -> tuple[deque[Any], deque[Any], deque[Any]]:
+    def lanes_of(self, queue: str) -> tuple[_Lane, _Lane, _Lane]:
         lanes = self.queues.get(queue)
         if lanes is None:
-            lanes = self.queues[queue] = (deque(), deque(), deque())
+            clock = self.clock
+            lanes = self.queues[queue] = (_Lane(clock), _Lane(clock), _Lane(clock))
         return lanes
 
     def hand_back_task(self, delivery: _TaskDelivery, delay: float) -> None:

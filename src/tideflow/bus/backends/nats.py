@@ -55,6 +55,7 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 from nats.js.kv import KeyValue
 
+from tideflow.bus.backends import nats_presence
 from tideflow.bus.backends.nats_readers import (
     EventReader,
     TaskReader,
@@ -71,6 +72,7 @@ from tideflow.bus.base import (
     ForgetCancels,
     Headers,
     Message,
+    QueueStats,
     Stream,
     partition_of,
 )
@@ -340,12 +342,16 @@ class NatsBus(Bus):
         self, queues: Collection[str] | None = None, *, prefetch: int
     ) -> AsyncGenerator[Delivery[DispatchTask], None]:
         check_count("prefetch", prefetch)
-        reader = TaskReader(self, None if queues is None else list(queues), prefetch)
+        wanted = None if queues is None else list(queues)
+        reader = TaskReader(self, wanted, prefetch)
+        presence = nats_presence.Presence(self, wanted)
         await reader.start()
         try:
+            await presence.start()
             while True:
                 yield await reader.next()
         finally:
+            await presence.stop()
             await reader.close()
 
     async def consume_events(
@@ -364,6 +370,16 @@ class NatsBus(Bus):
         if self._nc is None:  # the bus's own subscription feeds every control stream
             raise BusError(f"the NATS bus {self.url} is not open: await bus.open() first")
         return _ControlStream(self._controls)
+
+    async def queue_stats(self) -> list[QueueStats]:
+        """Over the queues with tasks in the stream, a consumer, or a reader: ``depth`` is
+        the queue x priority consumer's ``num_pending`` (the subject's message count
+        before any consumer exists), ``held`` its ``num_ack_pending`` (a nacked task, or
+        one whose lease ran out, stays held until the server delivers it again),
+        ``oldest_age`` from the server's timestamp of the first undelivered message, and
+        ``consumers`` the open readers of the queue by their presence keys
+        (``nats_presence``: a killed one counts for up to its TTL, 10 s)."""
+        return await nats_presence.queue_stats(self)
 
     def _wanted(self, partitions: Collection[int] | None) -> list[int]:
         wanted = range(self.partitions) if partitions is None else sorted(set(partitions))

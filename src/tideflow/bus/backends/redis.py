@@ -47,6 +47,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from tideflow.bus.backends import redis_lua as lua
+from tideflow.bus.backends import redis_presence
 from tideflow.bus.backends.redis_consumers import (
     FAILED,
     Backoff,
@@ -74,6 +75,7 @@ from tideflow.bus.base import (
     EventBatch,
     Headers,
     Message,
+    QueueStats,
     Stream,
     partition_of,
 )
@@ -239,10 +241,13 @@ class RedisBus(Bus):
         _check_count("prefetch", prefetch)
         self.client  # noqa: B018 (refuses a bus that is not open)
         consumer = TaskConsumer(self, queues, prefetch)
+        presence = redis_presence.Presence(self, None if queues is None else list(queues))
         try:
+            await presence.start()
             while True:
                 yield await consumer.next()
         finally:
+            await presence.stop()
             await consumer.close()
 
     async def consume_events(
@@ -259,6 +264,17 @@ class RedisBus(Bus):
 
     def consume_control(self) -> Stream[Control]:
         return ControlStream(self._controls)
+
+    # -- operator's view --------------------------------------------------------
+
+    async def queue_stats(self) -> list[QueueStats]:
+        """Over the queues published to (the ``queues`` set): ``depth`` is the stream's
+        length less the group's pending entries, ``held`` those pending entries (one whose
+        lease ran out stays held until a consumer sweeps it), ``oldest_age`` from the id
+        of the first entry after the group's last delivered one (Redis time), and
+        ``consumers`` the open readers of the queue by their presence
+        (``redis_presence``: a killed one counts for up to its TTL, 10 s)."""
+        return await redis_presence.queue_stats(self)
 
     # -- what the consumers share -----------------------------------------------
 

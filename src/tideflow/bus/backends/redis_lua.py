@@ -269,6 +269,52 @@ end
 return 0
 """
 
+QUEUE_STATS = (
+    _HELPERS
+    + """
+-- KEYS: the readers set, then task streams. ARGV: group. Returns {server ms, the live
+-- readers' members, per stream {waiting, held, oldest id or ''}}: waiting is XLEN less
+-- the pending entries (an acknowledged entry is deleted), the oldest waiting entry the
+-- first after the group's last delivered id.
+local group = ARGV[1]
+local now = now_ms()
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local readers = redis.call('ZRANGE', KEYS[1], 0, -1)
+local out = {}
+for i = 2, #KEYS do
+  local stream = KEYS[i]
+  local length = redis.call('XLEN', stream)
+  local held, after = 0, '-'
+  local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', stream)
+  if ok then
+    for _, g in ipairs(groups) do
+      local info = {}
+      for j = 1, #g, 2 do info[g[j]] = g[j + 1] end
+      if info['name'] == group then
+        held = tonumber(info['pending'])
+        after = '(' .. info['last-delivered-id']
+      end
+    end
+  end
+  local first = redis.call('XRANGE', stream, after, '+', 'COUNT', 1)
+  local oldest = ''
+  if first[1] then oldest = first[1][1] end
+  out[#out + 1] = {math.max(0, length - held), held, oldest}
+end
+return {now, readers, out}
+"""
+)
+
+ANNOUNCE = (
+    _HELPERS
+    + """
+-- KEYS: the readers set. ARGV: ms a member lives, then the members (queue NUL reader).
+local due = now_ms() + tonumber(ARGV[1])
+for i = 2, #ARGV do redis.call('ZADD', KEYS[1], due, ARGV[i]) end
+return 0
+"""
+)
+
 SCRIPTS = {
     "take_tasks": TAKE_TASKS,
     "take_events": TAKE_EVENTS,
@@ -278,5 +324,7 @@ SCRIPTS = {
     "claim_partitions": CLAIM_PARTITIONS,
     "renew_partitions": RENEW_PARTITIONS,
     "release": RELEASE,
+    "queue_stats": QUEUE_STATS,
+    "announce": ANNOUNCE,
 }
 """Every script by the name ``RedisBus.script`` calls it by."""

@@ -1,0 +1,173 @@
+"""Who reads which task queue on the NATS bus, and ``queue_stats`` over it.
+
+JetStream cannot say which clients read a queue: the durable consumer of a queue x
+priority is shared by every reader, and a reader holds a pull request standing on
+the server only while it is idle with room (``num_waiting`` is 0 for a busy worker,
+or for one waiting on a doorbell subscription). So each ``consume_tasks`` reader
+says so itself: a key in the KV bucket ``<prefix>_readers`` per queue it reads
+(``q.<queue token>.<reader>``, or ``all.<reader>`` for a reader of every queue), put
+again every ``TTL / 3`` seconds, deleted when it closes, and gone after ``TTL``
+seconds (the bucket's max age) when its process dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING
+
+import nats.errors
+import nats.js.errors
+from nats.js.kv import KeyValue
+
+from tideflow.bus.backends.nats_readers import PRIORITIES, queue_of_token, queue_token
+from tideflow.bus.base import QueueStats
+from tideflow.errors import BusError
+
+if TYPE_CHECKING:
+    from tideflow.bus.backends.nats import NatsBus
+
+log = logging.getLogger("tideflow.bus.nats")
+
+TTL = 10.0
+"""Seconds a reader's key outlives its last renewal (a killed reader counts that long)."""
+
+
+def bucket_name(bus: NatsBus) -> str:
+    return f"{bus.prefix}_readers"
+
+
+async def readers_bucket(bus: NatsBus) -> KeyValue:
+    try:
+        return await bus.js.key_value(bucket_name(bus))
+    except nats.js.errors.BucketNotFoundError:
+        with contextlib.suppress(nats.js.errors.BadRequestError):  # made by another at once
+            return await bus.js.create_key_value(bucket=bucket_name(bus), ttl=TTL)
+        return await bus.js.key_value(bucket_name(bus))
+
+
+class Presence:
+    """The keys of one reader, renewed while it is open."""
+
+    def __init__(self, bus: NatsBus, queues: list[str] | None) -> None:
+        me = uuid.uuid4().hex
+        self.bus = bus
+        if queues is None:
+            self.keys = [f"all.{me}"]
+        else:
+            self.keys = [f"q.{queue_token(q)}.{me}" for q in sorted(set(queues))]
+        self._kv: KeyValue | None = None
+        self._renewer: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self._announce()
+        self._renewer = asyncio.create_task(self._renew(), name="tideflow-nats-presence")
+
+    async def stop(self) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewer
+            self._renewer = None
+        kv, self._kv = self._kv, None
+        if kv is None:
+            return
+        for key in self.keys:
+            with contextlib.suppress(nats.errors.Error):
+                await kv.delete(key)
+
+    async def _announce(self) -> None:
+        """Put the keys; a failure is logged (the reader reads on, uncounted for now)."""
+        try:
+            if self._kv is None:
+                self._kv = await readers_bucket(self.bus)
+            for key in self.keys:
+                await self._kv.put(key, b"")
+        except nats.errors.Error as exc:
+            log.warning("NATS bus %s: announcing a task reader failed: %s", self.bus.url, exc)
+
+    async def _renew(self) -> None:
+        while True:
+            await asyncio.sleep(TTL / 3)  # the keys' heartbeat, not a wait on a condition
+            await self._announce()
+
+
+async def queue_stats(bus: NatsBus) -> list[QueueStats]:
+    try:
+        return await _queue_stats(bus)
+    except nats.errors.Error as exc:
+        raise BusError(f"NATS bus {bus.url}: reading the queue stats failed: {exc}") from None
+
+
+async def _queue_stats(bus: NatsBus) -> list[QueueStats]:
+    js, stream = bus.js, bus.tasks_stream
+    info = await js.stream_info(stream, subjects_filter=f"{bus.prefix}.tasks.>")
+    counts = info.state.subjects or {}
+    consumers = {c.name: c for c in await js.consumers_info(stream)}
+    tokens = {s.split(".")[-2] for s in counts}
+    tokens |= {
+        subject.split(".")[-2]
+        for c in consumers.values()
+        if (subject := c.config.filter_subject or "").startswith(f"{bus.prefix}.tasks.")
+    }
+    readers = await _readers(bus)
+    tokens |= {token for token in readers if token != "*"}
+    rows = []
+    for queue, token in sorted((q, t) for t in tokens if (q := queue_of_token(t)) is not None):
+        reading = len(readers.get(token, ())) + len(readers.get("*", ()))
+        for priority in PRIORITIES:
+            subject = bus.task_subject(queue, priority)
+            consumer = consumers.get(f"tasks_{token}_{priority.value}")
+            if consumer is None:
+                depth, held, after = counts.get(subject, 0), 0, 0
+            else:
+                depth, held = consumer.num_pending or 0, consumer.num_ack_pending or 0
+                after = consumer.delivered.stream_seq if consumer.delivered else 0
+            age = await _oldest_age(bus, subject, after) if depth else None
+            rows.append(
+                QueueStats(
+                    queue=queue,
+                    priority=priority,
+                    depth=depth,
+                    held=held,
+                    oldest_age=age,
+                    consumers=reading,
+                )
+            )
+    return rows
+
+
+async def _readers(bus: NatsBus) -> dict[str, set[str]]:
+    """Queue token ('*': every queue) -> the readers that say they read it."""
+    kv = await readers_bucket(bus)
+    try:
+        keys = await kv.keys()
+    except nats.js.errors.NoKeysError:
+        return {}
+    readers: dict[str, set[str]] = {}
+    for key in keys:
+        kind, _, rest = key.partition(".")
+        token, _, me = rest.rpartition(".") if kind == "q" else ("*", "", rest)
+        if kind in ("q", "all") and me:
+            readers.setdefault(token, set()).add(me)
+    return readers
+
+
+async def _oldest_age(bus: NatsBus, subject: str, after: int) -> float | None:
+    """Seconds since the first message on ``subject`` past stream sequence ``after`` was
+    stored (the server's timestamp against this host's clock)."""
+    try:
+        msg = await bus.js.get_msg(bus.tasks_stream, seq=after + 1, subject=subject, next=True)
+    except nats.js.errors.NotFoundError:
+        return None
+    if msg.time is None:
+        return None
+    stored = msg.time.replace(tzinfo=msg.time.tzinfo or datetime.UTC).timestamp()
+    return max(0.0, time.time() - stored)
+
+
+__all__ = ["TTL", "Presence", "bucket_name", "queue_stats", "readers_bucket"]
