@@ -97,6 +97,7 @@ class WorkerPool:
         self._cancelled: dict[Key, None] = {}
         """Attempts cancelled before a worker picked them up (bounded, oldest dropped)."""
         self._closing = False
+        self._closed = asyncio.Event()
         self._draining = False
         self._executing: set[Key] = set()
         """Attempts past their slot: running, not waiting for one."""
@@ -134,6 +135,7 @@ class WorkerPool:
     async def close(self) -> None:
         """Stop taking tasks; cancel the attempts running and hand their tasks back."""
         self._closing = True
+        self._closed.set()
         for task in self._loops:
             task.cancel()
         running = [runner for runner, _ in self._running.values()]
@@ -179,7 +181,11 @@ class WorkerPool:
                 key = (task.run_id, task.step_key, task.attempt)
                 if self._draining:
                     await delivery.nack()  # taken as the pool drains: someone else runs it
-                    await asyncio.Event().wait()  # and take no more (until close cancels)
+                    # Take no more, keeping the stream (and what it holds) open until
+                    # close: an event, not only the cancel, since a bus client may have
+                    # swallowed the cancel while the nack was on its way.
+                    await self._closed.wait()
+                    return
                 if key in self._cancelled:
                     del self._cancelled[key]
                     await delivery.ack()  # cancelled while it was queued

@@ -1,6 +1,6 @@
 """A cluster of real processes for the tests: `tideflow server` and `tideflow worker`
-subprocesses on PostgreSQL (a fresh schema per test) and Redis (a fresh key prefix per
-test), and `tideflow` CLI calls against them. Everything is waited for on a condition
+subprocesses on PostgreSQL (a fresh schema per test) and each bus, Redis Streams and NATS
+JetStream (a fresh prefix per test), and `tideflow` CLI calls against them. Everything is waited for on a condition
 with a bound (``eventually``), never on a sleep."""
 
 from __future__ import annotations
@@ -138,16 +138,28 @@ class Cluster:
                 proc.popen.wait(10)
 
 
-async def _drop(postgres_url: str, schema: str, redis_url: str, prefix: str) -> None:
+async def _drop(postgres_url: str, schema: str, kind: str, bus_url: str, prefix: str) -> None:
     import asyncpg
-    import redis.asyncio as aioredis
 
     conn = await asyncpg.connect(postgres_url)
     try:
         await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
     finally:
         await conn.close()
-    client = aioredis.from_url(redis_url)
+    if kind == "nats":
+        from tideflow.bus.backends.nats import NatsBus
+        from tideflow.testing.nats import delete_prefix
+
+        bus = NatsBus(bus_url, prefix=prefix)
+        await bus.open()
+        try:
+            await delete_prefix(bus)
+        finally:
+            await bus.close()
+        return
+    import redis.asyncio as aioredis
+
+    client = aioredis.from_url(bus_url)
     try:
         keys = [key async for key in client.scan_iter(match=f"{prefix}:*", count=1000)]
         if keys:
@@ -156,12 +168,15 @@ async def _drop(postgres_url: str, schema: str, redis_url: str, prefix: str) -> 
         await client.aclose()
 
 
-@pytest.fixture
-def cluster(postgres_url: str, redis_url: str, tmp_path: Path) -> Iterator[Cluster]:
+@pytest.fixture(params=["redis", "nats"])
+def cluster(postgres_url: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
+    """A cluster on PostgreSQL and each bus (Redis Streams, NATS JetStream)."""
+    kind = str(request.param)
+    bus_url = str(request.getfixturevalue(f"{kind}_url"))
     token = uuid.uuid4().hex[:12]
     schema, prefix = f"cluster_{token}", f"cluster-{token}"
     store = f"{postgres_url}?schema={schema}"
-    bus = f"{redis_url}?prefix={prefix}&lease={BUS_LEASE:g}"
+    bus = f"{bus_url}?prefix={prefix}&lease={BUS_LEASE:g}"
     env = {
         **os.environ,
         "TIDEFLOW_STORE": store,
@@ -176,4 +191,4 @@ def cluster(postgres_url: str, redis_url: str, tmp_path: Path) -> Iterator[Clust
         yield running
     finally:
         running.stop_all()
-        asyncio.run(_drop(postgres_url, schema, redis_url, prefix))
+        asyncio.run(_drop(postgres_url, schema, kind, bus_url, prefix))

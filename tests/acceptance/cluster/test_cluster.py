@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -217,4 +218,8 @@ def test_d_a_stopped_worker_hands_back_and_exits_0(cluster: Cluster) -> None:
     assert result.status == "succeeded" and result.output == 3
     entries = history(cluster, run_id)
     assert completions(entries)[("slow", 1)] == 1
-    assert any("started again" in c and "delivery 2" in c for c in causes(entries, "slow"))
+    # Delivery 2 on Redis; on NATS the nack may reach the draining worker once more
+    # (it hands it back again) before the other takes it: delivery 3.
+    assert any(
+        "started again" in c and re.search(r"delivery [23]\b", c) for c in causes(entries, "slow")
+    ), causes(entries, "slow")
