@@ -16,9 +16,6 @@ because the attempt had started elsewhere, its outcome is unknown and the pool r
 the execution lost (``TaskLost``, reason ``lease_expired``): the core fails the attempt
 with ``StepOutcomeUnknown`` instead of running it blindly again.
 
-Outcomes that are ready in the same turn of the event loop go out in one publish
-(worker/outcomes.py).
-
 Before it runs an attempt the pool reports its start (`starts`): the attempt's
 ``timeout`` counts from there. The attempt itself goes through the interceptor chain
 (worker/interceptors.py: secrets and redaction, the output limit, fault points, then
@@ -51,7 +48,6 @@ from tideflow.worker.interceptors import (
     build_chain,
     failure,
 )
-from tideflow.worker.outcomes import Outcomes
 from tideflow.worker.secrets import SecretProvider, default_provider
 from tideflow.worker.starts import StartDurably, StartReports
 
@@ -82,7 +78,6 @@ class WorkerPool:
         prefetch: int | None = None,
     ) -> None:
         self._bus = bus
-        self._outcomes = Outcomes(bus.publish_events)
         self._starts = StartReports(
             bus, clock=clock, new_event_id=new_event_id, start_durably=start_durably
         )
@@ -221,7 +216,7 @@ class WorkerPool:
         try:
             if event is not None:
                 await self._starts.sent()
-                await self._outcomes.send(event)
+                await self._bus.publish_events([event])
         except Exception:
             log.exception("the outcome of %s could not be published; its task comes again", key)
             await delivery.nack(_REPUBLISH_DELAY)
