@@ -30,6 +30,7 @@ from tideflow.bus.base import (
     Stream,
     partition_of,
 )
+from tideflow.bus.fanout import ControlStream
 from tideflow.errors import BusError
 from tideflow.model.commands import DispatchTask
 from tideflow.model.events import Event
@@ -312,25 +313,6 @@ class _EventConsumer(_Waiting):
         self.bus.hand_back_events(batch.pending(), 0.0)
 
 
-class _ControlStream:
-    """Subscribed from its creation (not from the first ``anext``)."""
-
-    def __init__(self, subscribers: list[asyncio.Queue[Control]]) -> None:
-        self._queue: asyncio.Queue[Control] = asyncio.Queue()
-        self._subscribers = subscribers
-        subscribers.append(self._queue)
-
-    def __aiter__(self) -> _ControlStream:
-        return self
-
-    async def __anext__(self) -> Control:
-        return await self._queue.get()
-
-    async def aclose(self) -> None:
-        if self._queue in self._subscribers:
-            self._subscribers.remove(self._queue)
-
-
 class LocalBus(Bus):
     """The in-process bus. ``clock`` drives leases and nack delays (default: monotonic)."""
 
@@ -417,7 +399,7 @@ class LocalBus(Bus):
                 self.hand_back_events(batch.pending(), 0.0)
 
     def consume_control(self) -> Stream[Control]:
-        return _ControlStream(self._controls)
+        return ControlStream(self._controls)
 
     # -- operator's view --------------------------------------------------------
 

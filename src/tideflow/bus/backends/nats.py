@@ -76,6 +76,7 @@ from tideflow.bus.base import (
     Stream,
     partition_of,
 )
+from tideflow.bus.fanout import ControlStream
 from tideflow.errors import BusError
 from tideflow.model.codec import (
     command_to_data,
@@ -369,7 +370,7 @@ class NatsBus(Bus):
     def consume_control(self) -> Stream[Control]:
         if self._nc is None:  # the bus's own subscription feeds every control stream
             raise BusError(f"the NATS bus {self.url} is not open: await bus.open() first")
-        return _ControlStream(self._controls)
+        return ControlStream(self._controls)
 
     async def queue_stats(self) -> list[QueueStats]:
         """Over the queues with tasks in the stream, a consumer, or a reader: ``depth`` is
@@ -507,25 +508,6 @@ def check_count(name: str, value: int) -> None:
 
 
 # -- control -------------------------------------------------------------------
-
-
-class _ControlStream:
-    """Fed by the bus's subscription to the control subject, from its creation on."""
-
-    def __init__(self, subscribers: list[asyncio.Queue[Control]]) -> None:
-        self._queue: asyncio.Queue[Control] = asyncio.Queue()
-        self._subscribers = subscribers
-        subscribers.append(self._queue)
-
-    def __aiter__(self) -> _ControlStream:
-        return self
-
-    async def __anext__(self) -> Control:
-        return await self._queue.get()
-
-    async def aclose(self) -> None:
-        if self._queue in self._subscribers:
-            self._subscribers.remove(self._queue)
 
 
 # -- URLs ----------------------------------------------------------------------

@@ -51,7 +51,6 @@ from tideflow.bus.backends import redis_presence
 from tideflow.bus.backends.redis_consumers import (
     FAILED,
     Backoff,
-    ControlStream,
     Entry,
     EventConsumer,
     TaskConsumer,
@@ -79,6 +78,7 @@ from tideflow.bus.base import (
     Stream,
     partition_of,
 )
+from tideflow.bus.fanout import ControlStream
 from tideflow.errors import BusError
 from tideflow.model.commands import DispatchTask
 from tideflow.model.events import Event

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import RedisError
 
 from tideflow.bus.backends.redis_wire import Malformed, decode_event, decode_task, fields_of
-from tideflow.bus.base import PRIORITY_CYCLE, Control, Delivery, EventBatch, Headers
+from tideflow.bus.base import PRIORITY_CYCLE, Delivery, EventBatch, Headers
 from tideflow.errors import BusError
 from tideflow.model.commands import DispatchTask
 from tideflow.model.events import Event
@@ -459,25 +459,6 @@ class EventConsumer:
                 exc,
                 self.bus.lease,
             )
-
-
-class ControlStream:
-    """Subscribed from its creation: the bus holds the one subscription and fans out."""
-
-    def __init__(self, subscribers: list[asyncio.Queue[Control]]) -> None:
-        self._queue: asyncio.Queue[Control] = asyncio.Queue()
-        self._subscribers = subscribers
-        subscribers.append(self._queue)
-
-    def __aiter__(self) -> ControlStream:
-        return self
-
-    async def __anext__(self) -> Control:
-        return await self._queue.get()
-
-    async def aclose(self) -> None:
-        if self._queue in self._subscribers:
-            self._subscribers.remove(self._queue)
 
 
 async def wait_until_set(event: asyncio.Event, timeout: float) -> None:
