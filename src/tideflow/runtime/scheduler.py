@@ -304,7 +304,12 @@ class Scheduler:
 
     async def _fail_run(self, run_id: str, events: list[Event], cause: str) -> None:
         self._run_retries.pop(run_id, None)
-        if any(isinstance(e, EngineFailed) for e in events):
+        failures = [e for e in events if isinstance(e, EngineFailed)]
+        if failures:
+            if len(failures) < len(events):  # it came with other events of the run (late
+                # outcomes): store the failure alone; once the run has ended they are stale
+                await self._relay.send(failures, "fail the run")
+                return
             log.error("run %s could not be failed either, it is left as stored: %s", run_id, cause)
             return
         log.error("run %s fails with EngineError: %s", run_id, cause)
