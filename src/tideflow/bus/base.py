@@ -48,6 +48,7 @@ from collections.abc import AsyncIterator, Awaitable, Collection, Mapping, Seque
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
+from tideflow.errors import BusError
 from tideflow.model.commands import DispatchTask
 from tideflow.model.events import Event
 from tideflow.model.plan import Priority
@@ -238,10 +239,26 @@ class Bus(Producer, Consumer):
     async def close(self) -> None:
         return None
 
+    @abstractmethod
     async def queue_stats(self) -> list[QueueStats]:
         """Every task queue this bus knows (published to, or read), at each priority
         (high, normal, low), sorted by queue name."""
-        raise NotImplementedError(f"{type(self).__name__} does not report queue stats")
+
+
+def wanted_partitions(partitions: Collection[int] | None, count: int) -> list[int]:
+    """The partitions a ``consume_events(partitions)`` call asks for, checked against the
+    bus's ``count`` (None: all of them), sorted and without repeats."""
+    wanted = range(count) if partitions is None else sorted(set(partitions))
+    if not wanted:
+        raise BusError("consume_events needs at least one partition")
+    for index in wanted:
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise BusError(f"a partition is a whole number, got {index!r}")
+        if not 0 <= index < count:
+            raise BusError(
+                f"partition {index} does not exist: this bus has partitions 0 to {count - 1}"
+            )
+    return list(wanted)
 
 
 __all__ = [
@@ -262,4 +279,5 @@ __all__ = [
     "QueueStats",
     "Stream",
     "partition_of",
+    "wanted_partitions",
 ]

@@ -29,6 +29,7 @@ from tideflow.bus.base import (
     QueueStats,
     Stream,
     partition_of,
+    wanted_partitions,
 )
 from tideflow.bus.fanout import ControlStream
 from tideflow.errors import BusError
@@ -478,23 +479,14 @@ class LocalBus(Bus):
             consumer.wake()
 
     def _claim(self, partitions: Collection[int] | None) -> list[int]:
-        wanted = range(self.partitions) if partitions is None else sorted(set(partitions))
-        if not wanted:
-            raise BusError("consume_events needs at least one partition")
+        wanted = wanted_partitions(partitions, self.partitions)
         for index in wanted:
-            if isinstance(index, bool) or not isinstance(index, int):
-                raise BusError(f"a partition is a whole number, got {index!r}")
-            if not 0 <= index < self.partitions:
-                raise BusError(
-                    f"partition {index} does not exist: this bus has partitions "
-                    f"0 to {self.partitions - 1}"
-                )
             if self._owners[index] is not None:
                 raise BusError(
                     f"partition {index} is consumed by another consumer already: "
                     "close it first, or consume other partitions"
                 )
-        return list(wanted)
+        return wanted
 
 
 def _check_count(name: str, value: int) -> None:

@@ -77,6 +77,7 @@ from tideflow.bus.base import (
     QueueStats,
     Stream,
     partition_of,
+    wanted_partitions,
 )
 from tideflow.bus.fanout import ControlStream
 from tideflow.errors import BusError
@@ -414,18 +415,7 @@ class RedisBus(Bus):
     # -- checks -----------------------------------------------------------------
 
     def _wanted(self, partitions: Collection[int] | None) -> list[int]:
-        wanted = range(self.partitions) if partitions is None else sorted(set(partitions))
-        if not wanted:
-            raise BusError("consume_events needs at least one partition")
-        for index in wanted:
-            if isinstance(index, bool) or not isinstance(index, int):
-                raise BusError(f"a partition is a whole number, got {index!r}")
-            if not 0 <= index < self.partitions:
-                raise BusError(
-                    f"partition {index} does not exist: this bus has partitions "
-                    f"0 to {self.partitions - 1}"
-                )
-        return list(wanted)
+        return wanted_partitions(partitions, self.partitions)
 
 
 def _xadd(stream: str, body: bytes, headers: Headers) -> tuple[Any, ...]:
