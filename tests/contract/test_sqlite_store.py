@@ -6,14 +6,16 @@ from __future__ import annotations
 import asyncio
 import shutil
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tideflow.store.backends import sqlite_checkpoints
-from tideflow.store.backends.sqlite import SqliteStore
+from tideflow.store.backends.sqlite import INLINE_EVENTS, SqliteStore
 
 from .conftest import compile_stored
 from .scenarios import Driver, order_plan, order_script
@@ -83,3 +85,78 @@ async def test_close_ends_the_stores_threads(tmp_path: Path) -> None:
     assert not (tmp_path / "runs.db-wal").exists()  # the last connection folded the WAL in
     assert await store.upgrade() == []  # a closed store opens again by itself
     await store.close()
+
+
+def commit_threads(store: SqliteStore, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the threads the store's transactions are committed on, in order."""
+    seen: list[str] = []
+    finish = store._finish
+
+    def recorded(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        seen.append(threading.current_thread().name)
+        return finish(conn, fn)
+
+    monkeypatch.setattr(store, "_finish", recorded)
+    return seen
+
+
+async def test_a_small_commit_on_an_idle_store_is_made_on_the_callers_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = SqliteStore(f"sqlite:///{tmp_path}/runs.db", compile_plan=compile_stored)
+    await store.open()
+    here = threading.current_thread().name
+    try:
+        driver = Driver(store, batch_size=100)
+        h = await driver.new_run(order_plan(), "here")
+        order_script(h)[0]()
+        assert INLINE_EVENTS == 1
+        threads = commit_threads(store, monkeypatch)
+        for applied in driver.pending:
+            await store.commit([applied])
+        assert threads == [here] * len(driver.pending)
+        assert (await store.get_run("here")).status == "running"
+        driver.pending = []
+
+        for n in range(INLINE_EVENTS + 1):  # a batch too big for that goes to the thread
+            order_script(await driver.new_run(order_plan(), f"big-{n}"))[0]()
+        assert len(driver.pending) > INLINE_EVENTS
+        del threads[:]
+        await store.commit(driver.pending)
+        assert threads == ["tideflow-sqlite"]
+        statuses = {(await store.get_run(f"big-{n}")).status for n in range(INLINE_EVENTS + 1)}
+        assert statuses == {"running"}
+    finally:
+        await store.close()
+
+
+async def test_a_commit_while_another_process_writes_waits_on_the_store_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The event loop never waits for another process's write lock: the commit goes to
+    the store's thread, which waits for it, and lands once it is released."""
+    path = tmp_path / "runs.db"
+    store = SqliteStore(f"sqlite:///{path}", compile_plan=compile_stored)
+    await store.open()
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        driver = Driver(store, batch_size=100)
+        h = await driver.new_run(order_plan(), "waits")
+        order_script(h)[0]()
+        threads = commit_threads(store, monkeypatch)
+        other.execute("BEGIN IMMEDIATE")  # another process's transaction holds the file
+        first, *rest = driver.pending
+        commit = asyncio.ensure_future(store.commit([first]))
+        ticks = 0
+        while ticks < 20:  # the loop goes on while the commit waits
+            await asyncio.sleep(0.005)
+            ticks += 1
+        assert not commit.done()
+        other.execute("COMMIT")
+        await asyncio.wait_for(commit, 10)
+        assert (await store.get_run("waits")).status == "running"
+        await store.commit(rest[:1])  # idle again: on this thread once more
+        assert threads == ["tideflow-sqlite", threading.current_thread().name]
+    finally:
+        other.close()
+        await store.close()

@@ -7,6 +7,14 @@ takes calls from a queue and hands each result back with one
 ``call_soon_threadsafe`` (a thread-pool executor's futures cost about twice that
 per call, and a step commits once). WAL checkpoints run on a thread of their own
 (``sqlite_checkpoints.py``), not inside a commit.
+
+A commit of one event (``INLINE_EVENTS``) made while the store's thread has
+nothing to do runs on the caller's thread instead: the two thread hops cost more than
+such a commit (about 170 µs of hops against 150 µs of work, measured on a 10-step
+chain run one at a time), and a lone run's latency is the sum of its commits. It never
+waits for the file's write lock there (``busy_timeout`` 0 for that moment): when another
+process holds it, the commit goes to the store's thread, which waits as usual. Larger
+batches stay on the thread, where SQLite works while the event loop goes on.
 """
 
 from __future__ import annotations
@@ -54,6 +62,11 @@ from tideflow.store.indexrows import IndexRows, index_rows, state_rows
 from tideflow.store.sqlfiles import latest_version, migrations, queries, statements
 
 T = TypeVar("T")
+
+INLINE_EVENTS = 1
+"""The most events a commit may hold to run on the caller's thread (see the docstring)."""
+BUSY_TIMEOUT_MS = 10_000
+"""How long a call on the store's thread waits for another process's write lock."""
 Q = queries("sqlite")
 DIALECT = "sqlite"
 
@@ -85,6 +98,11 @@ class SqliteStore(Store):
         self._conn: sqlite3.Connection | None = None
         self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._queued = 0
+        """Calls handed to the store's thread and not yet answered (counted on the loop)."""
+        self._lock = threading.Lock()
+        """The connection, used by one thread at a time (the store's, or a caller's for a
+        small commit: see the module docstring)."""
         self._checkpointer: Checkpointer | None = None
         weakref.finalize(self, self._calls.put, None)  # stops the thread of a store never closed
         self._plans: dict[str, Plan] = {}
@@ -98,16 +116,43 @@ class SqliteStore(Store):
         """Call ``fn(*args)`` on the store's thread; driver errors become ours."""
         if self._thread is None:
             self._thread = threading.Thread(
-                target=_serve, args=(self._calls,), name="tideflow-sqlite", daemon=True
+                target=_serve,
+                args=(self._calls, self._lock),
+                name="tideflow-sqlite",
+                daemon=True,
             )
             self._thread.start()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._calls.put((loop, future, fn, args))
+        self._queued += 1
         try:
             return await future
         except sqlite3.DatabaseError as exc:
             raise self._translate(exc) from None
+        finally:
+            self._queued -= 1
+
+    def _commit_here(self, write: Callable[[sqlite3.Connection], None]) -> bool:
+        """Commit ``write`` on this thread if the store's thread is idle and no other
+        process holds the write lock (see the module docstring); False when it did not."""
+        if self._queued or self._conn is None or not self._lock.acquire(blocking=False):
+            return False
+        conn = self._conn
+        try:
+            conn.execute("PRAGMA busy_timeout = 0")
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError:  # another process writes: the thread waits
+                return False
+            finally:
+                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            self._finish(conn, write)
+            return True
+        except sqlite3.DatabaseError as exc:
+            raise self._translate(exc) from None
+        finally:
+            self._lock.release()
 
     def _translate(self, exc: sqlite3.DatabaseError) -> StoreError:
         text = str(exc)
@@ -152,7 +197,7 @@ class SqliteStore(Store):
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
-            conn.execute("PRAGMA busy_timeout = 10000")
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             if self.path != ":memory:":
                 _enable_wal(conn)
             conn.execute("PRAGMA synchronous = NORMAL")
@@ -247,6 +292,10 @@ class SqliteStore(Store):
     def _transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
+        return self._finish(conn, fn)
+
+    def _finish(self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` in the transaction just begun, and commit (roll back if it raises)."""
         try:
             result = fn(conn)
         except BaseException:
@@ -373,6 +422,8 @@ class SqliteStore(Store):
                 conn.executemany(Q["delete_outbox"], relayed_rows)
             _write_index(conn, index)
 
+        if len(batch) <= INLINE_EVENTS and self._commit_here(write):
+            return
         await self._run(self._transaction, write)
 
     async def history(self, run_id: str) -> list[HistoryEntry]:
@@ -519,14 +570,15 @@ _Call = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., An
 """A call for the store's thread: run ``fn(*args)``, settle the future on its loop."""
 
 
-def _serve(calls: queue.SimpleQueue[_Call | None]) -> None:
+def _serve(calls: queue.SimpleQueue[_Call | None], lock: threading.Lock) -> None:
     """The store's thread: one call at a time, in order, until told to stop (None)."""
     while (call := calls.get()) is not None:
         loop, future, fn, args = call
         if future.cancelled():  # nobody waits for it any more: as an executor, skip it
             continue
         try:
-            result = fn(*args)
+            with lock:
+                result = fn(*args)
         except BaseException as exc:  # handed to the caller, who raises it
             _settle(loop, future, None, exc)
         else:
