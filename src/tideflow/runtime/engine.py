@@ -2,10 +2,9 @@
 
 It joins the scheduler (events in, ``decide``, group commit), the relay (effects out,
 acknowledged), the timer wheel, recovery and the reconciliation sweep, around a cache of
-live runs. Clients reach
-it through the ``EngineLink`` port it implements (deliver events, commit now, start a
-stored run, read a run's live state, wait for a run to end); workers reach it through
-the bus only. ``Runtime`` composes one engine with a client and a worker pool.
+live runs. Clients reach it through the ``EngineLink`` port it implements (deliver
+events, commit now, start a stored run, read a run's live state, wait for a run to end);
+workers reach it through the bus only. ``Runtime`` composes one engine with a client and a worker pool.
 """
 
 from __future__ import annotations
