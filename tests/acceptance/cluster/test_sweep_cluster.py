@@ -18,7 +18,15 @@ if str(HERE) not in sys.path:
 from harness import FLOWS, Cluster  # noqa: E402
 
 from tideflow import Client  # noqa: E402
-from tideflow.bus.base import Bus, Control, Delivery, EventBatch, Message, Stream  # noqa: E402
+from tideflow.bus.base import (  # noqa: E402
+    Bus,
+    Control,
+    Delivery,
+    EventBatch,
+    Message,
+    QueueStats,
+    Stream,
+)
 from tideflow.model.commands import DispatchTask  # noqa: E402
 from tideflow.model.events import Event  # noqa: E402
 
@@ -49,6 +57,9 @@ class GoneBroker(Bus):
 
     def consume_control(self) -> Stream[Control]:
         raise NotImplementedError
+
+    async def queue_stats(self) -> list[QueueStats]:
+        raise ConnectionError("the broker connection was reset")
 
 
 async def _start_unpublished(cluster: Cluster) -> str:

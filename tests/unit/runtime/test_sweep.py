@@ -25,7 +25,15 @@ import asyncpg
 import pytest
 
 from tideflow.bus.backends.local import LocalBus
-from tideflow.bus.base import Bus, Control, Delivery, EventBatch, Message, Stream
+from tideflow.bus.base import (
+    Bus,
+    Control,
+    Delivery,
+    EventBatch,
+    Message,
+    QueueStats,
+    Stream,
+)
 from tideflow.client import Client
 from tideflow.dsl import compile_definition
 from tideflow.model.commands import DispatchTask
@@ -174,6 +182,9 @@ class ClientBus(Bus):
 
     def consume_control(self) -> Stream[Control]:
         return self.target.consume_control()
+
+    async def queue_stats(self) -> list[QueueStats]:
+        return await self.target.queue_stats()
 
 
 class RefusingBus(LocalBus):
