@@ -8,11 +8,15 @@ and sleep 30 days; once the server has applied every start (all runs ``running``
 for ``--idle`` seconds. Over that window the script reports:
 
 - **SQL statements** the server sent, counted on the wire: the server's store URL
-  points at a small TCP proxy in this script, in front of PostgreSQL, which reads the
-  frontend protocol and counts every simple ``Query`` and every extended-protocol
-  ``Execute`` (the statement text of its ``Parse``). No server setting is changed
-  (pg_stat_statements is not preloaded on this machine; pg_stat_database counts the
-  whole shared database). The worker has no store.
+  points at a small TCP proxy (tideflow.testing.wire), in front of PostgreSQL, which
+  reads the frontend protocol and counts every simple ``Query`` and every
+  extended-protocol ``Execute`` (the statement text of its ``Parse``). No server setting
+  is changed (pg_stat_statements is not preloaded on this machine; pg_stat_database
+  counts the whole shared database). The worker has no store. Beside the count, what
+  the server's two periodic tasks imply for the window: the engine lease renewal (every
+  TTL / 5 s) and the reconciliation sweep (``STATEMENTS_PER_ROUND`` statements every
+  ``--sweep-interval`` s, passed to the server as ``TIDEFLOW_SWEEP_INTERVAL``); the
+  statements are grouped by which of the two sent them, and anything else is "other".
 - **Bus commands** of the server and the worker, counted the same way on a proxy in
   front of the broker: Redis commands (RESP arrays, by command name) or NATS client
   protocol operations (PUB/HPUB by subject shape, SUB, PING, …).
@@ -22,6 +26,7 @@ for ``--idle`` seconds. Over that window the script reports:
 Usage:
     python bench/idle.py                       # Redis, 10,000 runs, 60 s idle
     python bench/idle.py --bus nats --idle 30 --runs 2000 --json
+    python bench/idle.py --sweep-interval 5    # the sweep's cost, 12 rounds a minute
 """
 
 from __future__ import annotations
@@ -29,18 +34,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import contextlib
 import json
+import math
 import os
-import re
-import struct
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
@@ -50,6 +50,9 @@ from cluster import BUSES, POSTGRES, Cluster, cluster, interruptible  # noqa: E4
 
 from tideflow.client import Client  # noqa: E402
 from tideflow.dsl import compile_definition  # noqa: E402
+from tideflow.runtime.lease import DEFAULT_TTL, TTL_ENV  # noqa: E402
+from tideflow.runtime.sweep import INTERVAL_ENV, STATEMENTS_PER_ROUND  # noqa: E402
+from tideflow.testing.wire import Counter, PgParser, Proxy, host_port, via  # noqa: E402
 
 WAITING: dict[str, Any] = {
     "name": "idle-waiting",
@@ -63,67 +66,6 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 # -- counting what crosses the wire --------------------------------------------------
-
-
-class Counter:
-    """Counts the messages a client sends (one parser per connection)."""
-
-    def __init__(self) -> None:
-        self.total = 0
-        self.by: collections.Counter[str] = collections.Counter()
-
-    def count(self, what: str) -> None:
-        self.total += 1
-        self.by[what] += 1
-
-    def snapshot(self) -> tuple[int, collections.Counter[str]]:
-        return self.total, collections.Counter(self.by)
-
-
-class PgParser:
-    """PostgreSQL frontend messages: a simple Query, or Parse/Bind/Execute."""
-
-    def __init__(self, counter: Counter) -> None:
-        self.counter = counter
-        self.buf = b""
-        self.startup = True
-        self.statements: dict[bytes, str] = {}
-        self.bound = ""
-
-    def feed(self, data: bytes) -> None:
-        self.buf += data
-        while True:
-            if self.startup:
-                if len(self.buf) < 8:
-                    return
-                (length, code) = struct.unpack("!ii", self.buf[:8])
-                if len(self.buf) < length:
-                    return
-                self.buf = self.buf[length:]
-                if code not in (80877103, 80877104):  # SSLRequest / GSSENCRequest
-                    self.startup = False
-                continue
-            if len(self.buf) < 5:
-                return
-            kind = self.buf[:1]
-            (length,) = struct.unpack("!i", self.buf[1:5])
-            if len(self.buf) < 1 + length:
-                return
-            body, self.buf = self.buf[5 : 1 + length], self.buf[1 + length :]
-            if kind == b"Q":
-                self.counter.count(_sql(body.split(b"\0", 1)[0]))
-            elif kind == b"P":
-                name, rest = body.split(b"\0", 1)
-                self.statements[name] = _sql(rest.split(b"\0", 1)[0])
-            elif kind == b"B":
-                _portal, rest = body.split(b"\0", 1)
-                self.bound = self.statements.get(rest.split(b"\0", 1)[0], "?")
-            elif kind == b"E":
-                self.counter.count(self.bound)
-
-
-def _sql(text: bytes) -> str:
-    return re.sub(r"\s+", " ", text.decode(errors="replace")).strip()[:90]
 
 
 class RespParser:
@@ -205,64 +147,6 @@ def _subject(subject: str) -> str:
     return "*." + ".".join(parts[1:2]) + ".*"
 
 
-@dataclass
-class Proxy:
-    """A TCP proxy to ``upstream`` that feeds what clients send to a parser."""
-
-    upstream: tuple[str, int]
-    parser: Callable[[Counter], Any]
-    counter: Counter = field(default_factory=Counter)
-    port: int = 0
-
-    async def _pipe(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, feed: Any
-    ) -> None:
-        try:
-            while data := await reader.read(65536):
-                if feed is not None:
-                    feed(data)
-                writer.write(data)
-                await writer.drain()
-        except (ConnectionError, asyncio.CancelledError):
-            pass
-        finally:
-            writer.close()
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await asyncio.open_connection(*self.upstream)
-        except OSError:
-            writer.close()
-            return
-        parser = self.parser(self.counter)
-        with contextlib.suppress(asyncio.CancelledError):  # the proxy closing at the end
-            await asyncio.gather(
-                self._pipe(reader, up_writer, parser.feed), self._pipe(up_reader, writer, None)
-            )
-
-    @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[Proxy]:
-        server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        self.port = server.sockets[0].getsockname()[1]
-        try:
-            yield self
-        finally:
-            server.close()
-
-
-def _host_port(url: str, default: int) -> tuple[str, int]:
-    parts = urlsplit(url)
-    return parts.hostname or "127.0.0.1", parts.port or default
-
-
-def _via(url: str, port: int) -> str:
-    """``url`` with its host and port replaced by the proxy's."""
-    parts = urlsplit(url)
-    netloc = parts.netloc.rsplit("@", 1)
-    where = f"127.0.0.1:{port}"
-    return parts._replace(netloc=f"{netloc[0]}@{where}" if len(netloc) == 2 else where).geturl()
-
-
 # -- CPU ----------------------------------------------------------------------------
 
 
@@ -318,22 +202,52 @@ def _delta(
     return {"total": after[0] - before[0], "by": dict(by.most_common())}
 
 
+SWEEP_STATEMENTS = (
+    "FROM timers WHERE fire_at",  # due timers
+    "FROM outbox ORDER BY",  # unrelayed outbox rows
+    "FROM runs WHERE status = $1 AND created_at <",  # runs never started
+)
+
+
+def _implied(by: dict[str, int], window: float, ttl: float, interval: float) -> dict[str, Any]:
+    """The statements of the window by who sent them, against what the lease renewal
+    (every ttl / 5 s) and the sweep (``STATEMENTS_PER_ROUND`` every ``interval`` s)
+    allow in it at most (a periodic task fits floor(window / period) + 1 times)."""
+    lease = sum(n for text, n in by.items() if "engine_leases" in text)
+    sweep = sum(n for text, n in by.items() if any(s in text for s in SWEEP_STATEMENTS))
+    renewals = math.floor(window / (ttl / 5)) + 1
+    rounds = math.floor(window / interval) + 1 if interval > 0 else 0
+    return {
+        "lease": lease,
+        "sweep": sweep,
+        "other": sum(by.values()) - lease - sweep,
+        "lease_at_most": renewals,
+        "sweep_rounds_at_most": rounds,
+        "sweep_at_most": rounds * STATEMENTS_PER_ROUND,
+        "at_most": renewals + rounds * STATEMENTS_PER_ROUND,
+        "sweep_interval": interval,
+        "lease_ttl": ttl,
+    }
+
+
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    pg = Proxy(_host_port(POSTGRES, 5432), PgParser)
+    os.environ[INTERVAL_ENV] = repr(args.sweep_interval)  # the server's, through its env
+    ttl = float(os.environ.get(TTL_ENV) or DEFAULT_TTL)
+    pg = Proxy(host_port(POSTGRES, 5432), PgParser)
     broker = BUSES[args.bus]
     bus = Proxy(
-        _host_port(broker, 6379 if args.bus == "redis" else 4222),
+        host_port(broker, 6379 if args.bus == "redis" else 4222),
         RespParser if args.bus == "redis" else NatsParser,
     )
     async with pg.running(), bus.running():
-        server_store = _via(POSTGRES, pg.port) + "?schema={schema}"
+        server_store = via(POSTGRES, pg.port) + "?schema={schema}"
         async with cluster(
             args.bus,
             workers=1,
             concurrency=8,
             prefetch=8,
             server_store=server_store,
-            bus_base=_via(broker, bus.port),
+            bus_base=via(broker, bus.port),
         ) as running:
             server, worker = running.procs[0], running.procs[1]
             fill_s = await fill(running, args.runs, args.fill_timeout)
@@ -345,12 +259,14 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             window = time.monotonic() - t0
             sql1, bus1 = pg.counter.snapshot(), bus.counter.snapshot()
             cpu1 = cpu_seconds(server.pid), cpu_seconds(worker.pid)
+    sql = _delta(sql0, sql1)
     return {
         "bus": args.bus,
         "runs": args.runs,
         "fill_seconds": round(fill_s, 1),
         "idle_seconds": round(window, 1),
-        "sql_statements": _delta(sql0, sql1),
+        "sql_statements": sql,
+        "sql_implied": _implied(sql["by"], window, ttl, args.sweep_interval),
         "bus_commands": _delta(bus0, bus1),
         "cpu_seconds": {
             "server": round(cpu1[0] - cpu0[0], 2),
@@ -368,7 +284,16 @@ def show(result: dict[str, Any]) -> None:
     sql, bus, cpu = result["sql_statements"], result["bus_commands"], result["cpu_seconds"]
     print(f"  SQL statements from the server: {sql['total']} ({sql['total'] / window:.2f}/s)")
     for text, n in sql["by"].items():
-        print(f"      {n:>6}  {text}")
+        print(f"      {n:>6}  {text[:90]}")
+    implied = result["sql_implied"]
+    verdict = "within" if sql["total"] <= implied["at_most"] else "ABOVE"
+    print(
+        f"    {verdict} what the rates imply, at most {implied['at_most']}: engine lease "
+        f"{implied['lease']} (<= {implied['lease_at_most']}, every {implied['lease_ttl'] / 5:g} s)"
+        f" + sweep {implied['sweep']} (<= {implied['sweep_rounds_at_most']} rounds x "
+        f"{STATEMENTS_PER_ROUND}, every {implied['sweep_interval']:g} s) + other "
+        f"{implied['other']}"
+    )
     print(f"  bus commands (server + worker): {bus['total']} ({bus['total'] / window:.2f}/s)")
     for name, n in bus["by"].items():
         print(f"      {n:>6}  {name}")
@@ -401,11 +326,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--fill-timeout", type=float, default=600.0, help="bound on creating the runs (600 s)"
     )
+    parser.add_argument(
+        "--sweep-interval",
+        type=float,
+        default=30.0,
+        help="the server's TIDEFLOW_SWEEP_INTERVAL, seconds (30; 0: no sweep)",
+    )
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.runs < 1 or args.idle <= 0 or args.repeat < 1:
         parser.error("--runs and --repeat must be at least 1, --idle positive")
+    if not (math.isfinite(args.sweep_interval) and args.sweep_interval >= 0):
+        parser.error("--sweep-interval must be 0 (no sweep) or a number of seconds")
     try:
         return asyncio.run(interruptible(main_async(args)))
     except KeyboardInterrupt:

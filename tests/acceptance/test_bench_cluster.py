@@ -45,3 +45,16 @@ def test_idle_bench_counts_the_servers_statements(postgres_url: str, redis_url: 
     assert isinstance(sql, dict) and sql["total"] >= 1  # the engine lease is renewed every 2 s
     assert any("engine_leases" in text for text in sql["by"])
     assert result["runs"] == 50
+    implied = result["sql_implied"]
+    assert isinstance(implied, dict) and implied["other"] == 0
+    assert sql["total"] <= implied["at_most"]  # the lease and the sweep, nothing else
+
+
+@pytest.mark.slow
+def test_idle_bench_counts_the_sweeps_statements(postgres_url: str, redis_url: str) -> None:
+    (result,) = _bench(
+        "idle.py", "--runs", "20", "--idle", "3", "--settle", "0.5", "--sweep-interval", "0.5"
+    )
+    implied = result["sql_implied"]
+    assert isinstance(implied, dict) and implied["sweep"] >= 3  # a round at least
+    assert implied["sweep"] <= implied["sweep_at_most"] and implied["other"] == 0

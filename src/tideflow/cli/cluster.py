@@ -107,6 +107,16 @@ def server_cmd(
             help="While another server holds the store's engine lease, wait for it as long as it takes (take over when it stops or dies).",
         ),
     ] = False,
+    sweep_interval: Annotated[
+        float,
+        typer.Option(
+            "--sweep-interval",
+            envvar="TIDEFLOW_SWEEP_INTERVAL",
+            metavar="SECONDS",
+            min=0,
+            help="Seconds between two reconciliation sweeps (due timers, unrelayed outbox rows, runs never started: what a lost notification leaves); 0 turns the sweep off.",
+        ),
+    ] = 30.0,
     verbose: VerboseOption = False,
 ) -> None:
     """Run a cluster's engine: scheduler, relay, timers and recovery, no workers.
@@ -114,9 +124,11 @@ def server_cmd(
     One server is active per store (it holds the store's engine lease); another
     one on the same store is refused, or with --standby (--wait-for-engine
     SECONDS) waits and takes over when the active one stops, or within the
-    lease's TTL (TIDEFLOW_ENGINE_LEASE_TTL, 10 s) when it dies. SIGTERM or
-    Ctrl-C: finish the batch in progress, release the lease, exit 0. Logs go
-    to stderr. See docs/deployment.md.
+    lease's TTL (TIDEFLOW_ENGINE_LEASE_TTL, 10 s) when it dies. Every
+    --sweep-interval seconds (30) it repairs what a lost notification left,
+    with one indexed query per kind. SIGTERM or Ctrl-C: finish the batch in
+    progress, release the lease, exit 0. Logs go to stderr. See
+    docs/deployment.md.
 
     Examples:
       tideflow server --store postgresql://tideflow@db/tideflow --bus redis://mq:6379/0
@@ -125,6 +137,7 @@ def server_cmd(
     from tideflow.runtime.clock import clock_from_environment
     from tideflow.runtime.lease import ttl_from_environment
     from tideflow.runtime.server import ServerOptions, serve
+    from tideflow.runtime.sweep import check_interval
 
     if not bus:
         raise fail_usage("give the cluster's bus: --bus redis://host:6379/0 (or TIDEFLOW_BUS)")
@@ -132,6 +145,7 @@ def server_cmd(
         clock = clock_from_environment(os.environ)
         ttl = ttl_from_environment(os.environ)
         limits = Limits.from_env(os.environ)
+        sweep_interval = check_interval(sweep_interval)
     except (ValueError, TideflowError) as exc:
         raise fail_usage(str(exc)) from None
     _log_level(verbose)
@@ -144,6 +158,7 @@ def server_cmd(
             "clock": clock,
             "max_step_output": limits.step_output,
             "max_run_input": limits.run_input,
+            "sweep_interval": sweep_interval,
         },
     )
     code = run_async(_serve(options, serve))

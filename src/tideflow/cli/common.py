@@ -333,18 +333,21 @@ async def opened_runtime(
     ``recover=True`` resumes every unfinished run of the store on start; ``workers=0``
     executes no task (what a command dispatches then runs on the next resume).
     ``limits`` default to ``TIDEFLOW_MAX_STEP_OUTPUT`` / ``TIDEFLOW_MAX_RUN_INPUT``.
-    A runtime that recovers is the store's engine: it takes the engine lease
-    (``TIDEFLOW_ENGINE_LEASE_TTL`` seconds, default 10), and is refused with
+    A runtime that recovers is the store's engine: it sweeps every
+    ``TIDEFLOW_SWEEP_INTERVAL`` seconds (default 30, runtime/sweep.py), takes the engine
+    lease (``TIDEFLOW_ENGINE_LEASE_TTL`` seconds, default 10), and is refused with
     EngineAlreadyRunning while another engine holds it, after waiting up to
     ``wait_for_engine`` seconds for it to go.
     """
     from tideflow.runtime.clock import clock_from_environment
     from tideflow.runtime.lease import ttl_from_environment
     from tideflow.runtime.runtime import Runtime
+    from tideflow.runtime.sweep import interval_from_environment
 
     try:
         clock = clock_from_environment(os.environ)
         lease_ttl = ttl_from_environment(os.environ)
+        sweep_interval = interval_from_environment(os.environ)
     except ValueError as exc:
         raise fail_usage(str(exc)) from None
     limits = limits or Limits.from_env(os.environ)
@@ -360,6 +363,7 @@ async def opened_runtime(
         max_run_input=limits.run_input,
         lease_ttl=lease_ttl,
         wait_for_engine=wait_for_engine,
+        sweep_interval=sweep_interval,
     )
     for listener in listeners:
         rt.add_listener(listener)

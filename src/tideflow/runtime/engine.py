@@ -1,10 +1,10 @@
 """The engine: the one part that owns runs and writes their state.
 
 It joins the scheduler (events in, ``decide``, group commit), the relay (effects out,
-acknowledged), the timer wheel and recovery, around a cache of live runs. Clients reach
-it through the ``EngineLink`` port it implements (deliver events, commit now, start a
-stored run, read a run's live state, wait for a run to end); workers reach it through
-the bus only. ``Runtime`` composes one engine with a client and a worker pool.
+acknowledged), the timer wheel, recovery and the reconciliation sweep, around a cache of
+live runs. Clients reach it through the ``EngineLink`` port it implements (deliver
+events, commit now, start a stored run, read a run's live state, wait for a run to end);
+workers reach it through the bus only. ``Runtime`` composes one engine with a client and a worker pool.
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ from tideflow.model.run import RunState
 from tideflow.runtime.catalog import Catalog
 from tideflow.runtime.clock import Clock
 from tideflow.runtime.recovery import recover
-from tideflow.runtime.relay import EventSink, Listener, Relay, Runs
+from tideflow.runtime.relay import EventSink, Listener, Relay, Runs, start_key
 from tideflow.runtime.result import RunResult, result_of
 from tideflow.runtime.runs import DEFAULT_RUN_CACHE_SIZE, RunCache
 from tideflow.runtime.scheduler import Scheduler
+from tideflow.runtime.sweep import Sweep
 from tideflow.runtime.timers import TimerWheel
 from tideflow.store.base import Store
 
@@ -40,7 +41,10 @@ class Engine(EngineLink, Runs):
         new_event_id: Callable[[], str],
         batch_size: int,
         run_cache_size: int = DEFAULT_RUN_CACHE_SIZE,
+        sweep_interval: float = 0.0,
     ) -> None:
+        """``sweep_interval``: seconds between two rounds of the reconciliation sweep
+        (runtime/sweep.py), 0 for none; ``sweep.owns`` says which runs it repairs."""
         self._store = store
         self._bus = bus
         self._catalog = catalog
@@ -74,11 +78,26 @@ class Engine(EngineLink, Runs):
             relay=self.relay,
             batch_size=batch_size,
         )
+        self.sweep = Sweep(
+            store=store,
+            runs=self.runs,
+            timers=self.timers,
+            relay=self.relay,
+            clock=clock,
+            interval=sweep_interval,
+        )
 
     # -- lifecycle --------------------------------------------------------------
 
     def start(self) -> None:
         self.scheduler.start()
+        self.sweep.start()
+
+    async def halt(self) -> None:
+        """Stop advancing runs (another engine took them over): no more batches, no more
+        sweeps."""
+        await self.sweep.stop()
+        await self.scheduler.stop()
 
     async def recover(self) -> None:
         await recover(
@@ -93,6 +112,7 @@ class Engine(EngineLink, Runs):
     async def stop(self) -> None:
         """Stop after the batch in progress; what the relay still holds is relayed again by
         the next recovery (the outbox, or the runs' state)."""
+        await self.sweep.stop()
         await self.scheduler.stop()
         self.relay.close()
         self.timers.close()
@@ -114,7 +134,8 @@ class Engine(EngineLink, Runs):
 
     async def start_run(self, state: RunState, event: RunStarted) -> None:
         self.runs.add(state)
-        await self.relay.send([event], "start run")  # the run is stored: its start must go
+        # the run is stored: its start must go
+        await self.relay.send([event], "start run", key=start_key(state.run_id))
 
     async def state(self, run_id: str) -> RunState:
         return (await self.runs.get(run_id)).state

@@ -28,7 +28,6 @@ from tideflow.core.saga import lost_compensation
 from tideflow.model.commands import Command, DispatchTask, StartChildRun, StartTimer
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
-from tideflow.runtime.catalog import started_event
 from tideflow.runtime.clock import Clock
 from tideflow.runtime.relay import Relay
 from tideflow.runtime.runs import Plans, RunCache
@@ -121,7 +120,7 @@ async def _start_pending(store: Store, runs: RunCache, relay: Relay, now: float)
             except Exception as exc:  # a damaged run must not keep the others from starting
                 _cannot_resume(summary.run_id, exc)
                 continue
-            await relay.send([started_event(state, now)], "start run")
+            await relay.start(state, now)
         if page.next_cursor is None:
             return
         cursor = page.next_cursor

@@ -10,6 +10,10 @@ them. Nothing is dropped: an effect still pending when the engine stops is eithe
 outbox (relayed again by recovery) or re-derived from the run state on recovery (tasks,
 timers, cancellations).
 
+What the relay is still carrying out is visible by key (``busy``, ``owed``): the
+reconciliation sweep (runtime/sweep.py) repairs only what no effect here is already
+trying, so a row the relay is retrying is not relayed a second time beside it.
+
 Listeners are observers: they are called after the batch was relayed, one by one, and
 an exception in one is logged with its run and listener and affects neither the run nor
 the other listeners.
@@ -20,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -84,6 +89,9 @@ class Effect:
     run_id: str
     act: Callable[[], Awaitable[None]]
     outbox_id: str | None = None
+    key: str | None = None
+    """What the sweep knows it by while it is not done (``timer_key``, ``start_key``); an
+    outbox effect is known by its ``outbox_id``."""
     tries: int = 0
 
 
@@ -110,6 +118,8 @@ class Relay:
         self._sinks = sinks
         self._relayed: list[str] = []
         self._pending: set[Effect] = set()
+        self._busy: Counter[str] = Counter()
+        """Keys of the effects not done yet (first try running, or waiting to try again)."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
@@ -128,6 +138,18 @@ class Relay:
     def forgotten(self, count: int) -> None:
         """The store forgot the first ``count`` ids of ``relayed`` (a commit took them)."""
         del self._relayed[:count]
+
+    def busy(self, key: str) -> bool:
+        """Whether an effect known by ``key`` (``timer_key``, ``start_key``, an outbox id) is
+        being carried out: its first try runs, or it waits to be tried again."""
+        return self._busy[key] > 0
+
+    def owed(self) -> set[str]:
+        """The outbox ids this relay still answers for: handed to it and not yet forgotten
+        by the store (being tried, or done and waiting for the next commit to forget
+        them). A copy: read it *before* reading the outbox, so a row the relay finished and
+        the store forgot in between is not in the rows read."""
+        return set(self._busy) | set(self._relayed)
 
     def close(self) -> None:
         """Stop trying: what is still pending is relayed again by the next recovery."""
@@ -171,15 +193,25 @@ class Relay:
             else:
                 effect = self._effect(command)
                 if effect is not None:
-                    effect.outbox_id = outbox.get(index)
+                    effect.outbox_id = effect.key = outbox.get(index)
                     await self._run(effect)
         if tasks:
             await self._run(self._tasks_effect(tasks))
 
-    async def send(self, events: Sequence[Event], what: str = "events") -> None:
-        """Publish events to the engine, retried until the bus takes them."""
+    async def send(
+        self, events: Sequence[Event], what: str = "events", *, key: str | None = None
+    ) -> None:
+        """Publish events to the engine, retried until the bus takes them; ``key`` names the
+        effect for ``busy`` while it is not done."""
         if events:
-            await self._run(self._publish(what, events[0].run_id, list(events)))
+            effect = self._publish(what, events[0].run_id, list(events))
+            effect.key = key
+            await self._run(effect)
+
+    async def start(self, state: RunState, now: float) -> None:
+        """Publish a stored pending run's ``RunStarted`` (retried; ``start_key`` while not
+        done)."""
+        await self.send([started_event(state, now)], "start run", key=start_key(state.run_id))
 
     def timer_fired(self, run_id: str, timer_id: str) -> None:
         """The wheel's callback: publish the ``TimerFired`` (retried like any effect)."""
@@ -189,7 +221,10 @@ class Relay:
             time=self._clock.now(),
             timer_id=timer_id,
         )
-        self._spawn(self._publish(f"timer {timer_id}", run_id, [event]), 0.0)
+        effect = self._publish(f"timer {timer_id}", run_id, [event])
+        effect.key = timer_key(run_id, timer_id)
+        self._busy[effect.key] += 1  # from now: the first try is only scheduled
+        self._spawn(effect, 0.0)
 
     # -- effects ----------------------------------------------------------------
 
@@ -331,11 +366,17 @@ class Relay:
     # -- trying, acknowledging, trying again ------------------------------------
 
     async def _run(self, effect: Effect) -> bool:
+        if effect.key is not None and effect.tries == 0 and effect not in self._pending:
+            self._busy[effect.key] += 1
         try:
             await effect.act()
         except Exception as exc:
             self._failed(effect, exc)
             return False
+        if effect.key is not None:  # done: relayed (if from the outbox) in the same step
+            self._busy[effect.key] -= 1
+            if not self._busy[effect.key]:
+                del self._busy[effect.key]
         if effect.outbox_id is not None:
             self._relayed.append(effect.outbox_id)
         return True
@@ -427,3 +468,13 @@ def _child_finished(
         output=output,
         error=error,
     )
+
+
+def timer_key(run_id: str, timer_id: str) -> str:
+    """The key of the effect that publishes a fired timer (``Relay.busy``)."""
+    return f"timer {run_id} {timer_id}"
+
+
+def start_key(run_id: str) -> str:
+    """The key of the effect that publishes a stored run's start (``Relay.busy``)."""
+    return f"start {run_id}"

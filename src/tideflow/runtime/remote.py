@@ -11,8 +11,12 @@ The engine (a `tideflow server`) owns the runs; this client only talks to it thr
 bus and reads what it committed from the store (``BusLink``):
 
 - a new run is stored ``pending`` by the client (so it is durable before anything else
-  happens), then its ``RunStarted`` is published; signals and cancels are published and
-  the call returns (the engine applies them within milliseconds);
+  happens), then its ``RunStarted`` is published, tried ``START_TRIES`` times (50 ms
+  doubling between tries); when the bus keeps refusing it, ``start`` still returns the
+  run's id, with a warning: the stored ``pending`` row is the start's outbox, and the
+  server's reconciliation sweep (runtime/sweep.py) publishes it once the run has been
+  pending for one sweep interval (or the next server start does); signals and cancels
+  are published and the call returns (the engine applies them within milliseconds);
 - ``retry`` publishes its ``RunRetried`` and waits until the engine has committed it (it
   reports the run's status after the retry), up to ``apply_timeout`` seconds
   (``EngineUnreachable`` when no engine applied it by then);
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -47,9 +52,13 @@ from tideflow.worker.executors.registry import ExecutorRegistry
 
 APPLY_TIMEOUT = 30.0
 """Seconds a ``retry`` waits for the engine to commit its event."""
+START_TRIES = 4
+"""Publications of a new run's start before ``start`` leaves it to the server's sweep."""
+START_FIRST_DELAY = 0.05
 FIRST_POLL = 0.01
 LAST_POLL = 0.5
 _TERMINAL = frozenset(status.value for status in RUN_TERMINAL)
+log = logging.getLogger("tideflow.client")
 
 
 class BusLink(EngineLink):
@@ -92,7 +101,27 @@ class BusLink(EngineLink):
             delay = min(delay * 2, LAST_POLL)
 
     async def start_run(self, state: RunState, event: RunStarted) -> None:
-        await self._bus.publish_events([event])
+        """Publish the start of a run just stored; the run is durable already, so a bus
+        that keeps refusing it costs latency, not the run (see the module docstring)."""
+        delay = START_FIRST_DELAY
+        for tries in range(1, START_TRIES + 1):
+            try:
+                await self._bus.publish_events([event])
+                return
+            except Exception as exc:
+                if tries == START_TRIES:
+                    log.warning(
+                        "run %s is stored (pending) but its start could not be published "
+                        "after %d tries (%s: %s): a `tideflow server`'s sweep starts it once "
+                        "it has been pending one sweep interval, or the next server start does",
+                        state.run_id,
+                        tries,
+                        type(exc).__name__,
+                        exc,
+                    )
+                    return
+            await asyncio.sleep(delay)
+            delay *= 2
 
     async def state(self, run_id: str) -> RunState:
         return await load_state(self._store, self._plans, run_id)

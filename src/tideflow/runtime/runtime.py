@@ -41,6 +41,8 @@ from tideflow.runtime.lease import DEFAULT_TTL, EngineSeat
 from tideflow.runtime.relay import EventSink, Listener
 from tideflow.runtime.result import RunResult
 from tideflow.runtime.runs import DEFAULT_RUN_CACHE_SIZE
+from tideflow.runtime.sweep import DEFAULT_INTERVAL as DEFAULT_SWEEP_INTERVAL
+from tideflow.runtime.sweep import check_interval
 from tideflow.store.backends.memory import MemoryStore
 from tideflow.store.base import HistoryEntry, Lease, Store
 from tideflow.worker.executors.registry import ExecutorRegistry
@@ -74,9 +76,13 @@ class Runtime:
         lease_ttl: float = DEFAULT_TTL,
         wait_for_engine: float = 0.0,
         on_lease_lost: Callable[[], None] | None = None,
+        sweep_interval: float = DEFAULT_SWEEP_INTERVAL,
     ) -> None:
         """``interceptors`` wrap every attempt the workers run, outermost first (see
         tideflow.worker.interceptors): metrics, tracing, your own policies.
+        ``sweep_interval``: seconds between two rounds of the reconciliation sweep
+        (runtime/sweep.py; 0 turns it off); only a runtime that recovers (the store's
+        engine) sweeps.
         ``on_lease_lost`` is called when another engine took the store's lease over (this
         one has stopped advancing runs; `tideflow server` then exits)."""
         if isinstance(store, str):
@@ -126,6 +132,7 @@ class Runtime:
         )
         """The store's engine lease and inbox (runtime/lease.py): one engine per store."""
         self._on_lease_lost = on_lease_lost
+        sweep = check_interval(sweep_interval)
         self._stopping: set[asyncio.Task[None]] = set()
         self._engine = Engine(
             store=self.store,
@@ -135,6 +142,7 @@ class Runtime:
             new_event_id=self.new_event_id,
             batch_size=batch_size,
             run_cache_size=run_cache_size,
+            sweep_interval=sweep if recover else 0.0,
         )
         self.client = Client(
             self.store,
@@ -192,7 +200,7 @@ class Runtime:
     def _lease_lost(self) -> None:
         log.error("another engine took this store's lease over: this one stops advancing runs")
         self._running = False
-        task = asyncio.get_running_loop().create_task(self._engine.scheduler.stop())
+        task = asyncio.get_running_loop().create_task(self._engine.halt())
         self._stopping.add(task)  # keep a reference until it is done
         task.add_done_callback(self._stopping.discard)
         if self._on_lease_lost is not None:

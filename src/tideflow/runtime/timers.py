@@ -65,6 +65,10 @@ class TimerWheel:
             return
         self._hold(run_id, timer_id, fire_at)
 
+    def holds(self, run_id: str, timer_id: str) -> bool:
+        """Whether the timer is held here, to fire when it falls due."""
+        return (run_id, timer_id) in self._handles
+
     def cancel(self, run_id: str, timer_id: str) -> None:
         handle = self._handles.pop((run_id, timer_id), None)
         if handle is not None:

@@ -102,3 +102,22 @@ def test_resume_reports_a_run_with_a_damaged_history_row_and_finishes_the_others
         assert done.exit_code == 2, command
         (line,) = done.stderr.strip().splitlines()[-1:]
         assert damaged in line and "mystery" in line
+
+
+def test_a_sweep_interval_that_is_not_seconds_is_a_usage_error(workdir: Workdir) -> None:
+    done = invoke(
+        "server",
+        "--store",
+        workdir.store,
+        "--bus",
+        "redis://127.0.0.1:1/0",
+        "--sweep-interval",
+        "inf",
+    )
+    assert done.exit_code == 2
+    assert "sweep interval inf: give seconds between two sweeps" in done.stderr
+    done = invoke(
+        "run", "quick.yaml", "--store", workdir.store, env={"TIDEFLOW_SWEEP_INTERVAL": "soon"}
+    )
+    assert done.exit_code == 2
+    assert "TIDEFLOW_SWEEP_INTERVAL='soon'" in done.stderr
