@@ -27,7 +27,6 @@ from tideflow.bus.base import (
     DEFAULT_LEASE,
     Bus,
     CancelAttempt,
-    ForgetCancels,
     Message,
     QueueStats,
     partition_of,
@@ -183,6 +182,7 @@ def task(n: int, *, queue: str = "default", priority: Priority = Priority.NORMAL
         timeout=None,
         queue=queue,
         priority=priority,
+        round=n,  # it travels with the task (a retried run's attempts are in a new round)
     )
 
 
@@ -456,6 +456,7 @@ async def test_partition_numbers_are_checked(bus_backend: BusBackend) -> None:
 async def test_a_cancel_reaches_every_control_consumer(bus_backend: BusBackend) -> None:
     bus = await bus_backend.open()
     cancel = CancelAttempt(run_id="r", step_key="a", attempt=2)
+    retried = CancelAttempt(run_id="r", step_key="a", attempt=2, round=1)
     async with (
         contextlib.aclosing(bus.consume_control()) as one,
         contextlib.aclosing(bus.consume_control()) as two,
@@ -463,9 +464,9 @@ async def test_a_cancel_reaches_every_control_consumer(bus_backend: BusBackend) 
         waiting = [asyncio.ensure_future(anext(one)), asyncio.ensure_future(anext(two))]
         await bus_backend.quiet()  # both are listening before the cancel goes out
         await bus.publish_control(cancel)
-        await bus.publish_control(ForgetCancels(run_id="r"))
+        await bus.publish_control(retried)
         assert await asyncio.wait_for(asyncio.gather(*waiting), WITHIN) == [cancel, cancel]
-        assert await next_of(one) == ForgetCancels(run_id="r")
+        assert await next_of(one) == retried  # its round travels with it
 
 
 # -- options and URLs ----------------------------------------------------------

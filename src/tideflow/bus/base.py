@@ -103,22 +103,21 @@ class Message(Generic[Body]):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CancelAttempt:
-    """Stop this attempt wherever it runs (``CancelTask``); drop it if it is still queued."""
+    """Stop this attempt wherever it runs (``CancelTask``); drop it if it is still queued.
+
+    An attempt is named by its run, step instance, ``round`` (the run's operator retries
+    before it: ``DispatchTask.round``) and number, since a retry numbers attempts from 1
+    again: a cancel remembered for round 0's attempt 1 leaves round 1's alone, whichever
+    of the cancel and the task reaches a worker first."""
 
     run_id: str
     step_key: str
     attempt: int
+    round: int = 0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ForgetCancels:
-    """A run was re-opened: its attempts are numbered from 1 again, so earlier cancels
-    of its attempts no longer apply."""
-
-    run_id: str
-
-
-Control = CancelAttempt | ForgetCancels
+Control = CancelAttempt
+"""What the control channel carries."""
 
 
 def partition_of(run_id: str, partitions: int) -> int:
@@ -203,7 +202,7 @@ class Producer(ABC):
 
     @abstractmethod
     async def publish_control(self, message: Control) -> None:
-        """Tell every worker (``CancelAttempt``, ``ForgetCancels``)."""
+        """Tell every worker (``CancelAttempt``)."""
 
 
 class Consumer(ABC):
@@ -255,7 +254,6 @@ __all__ = [
     "Control",
     "Delivery",
     "EventBatch",
-    "ForgetCancels",
     "Headers",
     "Message",
     "Producer",

@@ -57,8 +57,9 @@ _MAX_REMEMBERED_CANCELS = 10_000
 _REPUBLISH_DELAY = 0.5
 """Seconds before a task whose outcome could not be published comes again."""
 
-Key = tuple[str, str, int]
-"""An attempt as cancels name it: run id, step key, attempt number."""
+Key = tuple[str, str, int, int]
+"""An attempt as cancels name it: run id, step key, round, attempt number (a retried run
+numbers its attempts from 1 again, in a new round)."""
 
 
 class WorkerPool:
@@ -146,9 +147,10 @@ class WorkerPool:
                 await task
         self._loops.clear()
 
-    def _cancel(self, run_id: str, step_key: str, attempt: int) -> None:
-        """Stop an attempt the scheduler no longer waits for."""
-        key = (run_id, step_key, attempt)
+    def _cancel(self, cancel: CancelAttempt) -> None:
+        """Stop an attempt the scheduler no longer waits for; one that has not come yet is
+        remembered (its task is dropped when it comes)."""
+        key = (cancel.run_id, cancel.step_key, cancel.round, cancel.attempt)
         running = self._running.get(key)
         if running is not None:
             running[0].cancel()
@@ -157,19 +159,10 @@ class WorkerPool:
         if len(self._cancelled) > _MAX_REMEMBERED_CANCELS:
             del self._cancelled[next(iter(self._cancelled))]
 
-    def _forget_cancels(self, run_id: str) -> None:
-        """Forget the cancels remembered for a run's attempts (an operator retry numbers
-        its attempts from 1 again: they are new work, not the cancelled attempts)."""
-        for key in [key for key in self._cancelled if key[0] == run_id]:
-            del self._cancelled[key]
-
     async def _listen(self, control: Stream[Control]) -> None:
         async with contextlib.aclosing(control) as messages:
             async for message in messages:
-                if isinstance(message, CancelAttempt):
-                    self._cancel(message.run_id, message.step_key, message.attempt)
-                else:
-                    self._forget_cancels(message.run_id)
+                self._cancel(message)
 
     async def _consume(self) -> None:
         """Take tasks (at most ``concurrency`` unacknowledged) and run each as its own
@@ -178,7 +171,7 @@ class WorkerPool:
         async with contextlib.aclosing(deliveries) as tasks:
             async for delivery in tasks:
                 task = delivery.body
-                key = (task.run_id, task.step_key, task.attempt)
+                key = (task.run_id, task.step_key, task.round, task.attempt)
                 if self._draining:
                     await delivery.nack()  # taken as the pool drains: someone else runs it
                     # Take no more, keeping the stream (and what it holds) open until

@@ -69,7 +69,6 @@ from tideflow.bus.base import (
     Control,
     Delivery,
     EventBatch,
-    ForgetCancels,
     Headers,
     Message,
     QueueStats,
@@ -301,15 +300,13 @@ class NatsBus(Bus):
         )
 
     async def publish_control(self, message: Control) -> None:
-        if isinstance(message, CancelAttempt):
-            data = {
-                "type": "cancel",
-                "run_id": message.run_id,
-                "step_key": message.step_key,
-                "attempt": message.attempt,
-            }
-        else:
-            data = {"type": "forget", "run_id": message.run_id}
+        data = {
+            "type": "cancel",
+            "run_id": message.run_id,
+            "step_key": message.step_key,
+            "attempt": message.attempt,
+            "round": message.round,
+        }
         try:
             await self.nc.publish(f"{self.prefix}.control", orjson.dumps(data))
         except nats.errors.Error as exc:
@@ -447,6 +444,8 @@ class NatsBus(Bus):
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             await self.dead_letter(msg, f"malformed control message: {exc}")
             return
+        if message is None:
+            return
         for queue in self._controls:
             queue.put_nowait(message)
 
@@ -492,13 +491,18 @@ def _stream_seq(msg: Any) -> int | None:
         return None
 
 
-def _control_from(data: dict[str, Any]) -> Control:
+def _control_from(data: dict[str, Any]) -> Control | None:
+    """A control message; None for a ``forget``, which versions before rounds sent when a
+    run was retried (rounds do its job now); a cancel without ``round`` is round 0."""
     if data["type"] == "cancel":
         return CancelAttempt(
-            run_id=str(data["run_id"]), step_key=str(data["step_key"]), attempt=int(data["attempt"])
+            run_id=str(data["run_id"]),
+            step_key=str(data["step_key"]),
+            attempt=int(data["attempt"]),
+            round=int(data.get("round", 0)),
         )
     if data["type"] == "forget":
-        return ForgetCancels(run_id=str(data["run_id"]))
+        return None
     raise ValueError(f"unknown control type {data['type']!r}")
 
 

@@ -392,6 +392,8 @@ class RedisBus(Bus):
         except Malformed as exc:
             log.error("redis bus %s: dropped a control message %r: %s", self.shown, raw[:200], exc)
             return
+        if control is None:
+            return
         for queue in self._controls:
             queue.put_nowait(control)
 
