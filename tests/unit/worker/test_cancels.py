@@ -14,6 +14,7 @@ from tideflow.bus.backends.local import LocalBus
 from tideflow.bus.base import CancelAttempt
 from tideflow.model.commands import DispatchTask
 from tideflow.model.events import Event, TaskCompleted, TaskStarted
+from tideflow.worker.executors.functions import register
 from tideflow.worker.executors.registry import ExecutorRegistry
 from tideflow.worker.pool import WorkerPool
 
@@ -71,5 +72,63 @@ async def test_a_remembered_cancel_drops_only_the_task_of_its_own_round() -> Non
         while sum(s.depth + s.held for s in await bus.queue_stats()):  # noqa: ASYNC110
             await asyncio.sleep(0.005)
     assert len(pool._cancelled) == 1  # round 0's cancel stays (bounded), harmless
+    await pool.close()
+    await bus.close()
+
+
+RELEASE = asyncio.Event()
+ENTERED: list[int] = []
+
+
+@register("cancels_test_blocker")
+async def blocker(round: int) -> int:
+    ENTERED.append(round)
+    await RELEASE.wait()
+    return round
+
+
+async def test_a_late_cancel_of_an_earlier_round_leaves_the_running_attempt_alone() -> None:
+    """What made the race certain once outcomes were gathered: the cancel of round 0's
+    attempt 1 reached the worker after round 1's attempt 1 had started, and stopped it."""
+    ENTERED.clear()
+    RELEASE.clear()
+    bus = LocalBus(lease=30)
+    await bus.open()
+    ids = itertools.count()
+    pool = WorkerPool(
+        bus,
+        ExecutorRegistry(),
+        concurrency=2,
+        clock=time.time,
+        new_event_id=lambda: f"e{next(ids)}",
+    )
+    pool.start()
+    running = DispatchTask(
+        run_id="r",
+        step_key="s",
+        step_id="s",
+        type="python",
+        config={"function": "cancels_test_blocker"},
+        input={"round": 1},
+        attempt=1,
+        idempotency_key="r:s",
+        timeout=None,
+        round=1,
+    )
+    await bus.publish_tasks([running])
+    await until(lambda: ENTERED == [1], "round 1's attempt runs")
+    await bus.publish_control(CancelAttempt(run_id="r", step_key="s", attempt=1))  # round 0
+    await until(lambda: len(pool._cancelled) == 1, "the cancel came and was remembered")
+    assert pool.running == 1
+    RELEASE.set()
+    outcomes: list[Event] = []
+    async with contextlib.aclosing(bus.consume_events(max_batch=100)) as events:
+        async with asyncio.timeout(5):
+            async for batch in events:
+                outcomes += [e for e in batch.events if not isinstance(e, TaskStarted)]
+                await batch.ack()
+                if outcomes:
+                    break
+    assert [(type(e), e.output) for e in outcomes] == [(TaskCompleted, 1)]  # type: ignore[attr-defined]
     await pool.close()
     await bus.close()
