@@ -246,6 +246,41 @@ async def test_an_acknowledged_message_is_gone(bus_backend: BusBackend) -> None:
         await none_from(batches, bus_backend)
 
 
+async def test_tasks_acknowledged_together_are_gone(bus_backend: BusBackend) -> None:
+    """``ack_tasks``: deliveries of two streams at once, one settled already (left alone),
+    one nacked by then (it comes again), none at all (nothing happens)."""
+    bus = await bus_backend.open(lease=10.0)
+    await bus.publish_tasks([task(n) for n in range(1, 6)])
+    async with (
+        contextlib.aclosing(bus.consume_tasks(prefetch=2)) as one,
+        contextlib.aclosing(bus.consume_tasks(prefetch=3)) as two,
+    ):
+        first = [await next_of(one), await next_of(one)]
+        second = [await next_of(two), await next_of(two), await next_of(two)]
+        await first[0].ack()  # settled already
+        await second[2].nack()  # handed back before the batch
+        await bus.ack_tasks([*first, *second])
+        await bus.ack_tasks([])
+        again = await next_of(two)
+        assert (again.body, again.deliveries) == (second[2].body, 2)
+        await bus.ack_tasks([again])
+        await bus_backend.advance(11.0)  # their leases would have run out
+        await none_from(one, bus_backend)
+        await none_from(two, bus_backend)
+    assert sorted(d.body.round for d in [*first, *second]) == [1, 2, 3, 4, 5]
+
+
+async def test_tasks_acknowledged_together_are_no_longer_held(bus_backend: BusBackend) -> None:
+    bus = await bus_backend.open()
+    await bus.publish_tasks([task(1), task(2), task(3)])
+    async with contextlib.aclosing(bus.consume_tasks(["default"], prefetch=3)) as tasks:
+        held = [await next_of(tasks) for _ in range(3)]
+        await stats_when(bus, lambda s: s["default", NORMAL].held == 3)
+        await bus.ack_tasks(held)
+        stats = await stats_when(bus, lambda s: s["default", NORMAL].held == 0)
+        assert stats["default", NORMAL].depth == 0
+
+
 # -- nack, leases --------------------------------------------------------------
 
 

@@ -31,6 +31,7 @@ port                          Redis Streams                        NATS JetStrea
 ``publish_tasks``             ``XADD tasks:<queue>:<priority>``     publish ``tasks.<queue>.<priority>``
 ``consume_tasks``             ``XREADGROUP COUNT <free prefetch>``  pull consumer ``fetch(free)``
 ``Delivery.ack``              ``XACK``                              ``msg.ack()``
+``ack_tasks``                 one script: ``XACK`` + ``XDEL`` each  ``msg.ack()`` each, one flush
 ``Delivery.nack(delay)``      ``XACK`` + delayed re-``XADD``        ``msg.nak(delay)``
 ``Delivery.extend``           ``XCLAIM … JUSTID`` (idle reset)      ``msg.in_progress()``
 lease expiry                  ``XAUTOCLAIM min-idle=<lease>``       ``AckWait=<lease>``
@@ -213,6 +214,14 @@ class Consumer(ABC):
         """Task deliveries from ``queues`` (None: every queue), by priority; at most
         ``prefetch`` unsettled at a time. Closing the iterator hands back what it holds."""
 
+    async def ack_tasks(self, deliveries: Sequence[Delivery[DispatchTask]]) -> None:
+        """Acknowledge task deliveries together, each as its ``ack`` would (one settled
+        already is left alone); they may come from several ``consume_tasks`` streams of
+        this bus. A broker does it in one round trip (``Bus.batching_pays``); this default
+        acknowledges each in turn."""
+        for delivery in deliveries:
+            await delivery.ack()
+
     @abstractmethod
     def consume_events(
         self, partitions: Collection[int] | None = None, *, max_batch: int
@@ -230,6 +239,11 @@ class Bus(Producer, Consumer):
 
     partitions: int = DEFAULT_PARTITIONS
     lease: float = DEFAULT_LEASE
+    batching_pays: bool = False
+    """Whether one call that publishes, or acknowledges, many messages costs less than a
+    call for each: true of a broker over the network (one round trip for all). The worker
+    gathers the outcomes and acknowledgements of the attempts that end in one turn of the
+    event loop only on such a bus; in process, gathering them costs more than it saves."""
 
     async def open(self) -> None:
         return None

@@ -19,7 +19,9 @@ with ``StepOutcomeUnknown`` instead of running it blindly again.
 Before it runs an attempt the pool reports its start (`starts`): the attempt's
 ``timeout`` counts from there. The attempt itself goes through the interceptor chain
 (worker/interceptors.py: secrets and redaction, the output limit, fault points, then
-the executor), which takes one ``ExecuteInput`` and returns one ``ExecuteOutput``.
+the executor), which takes one ``ExecuteInput`` and returns one ``ExecuteOutput``. Its
+outcome is published, then its task acknowledged, together with those of the attempts
+that end in the same turn of the event loop on a bus where that pays (worker/outcomes.py).
 
 Each task runs as its own asyncio task so that the scheduler can cancel it (an
 attempt timeout, a cancelled run, ``cancel_others``). Executors that block run
@@ -48,6 +50,7 @@ from tideflow.worker.interceptors import (
     build_chain,
     failure,
 )
+from tideflow.worker.outcomes import Outcomes
 from tideflow.worker.secrets import SecretProvider, default_provider
 from tideflow.worker.starts import StartDurably, StartReports
 
@@ -79,6 +82,7 @@ class WorkerPool:
         prefetch: int | None = None,
     ) -> None:
         self._bus = bus
+        self._outcomes = Outcomes(bus)
         self._starts = StartReports(
             bus, clock=clock, new_event_id=new_event_id, start_durably=start_durably
         )
@@ -209,12 +213,10 @@ class WorkerPool:
         try:
             if event is not None:
                 await self._starts.sent()
-                await self._bus.publish_events([event])
+            await self._outcomes.settle(event, delivery)
         except Exception:
             log.exception("the outcome of %s could not be published; its task comes again", key)
             await delivery.nack(_REPUBLISH_DELAY)
-            return
-        await delivery.ack()
 
     async def _heartbeat(self) -> None:
         """Extend the lease of every task being run, three times per lease."""

@@ -99,7 +99,12 @@ _OPTIONS = ("prefix", "partitions", "lease", "max_deliver")
 
 
 class NatsBus(Bus):
-    """The JetStream bus (``await bus.open()`` connects and creates what is missing)."""
+    """The JetStream bus (``await bus.open()`` connects and creates what is missing).
+
+    ``ack_tasks`` is the default (each ``msg.ack()`` in turn): an ack is a publish that
+    waits for no reply, and the client's flusher sends those of one turn together."""
+
+    batching_pays = True
 
     def __init__(
         self,
