@@ -27,7 +27,6 @@ from tideflow.bus.base import (
     DEFAULT_LEASE,
     Bus,
     CancelAttempt,
-    ForgetCancels,
     Message,
     QueueStats,
     partition_of,
@@ -183,6 +182,7 @@ def task(n: int, *, queue: str = "default", priority: Priority = Priority.NORMAL
         timeout=None,
         queue=queue,
         priority=priority,
+        round=n,  # it travels with the task (a retried run's attempts are in a new round)
     )
 
 
@@ -244,6 +244,41 @@ async def test_an_acknowledged_message_is_gone(bus_backend: BusBackend) -> None:
         await (await next_of(batches)).ack()
         await bus_backend.advance(11.0)
         await none_from(batches, bus_backend)
+
+
+async def test_tasks_acknowledged_together_are_gone(bus_backend: BusBackend) -> None:
+    """``ack_tasks``: deliveries of two streams at once, one settled already (left alone),
+    one nacked by then (it comes again), none at all (nothing happens)."""
+    bus = await bus_backend.open(lease=10.0)
+    await bus.publish_tasks([task(n) for n in range(1, 6)])
+    async with (
+        contextlib.aclosing(bus.consume_tasks(prefetch=2)) as one,
+        contextlib.aclosing(bus.consume_tasks(prefetch=3)) as two,
+    ):
+        first = [await next_of(one), await next_of(one)]
+        second = [await next_of(two), await next_of(two), await next_of(two)]
+        await first[0].ack()  # settled already
+        await second[2].nack()  # handed back before the batch
+        await bus.ack_tasks([*first, *second])
+        await bus.ack_tasks([])
+        again = await next_of(two)
+        assert (again.body, again.deliveries) == (second[2].body, 2)
+        await bus.ack_tasks([again])
+        await bus_backend.advance(11.0)  # their leases would have run out
+        await none_from(one, bus_backend)
+        await none_from(two, bus_backend)
+    assert sorted(d.body.round for d in [*first, *second]) == [1, 2, 3, 4, 5]
+
+
+async def test_tasks_acknowledged_together_are_no_longer_held(bus_backend: BusBackend) -> None:
+    bus = await bus_backend.open()
+    await bus.publish_tasks([task(1), task(2), task(3)])
+    async with contextlib.aclosing(bus.consume_tasks(["default"], prefetch=3)) as tasks:
+        held = [await next_of(tasks) for _ in range(3)]
+        await stats_when(bus, lambda s: s["default", NORMAL].held == 3)
+        await bus.ack_tasks(held)
+        stats = await stats_when(bus, lambda s: s["default", NORMAL].held == 0)
+        assert stats["default", NORMAL].depth == 0
 
 
 # -- nack, leases --------------------------------------------------------------
@@ -456,6 +491,7 @@ async def test_partition_numbers_are_checked(bus_backend: BusBackend) -> None:
 async def test_a_cancel_reaches_every_control_consumer(bus_backend: BusBackend) -> None:
     bus = await bus_backend.open()
     cancel = CancelAttempt(run_id="r", step_key="a", attempt=2)
+    retried = CancelAttempt(run_id="r", step_key="a", attempt=2, round=1)
     async with (
         contextlib.aclosing(bus.consume_control()) as one,
         contextlib.aclosing(bus.consume_control()) as two,
@@ -463,9 +499,9 @@ async def test_a_cancel_reaches_every_control_consumer(bus_backend: BusBackend) 
         waiting = [asyncio.ensure_future(anext(one)), asyncio.ensure_future(anext(two))]
         await bus_backend.quiet()  # both are listening before the cancel goes out
         await bus.publish_control(cancel)
-        await bus.publish_control(ForgetCancels(run_id="r"))
+        await bus.publish_control(retried)
         assert await asyncio.wait_for(asyncio.gather(*waiting), WITHIN) == [cancel, cancel]
-        assert await next_of(one) == ForgetCancels(run_id="r")
+        assert await next_of(one) == retried  # its round travels with it
 
 
 # -- options and URLs ----------------------------------------------------------

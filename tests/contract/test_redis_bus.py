@@ -311,3 +311,25 @@ async def test_a_burst_of_publishers_waits_for_connections_instead_of_failing(
             got += len(batch.events)
             await batch.ack()
     assert got == len(events)
+
+
+async def test_tasks_acknowledged_together_take_one_script_call(
+    open_redis: Open, raw: aioredis.Redis
+) -> None:
+    bus = await open_redis()
+    await bus.publish_tasks([task(n) for n in range(1, 5)])
+    calls: list[int] = []
+    settle = bus.settle
+
+    async def counted(entries: Any, *args: Any) -> int:
+        calls.append(len(entries))
+        return await settle(entries, *args)
+
+    bus.settle = counted  # type: ignore[method-assign]
+    async with contextlib.aclosing(bus.consume_tasks(prefetch=4)) as tasks:
+        held = [await next_of(tasks) for _ in range(4)]
+        await bus.ack_tasks(held)
+        assert calls == [4]
+        stream = bus.task_stream("default", Priority.NORMAL)
+        assert await raw.xlen(stream) == 0  # deleted as well as acknowledged
+        assert (await raw.xpending(stream, "workers"))["pending"] == 0

@@ -31,6 +31,7 @@ port                          Redis Streams                        NATS JetStrea
 ``publish_tasks``             ``XADD tasks:<queue>:<priority>``     publish ``tasks.<queue>.<priority>``
 ``consume_tasks``             ``XREADGROUP COUNT <free prefetch>``  pull consumer ``fetch(free)``
 ``Delivery.ack``              ``XACK``                              ``msg.ack()``
+``ack_tasks``                 one script: ``XACK`` + ``XDEL`` each  ``msg.ack()`` each, one flush
 ``Delivery.nack(delay)``      ``XACK`` + delayed re-``XADD``        ``msg.nak(delay)``
 ``Delivery.extend``           ``XCLAIM … JUSTID`` (idle reset)      ``msg.in_progress()``
 lease expiry                  ``XAUTOCLAIM min-idle=<lease>``       ``AckWait=<lease>``
@@ -104,22 +105,21 @@ class Message(Generic[Body]):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CancelAttempt:
-    """Stop this attempt wherever it runs (``CancelTask``); drop it if it is still queued."""
+    """Stop this attempt wherever it runs (``CancelTask``); drop it if it is still queued.
+
+    An attempt is named by its run, step instance, ``round`` (the run's operator retries
+    before it: ``DispatchTask.round``) and number, since a retry numbers attempts from 1
+    again: a cancel remembered for round 0's attempt 1 leaves round 1's alone, whichever
+    of the cancel and the task reaches a worker first."""
 
     run_id: str
     step_key: str
     attempt: int
+    round: int = 0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ForgetCancels:
-    """A run was re-opened: its attempts are numbered from 1 again, so earlier cancels
-    of its attempts no longer apply."""
-
-    run_id: str
-
-
-Control = CancelAttempt | ForgetCancels
+Control = CancelAttempt
+"""What the control channel carries."""
 
 
 def partition_of(run_id: str, partitions: int) -> int:
@@ -204,7 +204,7 @@ class Producer(ABC):
 
     @abstractmethod
     async def publish_control(self, message: Control) -> None:
-        """Tell every worker (``CancelAttempt``, ``ForgetCancels``)."""
+        """Tell every worker (``CancelAttempt``)."""
 
 
 class Consumer(ABC):
@@ -214,6 +214,14 @@ class Consumer(ABC):
     ) -> Stream[Delivery[DispatchTask]]:
         """Task deliveries from ``queues`` (None: every queue), by priority; at most
         ``prefetch`` unsettled at a time. Closing the iterator hands back what it holds."""
+
+    async def ack_tasks(self, deliveries: Sequence[Delivery[DispatchTask]]) -> None:
+        """Acknowledge task deliveries together, each as its ``ack`` would (one settled
+        already is left alone); they may come from several ``consume_tasks`` streams of
+        this bus. A broker does it in one round trip (``Bus.batching_pays``); this default
+        acknowledges each in turn."""
+        for delivery in deliveries:
+            await delivery.ack()
 
     @abstractmethod
     def consume_events(
@@ -232,6 +240,11 @@ class Bus(Producer, Consumer):
 
     partitions: int = DEFAULT_PARTITIONS
     lease: float = DEFAULT_LEASE
+    batching_pays: bool = False
+    """Whether one call that publishes, or acknowledges, many messages costs less than a
+    call for each: true of a broker over the network (one round trip for all). The worker
+    gathers the outcomes and acknowledgements of the attempts that end in one turn of the
+    event loop only on such a bus; in process, gathering them costs more than it saves."""
 
     async def open(self) -> None:
         return None
@@ -272,7 +285,6 @@ __all__ = [
     "Control",
     "Delivery",
     "EventBatch",
-    "ForgetCancels",
     "Headers",
     "Message",
     "Producer",

@@ -25,10 +25,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tideflow.core.retry import engine_error, retry_delay, stable_seed
-from tideflow.core.tasks import action_task, render_config
+from tideflow.core.tasks import action_task, cancel_task, render_config
 from tideflow.core.timers import arm, disarm, timer_id
 from tideflow.errors import ExpressionEvaluationError
-from tideflow.model.commands import CancelTask
 from tideflow.model.events import (
     ErrorInfo,
     TaskCompleted,
@@ -56,7 +55,7 @@ def dispatch(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, Any] | 
         st.deadline_at = d.now + spec.deadline
         arm(d, "deadline", st, st.deadline_at)
     d.set_step(st, _RUNNING, f"attempt {st.attempts} dispatched", st.attempts)
-    d.commands.append(action_task(d.plan, d.state.run_id, st, config))
+    d.commands.append(action_task(d.plan, d.state, st, config))
     dispatched(d, st)
 
 
@@ -64,7 +63,7 @@ def redispatch(d: Decider, st: StepState) -> None:
     """Send the current attempt again, same number and idempotency key (its execution was
     lost before it reported an outcome)."""
     config = render_config(d.plan, d.state, st, d.now)
-    d.commands.append(action_task(d.plan, d.state.run_id, st, config))
+    d.commands.append(action_task(d.plan, d.state, st, config))
     dispatched(d, st)
 
 
@@ -190,7 +189,7 @@ def timed_out(d: Decider, st: StepState) -> None:
 def _stop_and_fail(d: Decider, st: StepState, type_: str, message: str, *salt: str) -> None:
     """Cancel the current attempt's task and fail the attempt with a retryable error (its
     retry jitter seeded from the run, the step and ``salt``: no event carries a seed)."""
-    d.commands.append(CancelTask(run_id=d.state.run_id, step_key=st.key, attempt=st.attempts))
+    d.commands.append(cancel_task(d.state, st.key, st.attempts))
     error = engine_error(type_, message, retryable=True)
     attempt_failed(d, st, error, stable_seed(d.state.run_id, st.key, *salt))
 

@@ -23,10 +23,11 @@ from tideflow.core import steps as kinds
 from tideflow.core.engine_failure import fail_by_engine
 from tideflow.core.retry import engine_error
 from tideflow.core.scope import build_scope
+from tideflow.core.tasks import cancel_task
 from tideflow.core.timers import arm, disarm_all
 from tideflow.errors import StepError
 from tideflow.model import storable
-from tideflow.model.commands import CancelChildRun, CancelTask, CancelTimer, Command, RunFinished
+from tideflow.model.commands import CancelChildRun, CancelTimer, Command, RunFinished
 from tideflow.model.events import (
     CancelRequested,
     ChildRunFinished,
@@ -345,9 +346,7 @@ class Decider:
         spec = self.plan.specs[st.step_id]
         status = st.status
         if status in (_RUNNING, _RETRYING) and spec.is_action:
-            self.commands.append(
-                CancelTask(run_id=state.run_id, step_key=st.key, attempt=st.attempts)
-            )
+            self.commands.append(cancel_task(state, st.key, st.attempts))
         elif status is _WAITING and spec.wait is not None:
             kinds.unwait(self, st, spec.wait.signal)
         elif status is _RUNNING and spec.loop is not None:

@@ -9,8 +9,8 @@ from tideflow.core import attempts, saga
 from tideflow.core import steps as kinds
 from tideflow.core.retry import engine_error
 from tideflow.core.scope import iso
+from tideflow.core.tasks import cancel_task
 from tideflow.core.timers import fired
-from tideflow.model.commands import CancelTask
 from tideflow.model.events import TimerFired
 from tideflow.model.run import StepState, TimerRef
 from tideflow.model.states import RunStatus, StepStatus
@@ -46,9 +46,7 @@ def fire_step_timer(d: Decider, st: StepState, ref: TimerRef) -> None:
         attempts.timed_out(d, st)
     elif kind == "deadline" and st.status in (_RUNNING, _RETRYING):
         if st.status is _RUNNING:
-            d.commands.append(
-                CancelTask(run_id=d.state.run_id, step_key=st.key, attempt=st.attempts)
-            )
+            d.commands.append(cancel_task(d.state, st.key, st.attempts))
         deadline = d.plan.specs[st.step_id].deadline
         d.fail_step(
             st, engine_error("DeadlineExceeded", f"the step's deadline of {deadline}s passed")

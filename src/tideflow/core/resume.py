@@ -88,7 +88,7 @@ def resume_commands(plan: Plan, state: RunState, now: float) -> list[Command]:
                 config = render_config(plan, state, st, now)
             except ExpressionEvaluationError:
                 config = {}
-            out.append(action_task(plan, state.run_id, st, config))
+            out.append(action_task(plan, state, st, config))
         elif spec.subflow is not None and st.child_run_id and spec.subflow.mode == "sync":
             out.append(child_run(plan, state.run_id, st))
     task = saga.running_compensation(plan, state, now)

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING
 
 from tideflow.core.attempts import started_cause
 from tideflow.core.retry import engine_error, retry_delay, stable_seed
-from tideflow.core.tasks import compensation_subject, compensation_task
+from tideflow.core.tasks import cancel_task, compensation_subject, compensation_task
 from tideflow.core.timers import arm, disarm, timer_id
 from tideflow.errors import ExpressionEvaluationError
-from tideflow.model.commands import CancelTask, DispatchTask
+from tideflow.model.commands import DispatchTask
 from tideflow.model.events import (
     ErrorInfo,
     TaskCompleted,
@@ -246,9 +246,7 @@ def on_timer(d: Decider, ref: TimerRef) -> None:
         if not _dispatch(d, ref.step_key):
             _next(d)
     elif ref.kind == "compensation_timeout" and status == "running":
-        d.commands.append(
-            CancelTask(run_id=d.state.run_id, step_key=ref.step_key, attempt=ref.attempt)
-        )
+        d.commands.append(cancel_task(d.state, ref.step_key, ref.attempt))
         action = d.plan.specs[st.step_id].compensate
         limit = action.timeout if action is not None else None
         error = engine_error(

@@ -13,7 +13,7 @@ from functools import lru_cache
 from typing import Any
 
 from tideflow.core.scope import build_scope, redraw
-from tideflow.model.commands import DispatchTask, StartChildRun
+from tideflow.model.commands import CancelTask, DispatchTask, StartChildRun
 from tideflow.model.expressions import Template
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState, StepState
@@ -43,9 +43,10 @@ def render_config(
 _EMPTY: dict[str, Any] = {}
 
 
-def action_task(plan: Plan, run_id: str, st: StepState, config: Any) -> DispatchTask:
+def action_task(plan: Plan, state: RunState, st: StepState, config: Any) -> DispatchTask:
     """The task message for the current attempt of action step instance ``st``."""
     spec = plan.specs[st.step_id]
+    run_id = state.run_id
     return DispatchTask(
         run_id=run_id,
         step_key=st.key,
@@ -61,6 +62,7 @@ def action_task(plan: Plan, run_id: str, st: StepState, config: Any) -> Dispatch
         sensitive=spec.sensitive,
         secrets=secret_names(plan, spec.id),
         idempotent=spec.idempotent,
+        round=state.retries,
     )
 
 
@@ -88,7 +90,14 @@ def compensation_task(
         priority=spec.priority,
         compensation=True,
         secrets=secret_names(plan, spec.id, compensation=True),
+        round=state.retries,
     )
+
+
+def cancel_task(state: RunState, key: str, attempt: int) -> CancelTask:
+    """The command that stops attempt ``attempt`` of step instance ``key`` in the run's
+    current round (an attempt number alone is ambiguous once an operator retried)."""
+    return CancelTask(run_id=state.run_id, step_key=key, attempt=attempt, round=state.retries)
 
 
 def child_run(plan: Plan, run_id: str, st: StepState) -> StartChildRun:

@@ -39,12 +39,19 @@ class DispatchTask(Command):
     idempotent: bool = True
     """False for ``idempotent: false`` steps: the worker records the start durably before it
     runs the attempt, so that a lost execution is never repeated blindly."""
+    round: int = 0
+    """The run's round: how many operator retries came before it (``RunState.retries``). A
+    retry numbers attempts from 1 again, so an attempt is named by round and number: a
+    cancel of round 0's attempt 1 must not stop round 1's. 0 in commands stored before
+    the field existed."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CancelTask(Command):
     step_key: str
     attempt: int
+    round: int = 0
+    """The round of the attempt to stop (``DispatchTask.round``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -13,10 +13,10 @@ import asyncio
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
-from tideflow.bus.base import Bus, ForgetCancels
+from tideflow.bus.base import Bus
 from tideflow.client import EngineLink
 from tideflow.model.commands import RunFinished, StartChildRun
-from tideflow.model.events import Event, RunRetried, RunStarted, TaskStarted
+from tideflow.model.events import Event, RunStarted, TaskStarted
 from tideflow.model.run import RunState
 from tideflow.runtime.catalog import Catalog
 from tideflow.runtime.clock import Clock
@@ -127,9 +127,6 @@ class Engine(EngineLink, Runs):
         await self._bus.publish_events(events)
 
     async def commit(self, events: Sequence[Event], *, relay: bool = True) -> None:
-        for event in events:
-            if isinstance(event, RunRetried):  # its attempts are new work, not cancelled ones
-                await self._bus.publish_control(ForgetCancels(run_id=event.run_id))
         await self.scheduler.apply(list(events), redeliver=False, relay=relay)
 
     async def start_run(self, state: RunState, event: RunStarted) -> None:

@@ -261,7 +261,10 @@ class Relay:
         async def act() -> None:
             await self._bus.publish_control(
                 CancelAttempt(
-                    run_id=command.run_id, step_key=command.step_key, attempt=command.attempt
+                    run_id=command.run_id,
+                    step_key=command.step_key,
+                    attempt=command.attempt,
+                    round=command.round,
                 )
             )
 

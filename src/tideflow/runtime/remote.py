@@ -36,11 +36,11 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 
-from tideflow.bus.base import Bus, ForgetCancels
+from tideflow.bus.base import Bus
 from tideflow.client import Client, EngineLink
 from tideflow.errors import EngineUnreachable
 from tideflow.model import storable
-from tideflow.model.events import Event, RunRetried, RunStarted
+from tideflow.model.events import Event, RunStarted
 from tideflow.model.run import RunState
 from tideflow.model.states import RUN_TERMINAL
 from tideflow.runtime.catalog import Catalog
@@ -76,9 +76,6 @@ class BusLink(EngineLink):
         await self._bus.publish_events(events)
 
     async def commit(self, events: Sequence[Event]) -> None:
-        for event in events:
-            if isinstance(event, RunRetried):  # its attempts are new work, not cancelled ones
-                await self._bus.publish_control(ForgetCancels(run_id=event.run_id))
         await self._bus.publish_events(events)
         for event in events:
             await self._applied(event)

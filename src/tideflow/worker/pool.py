@@ -19,7 +19,9 @@ with ``StepOutcomeUnknown`` instead of running it blindly again.
 Before it runs an attempt the pool reports its start (`starts`): the attempt's
 ``timeout`` counts from there. The attempt itself goes through the interceptor chain
 (worker/interceptors.py: secrets and redaction, the output limit, fault points, then
-the executor), which takes one ``ExecuteInput`` and returns one ``ExecuteOutput``.
+the executor), which takes one ``ExecuteInput`` and returns one ``ExecuteOutput``. Its
+outcome is published, then its task acknowledged, together with those of the attempts
+that end in the same turn of the event loop on a bus where that pays (worker/outcomes.py).
 
 Each task runs as its own asyncio task so that the scheduler can cancel it (an
 attempt timeout, a cancelled run, ``cancel_others``). Executors that block run
@@ -48,6 +50,7 @@ from tideflow.worker.interceptors import (
     build_chain,
     failure,
 )
+from tideflow.worker.outcomes import Outcomes
 from tideflow.worker.secrets import SecretProvider, default_provider
 from tideflow.worker.starts import StartDurably, StartReports
 
@@ -57,8 +60,9 @@ _MAX_REMEMBERED_CANCELS = 10_000
 _REPUBLISH_DELAY = 0.5
 """Seconds before a task whose outcome could not be published comes again."""
 
-Key = tuple[str, str, int]
-"""An attempt as cancels name it: run id, step key, attempt number."""
+Key = tuple[str, str, int, int]
+"""An attempt as cancels name it: run id, step key, round, attempt number (a retried run
+numbers its attempts from 1 again, in a new round)."""
 
 
 class WorkerPool:
@@ -78,6 +82,7 @@ class WorkerPool:
         prefetch: int | None = None,
     ) -> None:
         self._bus = bus
+        self._outcomes = Outcomes(bus)
         self._starts = StartReports(
             bus, clock=clock, new_event_id=new_event_id, start_durably=start_durably
         )
@@ -146,9 +151,10 @@ class WorkerPool:
                 await task
         self._loops.clear()
 
-    def _cancel(self, run_id: str, step_key: str, attempt: int) -> None:
-        """Stop an attempt the scheduler no longer waits for."""
-        key = (run_id, step_key, attempt)
+    def _cancel(self, cancel: CancelAttempt) -> None:
+        """Stop an attempt the scheduler no longer waits for; one that has not come yet is
+        remembered (its task is dropped when it comes)."""
+        key = (cancel.run_id, cancel.step_key, cancel.round, cancel.attempt)
         running = self._running.get(key)
         if running is not None:
             running[0].cancel()
@@ -157,19 +163,10 @@ class WorkerPool:
         if len(self._cancelled) > _MAX_REMEMBERED_CANCELS:
             del self._cancelled[next(iter(self._cancelled))]
 
-    def _forget_cancels(self, run_id: str) -> None:
-        """Forget the cancels remembered for a run's attempts (an operator retry numbers
-        its attempts from 1 again: they are new work, not the cancelled attempts)."""
-        for key in [key for key in self._cancelled if key[0] == run_id]:
-            del self._cancelled[key]
-
     async def _listen(self, control: Stream[Control]) -> None:
         async with contextlib.aclosing(control) as messages:
             async for message in messages:
-                if isinstance(message, CancelAttempt):
-                    self._cancel(message.run_id, message.step_key, message.attempt)
-                else:
-                    self._forget_cancels(message.run_id)
+                self._cancel(message)
 
     async def _consume(self) -> None:
         """Take tasks (at most ``concurrency`` unacknowledged) and run each as its own
@@ -178,7 +175,7 @@ class WorkerPool:
         async with contextlib.aclosing(deliveries) as tasks:
             async for delivery in tasks:
                 task = delivery.body
-                key = (task.run_id, task.step_key, task.attempt)
+                key = (task.run_id, task.step_key, task.round, task.attempt)
                 if self._draining:
                     await delivery.nack()  # taken as the pool drains: someone else runs it
                     # Take no more, keeping the stream (and what it holds) open until
@@ -216,12 +213,10 @@ class WorkerPool:
         try:
             if event is not None:
                 await self._starts.sent()
-                await self._bus.publish_events([event])
+            await self._outcomes.settle(event, delivery)
         except Exception:
             log.exception("the outcome of %s could not be published; its task comes again", key)
             await delivery.nack(_REPUBLISH_DELAY)
-            return
-        await delivery.ack()
 
     async def _heartbeat(self) -> None:
         """Extend the lease of every task being run, three times per lease."""

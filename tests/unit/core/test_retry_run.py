@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from tideflow.core.resume import resume_commands
 from tideflow.model import codec
+from tideflow.model.commands import CancelTask, DispatchTask
 
 HEAD = """
 name: t
@@ -171,3 +173,35 @@ def test_retry_replays_the_same_from_the_stored_state(harness):
     restored = codec.loads(codec.dumps(h.state))
     assert codec.state_to_data(restored) == codec.state_to_data(h.state)
     assert restored.retries == 1 and restored.status.value == "running"
+
+
+def test_a_retried_run_names_its_attempts_and_their_cancels_by_round(harness):
+    """A retry numbers attempts from 1 again: the round tells round 1's attempt 1 from
+    round 0's, in its task, in its re-dispatch on recovery and in a cancel of it."""
+    h = harness(HEAD + "steps: [{id: a, type: noop}]\n", auto_start=False)
+    assert (h.tasks["a"].attempt, h.tasks["a"].round) == (1, 0)
+    h.fail("a", retryable=False)
+    h.retry()
+    assert (h.tasks["a"].attempt, h.tasks["a"].round) == (1, 1)
+    (again,) = [c for c in resume_commands(h.plan, h.state, h.now) if isinstance(c, DispatchTask)]
+    assert (again.attempt, again.round) == (1, 1)
+    cancels = [c for c in h.cancel().commands if isinstance(c, CancelTask)]
+    assert cancels == [CancelTask(run_id=h.state.run_id, step_key="a", attempt=1, round=1)]
+
+
+def test_a_compensation_in_a_retried_run_is_named_by_its_round(harness):
+    h = harness(
+        HEAD
+        + "steps:\n"
+        + "  - {id: a, type: noop, compensate: {type: noop}}\n"
+        + "  - {id: x, type: noop, depends_on: [a]}\n"
+        + "  - {id: b, type: noop, depends_on: [x], on_error: compensate}\n"
+    )
+    h.complete("a")
+    h.fail("x", retryable=False)  # b never ran: nothing asked for compensation
+    assert h.status == "failed"
+    h.retry()
+    h.complete("x")
+    h.fail("b", retryable=False)
+    assert h.status == "compensating"
+    assert (h.tasks["a:compensate"].attempt, h.tasks["a:compensate"].round) == (1, 1)

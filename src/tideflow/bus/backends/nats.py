@@ -69,7 +69,6 @@ from tideflow.bus.base import (
     Control,
     Delivery,
     EventBatch,
-    ForgetCancels,
     Headers,
     Message,
     QueueStats,
@@ -101,7 +100,12 @@ _OPTIONS = ("prefix", "partitions", "lease", "max_deliver")
 
 
 class NatsBus(Bus):
-    """The JetStream bus (``await bus.open()`` connects and creates what is missing)."""
+    """The JetStream bus (``await bus.open()`` connects and creates what is missing).
+
+    ``ack_tasks`` is the default (each ``msg.ack()`` in turn): an ack is a publish that
+    waits for no reply, and the client's flusher sends those of one turn together."""
+
+    batching_pays = True
 
     def __init__(
         self,
@@ -302,15 +306,13 @@ class NatsBus(Bus):
         )
 
     async def publish_control(self, message: Control) -> None:
-        if isinstance(message, CancelAttempt):
-            data = {
-                "type": "cancel",
-                "run_id": message.run_id,
-                "step_key": message.step_key,
-                "attempt": message.attempt,
-            }
-        else:
-            data = {"type": "forget", "run_id": message.run_id}
+        data = {
+            "type": "cancel",
+            "run_id": message.run_id,
+            "step_key": message.step_key,
+            "attempt": message.attempt,
+            "round": message.round,
+        }
         try:
             await self.nc.publish(f"{self.prefix}.control", orjson.dumps(data))
         except nats.errors.Error as exc:
@@ -437,6 +439,8 @@ class NatsBus(Bus):
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             await self.dead_letter(msg, f"malformed control message: {exc}")
             return
+        if message is None:
+            return
         for queue in self._controls:
             queue.put_nowait(message)
 
@@ -482,13 +486,18 @@ def _stream_seq(msg: Any) -> int | None:
         return None
 
 
-def _control_from(data: dict[str, Any]) -> Control:
+def _control_from(data: dict[str, Any]) -> Control | None:
+    """A control message; None for a ``forget``, which versions before rounds sent when a
+    run was retried (rounds do its job now); a cancel without ``round`` is round 0."""
     if data["type"] == "cancel":
         return CancelAttempt(
-            run_id=str(data["run_id"]), step_key=str(data["step_key"]), attempt=int(data["attempt"])
+            run_id=str(data["run_id"]),
+            step_key=str(data["step_key"]),
+            attempt=int(data["attempt"]),
+            round=int(data.get("round", 0)),
         )
     if data["type"] == "forget":
-        return ForgetCancels(run_id=str(data["run_id"]))
+        return None
     raise ValueError(f"unknown control type {data['type']!r}")
 
 

@@ -54,6 +54,7 @@ from tideflow.bus.backends.redis_consumers import (
     Entry,
     EventConsumer,
     TaskConsumer,
+    TaskDelivery,
     text,
     wait_until_set,
 )
@@ -98,6 +99,8 @@ POOL_WAIT = 10.0
 
 class RedisBus(Bus):
     """The bus on a Redis server (5.0 streams; 6.2 or newer for ``XAUTOCLAIM``)."""
+
+    batching_pays = True
 
     def __init__(
         self,
@@ -263,6 +266,17 @@ class RedisBus(Bus):
         finally:
             await consumer.close()
 
+    async def ack_tasks(self, deliveries: Sequence[Delivery[DispatchTask]]) -> None:
+        """One script call (``XACK`` + ``XDEL`` of each) per consumer that holds some."""
+        held: dict[TaskConsumer, list[TaskDelivery]] = {}
+        for delivery in deliveries:
+            if isinstance(delivery, TaskDelivery) and delivery.consumer.bus is self:
+                held.setdefault(delivery.consumer, []).append(delivery)
+            else:
+                await delivery.ack()
+        for consumer, mine in held.items():
+            await consumer.settle_all(mine, -1)
+
     def consume_control(self) -> Stream[Control]:
         return ControlStream(self._controls)
 
@@ -392,6 +406,8 @@ class RedisBus(Bus):
             control = decode_control(raw)
         except Malformed as exc:
             log.error("redis bus %s: dropped a control message %r: %s", self.shown, raw[:200], exc)
+            return
+        if control is None:
             return
         for queue in self._controls:
             queue.put_nowait(control)

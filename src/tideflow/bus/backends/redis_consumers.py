@@ -89,7 +89,7 @@ class Backoff:
 
 
 class TaskDelivery(Delivery[DispatchTask]):
-    __slots__ = ("_consumer", "body", "deadline", "deliveries", "entry", "headers")
+    __slots__ = ("body", "consumer", "deadline", "deliveries", "entry", "headers")
 
     def __init__(
         self, consumer: TaskConsumer, entry: Entry, body: DispatchTask, headers: Headers
@@ -99,16 +99,16 @@ class TaskDelivery(Delivery[DispatchTask]):
         self.deliveries = entry.d + entry.times
         self.entry = entry
         self.deadline = 0.0
-        self._consumer = consumer
+        self.consumer = consumer
 
     async def ack(self) -> None:
-        await self._consumer.settle(self, -1)
+        await self.consumer.settle(self, -1)
 
     async def nack(self, delay: float = 0.0) -> None:
-        await self._consumer.settle(self, delay_ms(delay))
+        await self.consumer.settle(self, delay_ms(delay))
 
     async def extend(self) -> None:
-        await self._consumer.extend(self)
+        await self.consumer.extend(self)
 
 
 class TaskConsumer:
@@ -226,11 +226,19 @@ class TaskConsumer:
         return math.inf
 
     async def settle(self, delivery: TaskDelivery, delay_ms: int) -> None:
-        if self.held.get(delivery.entry.key) is not delivery:
-            return  # settled already, or its lease ran out and it went back
-        del self.held[delivery.entry.key]
-        self.settled.set()
-        await self.bus.settle([delivery.entry], TASK_GROUP, self.name, delay_ms)
+        await self.settle_all([delivery], delay_ms)
+
+    async def settle_all(self, deliveries: list[TaskDelivery], delay_ms: int) -> None:
+        """Settle the deliveries this consumer still holds, in one script call."""
+        entries = []
+        for delivery in deliveries:
+            if self.held.get(delivery.entry.key) is not delivery:
+                continue  # settled already, or its lease ran out and it went back
+            del self.held[delivery.entry.key]
+            entries.append(delivery.entry)
+        if entries:
+            self.settled.set()
+            await self.bus.settle(entries, TASK_GROUP, self.name, delay_ms)
 
     async def extend(self, delivery: TaskDelivery) -> None:
         key = delivery.entry.key

@@ -2,7 +2,9 @@
 
 A task or event entry holds ``b`` (``command_to_data`` / ``event_to_data`` as JSON), ``h``
 (the headers as a JSON object, when there are any) and ``d`` (deliveries before it was
-handed back). A control message is a JSON object with ``kind`` ``cancel`` or ``forget``.
+handed back). A control message is a JSON object with ``kind`` ``cancel`` (one without
+``round`` is from a version before rounds: round 0); ``forget``, which versions before
+rounds sent when a run was retried, has no meaning now and decodes to None.
 Anything else on a stream is malformed: ``Malformed`` says what is wrong with it.
 """
 
@@ -13,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from tideflow.bus.base import NO_HEADERS, CancelAttempt, Control, ForgetCancels, Headers
+from tideflow.bus.base import NO_HEADERS, CancelAttempt, Control, Headers
 from tideflow.errors import StateFormatError
 from tideflow.model.codec import (
     command_from_data,
@@ -67,26 +69,25 @@ def decode_event(fields: Mapping[bytes, bytes]) -> tuple[Event, Headers, int]:
 
 
 def encode_control(message: Control) -> bytes:
-    if isinstance(message, CancelAttempt):
-        return orjson.dumps(
-            {
-                "kind": "cancel",
-                "run_id": message.run_id,
-                "step_key": message.step_key,
-                "attempt": message.attempt,
-            }
-        )
-    return orjson.dumps({"kind": "forget", "run_id": message.run_id})
+    return orjson.dumps(
+        {
+            "kind": "cancel",
+            "run_id": message.run_id,
+            "step_key": message.step_key,
+            "attempt": message.attempt,
+            "round": message.round,
+        }
+    )
 
 
-def decode_control(raw: bytes) -> Control:
+def decode_control(raw: bytes) -> Control | None:
     try:
         data = orjson.loads(raw)
         kind = data.pop("kind")
         if kind == "cancel":
             return CancelAttempt(**data)
         if kind == "forget":
-            return ForgetCancels(**data)
+            return None  # rounds do its job (see the module's docstring)
     except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError) as exc:
         raise Malformed(f"not a control message ({type(exc).__name__}: {exc})") from None
     raise Malformed(f"not a control message (unknown kind {kind!r})")

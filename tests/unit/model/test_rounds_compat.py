@@ -1,0 +1,61 @@
+"""What an older tideflow stored or sent, before attempts were named by round, still
+decodes: an outbox command without ``round`` is round 0, as is a run snapshot without
+``retries`` and a cancel on the control channel without ``round``; the ``forget``
+control message it sent on a retry decodes to nothing (rounds do its job)."""
+
+from __future__ import annotations
+
+import orjson
+
+from tideflow.bus.backends import nats, redis_wire
+from tideflow.bus.base import CancelAttempt
+from tideflow.model import codec
+from tideflow.model.commands import CancelTask, DispatchTask
+from tideflow.model.run import new_run_state
+
+TASK = DispatchTask(
+    run_id="r",
+    step_key="a",
+    step_id="a",
+    type="noop",
+    config={},
+    input=None,
+    attempt=2,
+    idempotency_key="r:a",
+    timeout=None,
+    round=3,
+)
+
+
+def test_commands_stored_without_a_round_are_round_0() -> None:
+    for command in (TASK, CancelTask(run_id="r", step_key="a", attempt=2, round=3)):
+        data = orjson.loads(orjson.dumps(codec.command_to_data(command)))
+        assert codec.command_from_data(data) == command
+        assert data.pop("round") == 3
+        assert codec.command_from_data(data).round == 0  # type: ignore[attr-defined]
+
+
+def test_a_snapshot_without_retries_is_round_0() -> None:
+    state = new_run_state(run_id="r", workflow="w", version="1", plan_hash="h", created_at=0.0)
+    state.retries = 2
+    data = codec.state_to_data(state)
+    assert codec.state_from_data(data).retries == 2
+    del data["retries"]
+    assert codec.state_from_data(data).retries == 0
+
+
+def test_a_cancel_sent_without_a_round_is_round_0_on_redis() -> None:
+    cancel = CancelAttempt(run_id="r", step_key="a", attempt=2, round=1)
+    assert redis_wire.decode_control(redis_wire.encode_control(cancel)) == cancel
+    old = orjson.dumps({"kind": "cancel", "run_id": "r", "step_key": "a", "attempt": 2})
+    assert redis_wire.decode_control(old) == CancelAttempt(run_id="r", step_key="a", attempt=2)
+    assert redis_wire.decode_control(orjson.dumps({"kind": "forget", "run_id": "r"})) is None
+
+
+def test_a_cancel_sent_without_a_round_is_round_0_on_nats() -> None:
+    old = {"type": "cancel", "run_id": "r", "step_key": "a", "attempt": 2}
+    assert nats._control_from(old) == CancelAttempt(run_id="r", step_key="a", attempt=2)
+    assert nats._control_from({**old, "round": 4}) == CancelAttempt(
+        run_id="r", step_key="a", attempt=2, round=4
+    )
+    assert nats._control_from({"type": "forget", "run_id": "r"}) is None
