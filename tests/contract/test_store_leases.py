@@ -164,7 +164,7 @@ async def test_leases_are_listed_by_name_prefix_expired_ones_too(store: Store) -
     ]
     assert listed[0] == named("partition:10", "a")
     assert [x.name for x in await store.list_leases("server:")] == ["server:a"]
-    assert [x.name for x in await store.list_leases("")][0] == ENGINE_LEASE
+    assert ENGINE_LEASE in {x.name for x in await store.list_leases("")}
     await store.release_lease("partition:2", "b")
     assert [x.name for x in await store.list_leases("partition:")] == [
         "partition:10",

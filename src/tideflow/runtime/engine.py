@@ -13,13 +13,14 @@ import asyncio
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
-from tideflow.bus.base import Bus, ForgetCancels
+from tideflow.bus.base import Bus, ForgetCancels, partition_of
 from tideflow.client import EngineLink
 from tideflow.model.commands import RunFinished, StartChildRun
 from tideflow.model.events import Event, RunRetried, RunStarted, TaskStarted
 from tideflow.model.run import RunState
 from tideflow.runtime.catalog import Catalog
 from tideflow.runtime.clock import Clock
+from tideflow.runtime.partitions import Ownership
 from tideflow.runtime.recovery import recover
 from tideflow.runtime.relay import EventSink, Listener, Relay, Runs
 from tideflow.runtime.result import RunResult, result_of
@@ -40,8 +41,12 @@ class Engine(EngineLink, Runs):
         new_event_id: Callable[[], str],
         batch_size: int,
         run_cache_size: int = DEFAULT_RUN_CACHE_SIZE,
+        ownership: Ownership | None = None,
     ) -> None:
+        """``ownership``: in a cluster, the partitions this engine applies (the partition
+        manager changes them: ``take``, ``drop``); None applies every partition."""
         self._store = store
+        self.ownership = ownership
         self._bus = bus
         self._catalog = catalog
         self._clock = clock
@@ -55,7 +60,12 @@ class Engine(EngineLink, Runs):
         self.listeners: list[Listener] = []
         self.sinks: list[EventSink] = []
         self._waiters: dict[str, list[asyncio.Future[RunResult]]] = defaultdict(list)
-        self.timers = TimerWheel(clock, self._timer_fired, store.due_timers)
+        self.timers = TimerWheel(
+            clock,
+            self._timer_fired,
+            store.due_timers,
+            owns=None if ownership is None else ownership.owns,
+        )
         self.relay = Relay(
             bus=bus,
             timers=self.timers,
@@ -73,6 +83,7 @@ class Engine(EngineLink, Runs):
             plans=self.plans,
             relay=self.relay,
             batch_size=batch_size,
+            ownership=ownership,
         )
 
     # -- lifecycle --------------------------------------------------------------
@@ -89,6 +100,40 @@ class Engine(EngineLink, Runs):
             relay=self.relay,
             clock=self._clock,
         )
+
+    async def take(self, partitions: frozenset[int]) -> None:
+        """Recover what the previous owner of these partitions left (their events are
+        applied only after this returns: see runtime/partitions.py)."""
+        ownership = self.ownership
+        if ownership is None:
+            raise RuntimeError("an engine that applies every partition takes none")
+
+        def taking(run_id: str) -> bool:
+            return partition_of(run_id, ownership.partitions) in partitions
+
+        self.runs.evict_where(taking)  # anything cached from an earlier turn is stale
+        await recover(
+            store=self._store,
+            runs=self.runs,
+            plans=self.plans,
+            timers=self.timers,
+            relay=self.relay,
+            clock=self._clock,
+            owns=taking,
+        )
+
+    def drop(self, partitions: frozenset[int]) -> None:
+        """Forget the runs and timers of partitions given up or lost (another server
+        applies them now; optimistic concurrency catches a commit already under way)."""
+        ownership = self.ownership
+        if ownership is None:
+            return
+
+        def gone(run_id: str) -> bool:
+            return partition_of(run_id, ownership.partitions) in partitions
+
+        self.runs.evict_where(gone)
+        self.timers.drop(gone)
 
     async def stop(self) -> None:
         """Stop after the batch in progress; what the relay still holds is relayed again by
@@ -113,7 +158,8 @@ class Engine(EngineLink, Runs):
         await self.scheduler.apply(list(events), redeliver=False, relay=relay)
 
     async def start_run(self, state: RunState, event: RunStarted) -> None:
-        self.runs.add(state)
+        if self.ownership is None or self.ownership.owns(state.run_id):
+            self.runs.add(state)
         await self.relay.send([event], "start run")  # the run is stored: its start must go
 
     async def state(self, run_id: str) -> RunState:
@@ -158,7 +204,8 @@ class Engine(EngineLink, Runs):
         )
         if state is None:
             return await self.state(run_id)
-        self.runs.add(state)
+        if self.ownership is None or self.ownership.owns(run_id):
+            self.runs.add(state)  # another server's child is loaded by that server
         return state
 
     def _timer_fired(self, run_id: str, timer_id: str) -> None:

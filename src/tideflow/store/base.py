@@ -210,6 +210,10 @@ class Lease:
 
 ENGINE_LEASE = "engine"
 """The lease of embedded mode's one engine (and of a client's moment, runtime/lease.py)."""
+MEMBER_LEASES = "server:"
+"""Prefix of a cluster's membership leases, one per live `tideflow server`."""
+PARTITION_LEASES = "partition:"
+"""Prefix of a cluster's partition leases, ``partition:<n>`` (runtime/partitions.py)."""
 
 InboxListener = Callable[[], None]
 """Called (on the event loop) when another process has put events into the inbox."""
