@@ -64,7 +64,7 @@ class Engine(EngineLink, Runs):
             clock,
             self._timer_fired,
             store.due_timers,
-            owns=None if ownership is None else ownership.owns,
+            owns=None if ownership is None else ownership.holds,
         )
         self.relay = Relay(
             bus=bus,

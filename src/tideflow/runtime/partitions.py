@@ -104,12 +104,20 @@ class Ownership:
         self.partitions = partitions
         self.applied: frozenset[int] = frozenset()
         self.consuming: frozenset[int] = frozenset()
+        self.recovering: frozenset[int] = frozenset()
+        """Partitions being taken: recovered now, applied next."""
         self._applied_changed = asyncio.Event()
         self._consuming_changed = asyncio.Event()
 
     def owns(self, run_id: str) -> bool:
         """Whether this engine applies the run's events now."""
         return partition_of(run_id, self.partitions) in self.applied
+
+    def holds(self, run_id: str) -> bool:
+        """Whether the run's timers are this engine's: applied, or being recovered (the
+        recovery's refill loads them; what fires waits on the bus for the apply)."""
+        partition = partition_of(run_id, self.partitions)
+        return partition in self.applied or partition in self.recovering
 
     def apply(self, partitions: Collection[int]) -> None:
         self._set_applied(self.applied | frozenset(partitions))
@@ -382,6 +390,8 @@ class PartitionManager:
             self._taking = asyncio.create_task(self._recover(ready), name="tideflow-take")
 
     async def _recover(self, partitions: frozenset[int]) -> None:
+        ownership = self.ownership
+        ownership.recovering |= partitions
         try:
             await self._take(partitions)
             for hook in self.on_taken:
@@ -394,9 +404,14 @@ class PartitionManager:
                 exc,
             )
             return
+        finally:
+            ownership.recovering -= partitions
         still = frozenset(p for p in partitions if p in self.held and p in self._ready_at)
         for partition in still:
             del self._ready_at[partition]
+        lost = partitions - still
+        if lost:  # lost or given up while being recovered: what recovery loaded goes
+            self._drop(lost)
         if still:
             self.ownership.apply(still)
             log.info(

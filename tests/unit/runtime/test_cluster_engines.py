@@ -158,3 +158,29 @@ async def test_an_embedded_engine_and_a_cluster_exclude_each_other() -> None:
         with pytest.raises(EngineUnreachable) as unreachable:
             await embedded.deliver([signal])  # a client with no bus: it cannot reach them
         assert "--bus" in str(unreachable.value)
+
+
+async def test_the_timers_of_a_partition_taken_over_fire_on_the_new_owner() -> None:
+    """Recovery of a partition being taken loads its timers (before it is applied): a
+    wheel that kept only applied partitions' timers skipped them and the runs slept on."""
+    napping = {**FLOW, "name": "nap", "steps": [{"id": "nap", "type": "sleep", "duration": "1s"}]}
+    async with engines() as cluster:
+        first = await cluster.add()
+        await first.register(napping)
+        second = await cluster.add()
+        await until(lambda: applied(second), "the second engine takes its share")
+        await until(lambda: not applied(first) & applied(second), "the first gave it up")
+        runs = [await first.start_run("nap", {}) for _ in range(12)]
+        theirs = [r for r in runs if partition_of(r, PARTITIONS) in applied(second)]
+        assert theirs
+
+        async def armed() -> int:
+            return len(await cluster.store.due_timers(float("inf")))
+
+        deadline = time.monotonic() + 10
+        while await armed() < len(runs):
+            assert time.monotonic() < deadline, "every run sleeps"
+            await asyncio.sleep(0.01)
+        await second.close()  # its wheel held their timers
+        cluster.runtimes.remove(second)
+        await cluster.finished(runs)
