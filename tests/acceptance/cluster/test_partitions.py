@@ -7,6 +7,7 @@ Every wait is on a condition with a bound."""
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from pathlib import Path
 
@@ -19,6 +20,7 @@ if str(HERE) not in sys.path:
 from harness import BUS_LEASE, ENGINE_LEASE_TTL, Cluster, Proc, eventually  # noqa: E402
 from test_cluster import _start_many, assert_applied_once, expected, results  # noqa: E402
 
+from tideflow import Client, RunResult  # noqa: E402
 from tideflow.store import open_store  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(180)]
@@ -38,6 +40,26 @@ async def _holders(url: str) -> dict[int, int]:
         await store.close()
     now = time.time()
     return {int(r.name.split(":")[1]): r.pid for r in rows if r.expires_at > now}
+
+
+async def _stuck(cluster: Cluster, run_ids: list[str]) -> list[tuple[str, str, list[str]]]:
+    async with Client.connect(cluster.store, cluster.bus) as client:
+        out = []
+        for run_id in run_ids:
+            summary = await client.summary(run_id)
+            if summary.status != "succeeded":
+                kinds = [e.kind for e in await client.history(run_id)]
+                out.append((run_id, summary.status, kinds))
+        return out
+
+
+def finished(cluster: Cluster, run_ids: list[str]) -> list[RunResult]:
+    """The runs' results; a run that did not end is shown with its history."""
+    try:
+        return results(cluster, run_ids, timeout=60)
+    except TimeoutError:
+        stuck = asyncio.run(_stuck(cluster, run_ids))
+        raise AssertionError(f"runs that did not end: {stuck}") from None
 
 
 def holders(cluster: Cluster) -> dict[int, int]:
@@ -69,6 +91,12 @@ def test_servers_share_partitions_take_over_a_killed_one_and_rebalance(
     assert not split[first.pid] & split[second.pid]
     for server in (first, second):
         server.wait_log("took partitions")
+    status = cluster.cli("db", "status", "--json")
+    assert status.returncode == 0, status.stderr
+    listed = json.loads(status.stdout)["cluster"]
+    assert listed["partitions"] == PARTITIONS
+    assert {s["pid"]: set(s["partitions"]) for s in listed["servers"]} == split
+    assert f"server pid {first.pid}" in cluster.cli("db", "status").stdout
 
     runs = asyncio.run(_start_many(cluster, 4))  # 20 runs of every shape, both shares
     second.kill()
@@ -78,7 +106,7 @@ def test_servers_share_partitions_take_over_a_killed_one_and_rebalance(
         timeout=ENGINE_LEASE_TTL + BUS_LEASE + 15,
     )
     after_kill = asyncio.run(_start_many(cluster, 2))
-    done = results(cluster, list(runs) + list(after_kill), timeout=60)
+    done = finished(cluster, list(runs) + list(after_kill))
     everything = {**runs, **after_kill}
     for result in done:
         shape, x = everything[result.run_id]
@@ -90,7 +118,7 @@ def test_servers_share_partitions_take_over_a_killed_one_and_rebalance(
     assert first.popen.poll() is None  # no restart
     first.wait_log("released partitions")
     late = asyncio.run(_start_many(cluster, 2))
-    for result in results(cluster, list(late), timeout=60):
+    for result in finished(cluster, list(late)):
         shape, x = late[result.run_id]
         assert result.status == "succeeded" and result.output == expected(shape, x), shape
     assert_applied_once(cluster, [*everything, *late])
