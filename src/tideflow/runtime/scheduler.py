@@ -45,6 +45,8 @@ log = logging.getLogger("tideflow.scheduler")
 CONSUME_RETRY_FIRST = 0.05
 CONSUME_RETRY_MAX = 5.0
 """Seconds before an event stream that failed is opened again (doubling up to the max)."""
+CANCEL_AGAIN = 0.5
+"""Seconds after which a wait for the next batch that ignored its cancel is cancelled again."""
 
 
 class Scheduler:
@@ -417,10 +419,9 @@ async def _next_unless(
     try:
         await asyncio.wait((following, changed), return_when=asyncio.FIRST_COMPLETED)
     finally:
-        if not following.done():  # ownership changed, or the scheduler is stopping
-            following.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await following
+        while not following.done():  # ownership changed, or the scheduler is stopping
+            following.cancel()  # again if a client swallowed it (nats-py during a nack)
+            await asyncio.wait((following,), timeout=CANCEL_AGAIN)
     if following.cancelled():
         return None
     try:
