@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import math
 import uuid
 
 import pytest
@@ -132,3 +134,57 @@ async def test_a_dropped_postgresql_listen_connection_is_replaced(postgres_url: 
     finally:
         await backend.close_all()
         await drop_schema(postgres_url, schema)
+
+
+async def test_leases_are_listed_by_name_prefix_expired_ones_too(store: Store) -> None:
+    def named(name: str, owner: str, ttl: float = 10.0) -> Lease:
+        return Lease(
+            name=name,
+            owner=owner,
+            kind="server",
+            host="h",
+            pid=1,
+            address=None,
+            acquired_at=T0,
+            expires_at=T0 + ttl,
+        )
+
+    assert await store.list_leases("partition:") == []
+    for name, owner in [("partition:10", "a"), ("partition:2", "b"), ("server:a", "a")]:
+        await store.acquire_lease(named(name, owner), now=T0)
+    await store.acquire_lease(named("partition:3", "c", ttl=-1.0), now=T0)  # expired
+    await store.acquire_lease(lease("engine-holder"), now=T0)
+    await store.acquire_lease(named("partition_x", "d"), now=T0)  # "_" is no wildcard
+
+    listed = await store.list_leases("partition:")
+    assert [(x.name, x.owner) for x in listed] == [
+        ("partition:10", "a"),
+        ("partition:2", "b"),
+        ("partition:3", "c"),
+    ]
+    assert listed[0] == named("partition:10", "a")
+    assert [x.name for x in await store.list_leases("server:")] == ["server:a"]
+    assert ENGINE_LEASE in {x.name for x in await store.list_leases("")}
+    await store.release_lease("partition:2", "b")
+    assert [x.name for x in await store.list_leases("partition:")] == [
+        "partition:10",
+        "partition:3",
+    ]
+
+
+async def test_a_lease_that_never_expires_is_kept(store: Store) -> None:
+    """A cluster records its partition count as such a row (runtime/partitions.py)."""
+    forever = Lease(
+        name="cluster:partitions",
+        owner="16",
+        kind="setting",
+        host="h",
+        pid=1,
+        address=None,
+        acquired_at=T0,
+        expires_at=math.inf,
+    )
+    assert await store.acquire_lease(forever, now=T0) == forever
+    later = dataclasses.replace(forever, owner="8", acquired_at=T0 * 1000)
+    assert await store.acquire_lease(later, now=T0 * 1000) == forever
+    assert await store.lease_holder("cluster:partitions") == forever

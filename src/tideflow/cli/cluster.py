@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -104,7 +103,7 @@ def server_cmd(
         bool,
         typer.Option(
             "--standby",
-            help="While another server holds the store's engine lease, wait for it as long as it takes (take over when it stops or dies).",
+            help="Deprecated, changes nothing: every server is active and the servers share the partitions.",
         ),
     ] = False,
     sweep_interval: Annotated[
@@ -119,20 +118,22 @@ def server_cmd(
     ] = 30.0,
     verbose: VerboseOption = False,
 ) -> None:
-    """Run a cluster's engine: scheduler, relay, timers and recovery, no workers.
+    """Run one of a cluster's engines: scheduler, relay, timers and recovery, no workers.
 
-    One server is active per store (it holds the store's engine lease); another
-    one on the same store is refused, or with --standby (--wait-for-engine
-    SECONDS) waits and takes over when the active one stops, or within the
-    lease's TTL (TIDEFLOW_ENGINE_LEASE_TTL, 10 s) when it dies. Every
+    Start as many as you like on one store and bus: each holds leases on a
+    share of the event partitions and applies their runs' events; a new one
+    takes its share without a restart, and a dead one's partitions are taken
+    over within the lease's TTL (TIDEFLOW_ENGINE_LEASE_TTL, 10 s) or the bus's
+    delivery lease, whichever is longer. --wait-for-engine SECONDS waits for an
+    embedded engine (`tideflow run`) on the store to exit. Every
     --sweep-interval seconds (30) it repairs what a lost notification left,
-    with one indexed query per kind. SIGTERM or Ctrl-C: finish the batch in
-    progress, release the lease, exit 0. Logs go to stderr. See
-    docs/deployment.md.
+    with one indexed query per kind. SIGTERM or Ctrl-C:
+    finish the batch in progress, release the partitions, exit 0. Logs go to
+    stderr. See docs/deployment.md.
 
     Examples:
       tideflow server --store postgresql://tideflow@db/tideflow --bus redis://mq:6379/0
-      TIDEFLOW_STORE=postgresql://… TIDEFLOW_BUS=redis://… tideflow server --standby
+      TIDEFLOW_STORE=postgresql://… TIDEFLOW_BUS=nats://mq:4222 tideflow server
     """
     from tideflow.runtime.clock import clock_from_environment
     from tideflow.runtime.lease import ttl_from_environment
@@ -149,10 +150,15 @@ def server_cmd(
     except (ValueError, TideflowError) as exc:
         raise fail_usage(str(exc)) from None
     _log_level(verbose)
+    if standby:
+        logging.getLogger("tideflow.server").warning(
+            "--standby is deprecated and changes nothing: every server is active, the "
+            "servers share the event partitions and take over a dead one's"
+        )
     options = ServerOptions(
         store=store,
         bus=bus,
-        wait_for_engine=math.inf if standby else wait_for_engine,
+        wait_for_engine=wait_for_engine,
         lease_ttl=ttl,
         runtime={
             "clock": clock,

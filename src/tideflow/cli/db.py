@@ -124,14 +124,17 @@ def status_cmd(as_json: JsonOption = False, store: StoreOption = DEFAULT_STORE) 
     `tideflow db upgrade`; a newer one: upgrade tideflow; damaged: restore a
     backup; unreachable). `pending_effects` counts the effects of committed
     changes that no engine has carried out yet (a stopped engine leaves them; the
-    next one relays them on start). --json prints {"store", "schema_version",
-    "code_schema_version", "up_to_date", "problems": [...], "pending_effects"}.
+    next one relays them on start). On a cluster's store it lists the live servers
+    and the event partitions each holds (and those no live server holds). --json
+    prints {"store", "schema_version", "code_schema_version", "up_to_date",
+    "problems": [...], "pending_effects", "cluster": null or {"partitions",
+    "servers": [{"owner", "host", "pid", "partitions"}], "unheld"}}.
 
     Examples:
       tideflow db status
       tideflow db status --store sqlite:///orders.db --json
     """
-    version, problems, pending = run_async(_status(store))
+    version, problems, pending, cluster = run_async(_status(store))
     code = code_schema_version()
     up_to_date = version == code
     if as_json:
@@ -143,6 +146,7 @@ def status_cmd(as_json: JsonOption = False, store: StoreOption = DEFAULT_STORE) 
                 "up_to_date": up_to_date,
                 "problems": problems,
                 "pending_effects": pending,
+                "cluster": cluster,
             }
         )
     elif version is None:
@@ -156,6 +160,8 @@ def status_cmd(as_json: JsonOption = False, store: StoreOption = DEFAULT_STORE) 
         )
         if pending:
             out.print(f"{pending} effect(s) wait to be relayed by the next engine", markup=False)
+        if cluster is not None:
+            _print_cluster(cluster)
     if problems:
         _report_damage(store, problems)
         raise typer.Exit(EXIT_USAGE)
@@ -173,9 +179,59 @@ def _report_damage(url: str, problems: list[str]) -> None:
         err.print(f"  {problem}", markup=False)
 
 
-async def _status(url: str) -> tuple[int | None, list[str], int]:
+def _print_cluster(cluster: dict[str, Any]) -> None:
+    from tideflow.runtime.partitions import shown
+
+    servers = cluster["servers"]
+    out.print(
+        f"cluster: {cluster['partitions']} event partitions, {len(servers)} live server(s)",
+        markup=False,
+    )
+    for server in servers:
+        out.print(
+            f"  server pid {server['pid']} on {server['host']} ({server['owner']}): "
+            f"partitions {shown(server['partitions'])}",
+            markup=False,
+        )
+    if cluster["unheld"]:
+        out.print(f"  held by no live server: {shown(cluster['unheld'])}", markup=False)
+
+
+async def _cluster(store: Store) -> dict[str, Any] | None:
+    """The cluster's servers and who holds which partition; None on an embedded store."""
+    from tideflow.runtime.partitions import MEMBER, PARTITION, PARTITION_COUNT
+
+    try:
+        count = await store.lease_holder(PARTITION_COUNT)
+        if count is None:
+            return None
+        now = time.time()
+        members = [m for m in await store.list_leases(MEMBER) if m.expires_at > now]
+        held = [p for p in await store.list_leases(PARTITION) if p.expires_at > now]
+    except Exception:  # an old schema: `db upgrade` comes first, status says so
+        return None
+    by_owner: dict[str, list[int]] = {m.owner: [] for m in members}
+    for lease in held:
+        by_owner.setdefault(lease.owner, []).append(int(lease.name[len(PARTITION) :]))
+    live = {p for m in members for p in by_owner[m.owner]}
+    return {
+        "partitions": int(count.owner),
+        "servers": [
+            {
+                "owner": m.owner,
+                "host": m.host,
+                "pid": m.pid,
+                "partitions": sorted(by_owner[m.owner]),
+            }
+            for m in members
+        ],
+        "unheld": [p for p in range(int(count.owner)) if p not in live],
+    }
+
+
+async def _status(url: str) -> tuple[int | None, list[str], int, dict[str, Any] | None]:
     if not store_exists(url):
-        return 0, [], 0
+        return 0, [], 0, None
     async with opened_store(url, upgrade=False) as store:
         version = await _version(store)
         path = sqlite_file(store)
@@ -186,7 +242,8 @@ async def _status(url: str) -> tuple[int | None, list[str], int]:
         except Exception as exc:
             raise store_unavailable(url, exc) from None
         pending = 0 if problems or version is None else await _pending_effects(store)
-        return version, problems, pending
+        cluster = None if problems or version is None else await _cluster(store)
+        return version, problems, pending, cluster
 
 
 async def _pending_effects(store: Store) -> int:

@@ -13,19 +13,20 @@ import asyncio
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
-from tideflow.bus.base import Bus
+from tideflow.bus.base import Bus, partition_of
 from tideflow.client import EngineLink
 from tideflow.model.commands import RunFinished, StartChildRun
 from tideflow.model.events import Event, RunStarted, TaskStarted
 from tideflow.model.run import RunState
 from tideflow.runtime.catalog import Catalog
 from tideflow.runtime.clock import Clock
+from tideflow.runtime.partitions import Ownership
 from tideflow.runtime.recovery import recover
 from tideflow.runtime.relay import EventSink, Listener, Relay, Runs, start_key
 from tideflow.runtime.result import RunResult, result_of
 from tideflow.runtime.runs import DEFAULT_RUN_CACHE_SIZE, RunCache
 from tideflow.runtime.scheduler import Scheduler
-from tideflow.runtime.sweep import Sweep
+from tideflow.runtime.sweep import Sweep, every_run
 from tideflow.runtime.timers import TimerWheel
 from tideflow.store.base import Store
 
@@ -42,10 +43,14 @@ class Engine(EngineLink, Runs):
         batch_size: int,
         run_cache_size: int = DEFAULT_RUN_CACHE_SIZE,
         sweep_interval: float = 0.0,
+        ownership: Ownership | None = None,
     ) -> None:
         """``sweep_interval``: seconds between two rounds of the reconciliation sweep
-        (runtime/sweep.py), 0 for none; ``sweep.owns`` says which runs it repairs."""
+        (runtime/sweep.py), 0 for none; it repairs only the runs this engine owns.
+        ``ownership``: in a cluster, the partitions this engine applies (the partition
+        manager changes them: ``take``, ``drop``); None applies every partition."""
         self._store = store
+        self.ownership = ownership
         self._bus = bus
         self._catalog = catalog
         self._clock = clock
@@ -59,7 +64,12 @@ class Engine(EngineLink, Runs):
         self.listeners: list[Listener] = []
         self.sinks: list[EventSink] = []
         self._waiters: dict[str, list[asyncio.Future[RunResult]]] = defaultdict(list)
-        self.timers = TimerWheel(clock, self._timer_fired, store.due_timers)
+        self.timers = TimerWheel(
+            clock,
+            self._timer_fired,
+            store.due_timers,
+            owns=None if ownership is None else ownership.holds,
+        )
         self.relay = Relay(
             bus=bus,
             timers=self.timers,
@@ -77,6 +87,7 @@ class Engine(EngineLink, Runs):
             plans=self.plans,
             relay=self.relay,
             batch_size=batch_size,
+            ownership=ownership,
         )
         self.sweep = Sweep(
             store=store,
@@ -85,6 +96,7 @@ class Engine(EngineLink, Runs):
             relay=self.relay,
             clock=clock,
             interval=sweep_interval,
+            owns=every_run if ownership is None else ownership.owns,
         )
 
     # -- lifecycle --------------------------------------------------------------
@@ -109,6 +121,40 @@ class Engine(EngineLink, Runs):
             clock=self._clock,
         )
 
+    async def take(self, partitions: frozenset[int]) -> None:
+        """Recover what the previous owner of these partitions left (their events are
+        applied only after this returns: see runtime/partitions.py)."""
+        ownership = self.ownership
+        if ownership is None:
+            raise RuntimeError("an engine that applies every partition takes none")
+
+        def taking(run_id: str) -> bool:
+            return partition_of(run_id, ownership.partitions) in partitions
+
+        self.runs.evict_where(taking)  # anything cached from an earlier turn is stale
+        await recover(
+            store=self._store,
+            runs=self.runs,
+            plans=self.plans,
+            timers=self.timers,
+            relay=self.relay,
+            clock=self._clock,
+            owns=taking,
+        )
+
+    def drop(self, partitions: frozenset[int]) -> None:
+        """Forget the runs and timers of partitions given up or lost (another server
+        applies them now; optimistic concurrency catches a commit already under way)."""
+        ownership = self.ownership
+        if ownership is None:
+            return
+
+        def gone(run_id: str) -> bool:
+            return partition_of(run_id, ownership.partitions) in partitions
+
+        self.runs.evict_where(gone)
+        self.timers.drop(gone)
+
     async def stop(self) -> None:
         """Stop after the batch in progress; what the relay still holds is relayed again by
         the next recovery (the outbox, or the runs' state)."""
@@ -130,7 +176,8 @@ class Engine(EngineLink, Runs):
         await self.scheduler.apply(list(events), redeliver=False, relay=relay)
 
     async def start_run(self, state: RunState, event: RunStarted) -> None:
-        self.runs.add(state)
+        if self.ownership is None or self.ownership.owns(state.run_id):
+            self.runs.add(state)
         # the run is stored: its start must go
         await self.relay.send([event], "start run", key=start_key(state.run_id))
 
@@ -176,7 +223,8 @@ class Engine(EngineLink, Runs):
         )
         if state is None:
             return await self.state(run_id)
-        self.runs.add(state)
+        if self.ownership is None or self.ownership.owns(run_id):
+            self.runs.add(state)  # another server's child is loaded by that server
         return state
 
     def _timer_fired(self, run_id: str, timer_id: str) -> None:

@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from tideflow.errors import EngineAlreadyRunning
 from tideflow.model.events import Event
 from tideflow.runtime.inbox import Inbox
-from tideflow.store.base import ENGINE_LEASE, Lease, Store
+from tideflow.store.base import ENGINE_LEASE, MEMBER_LEASES, Lease, Store
 
 log = logging.getLogger("tideflow.lease")
 
@@ -189,6 +189,11 @@ class EngineSeat:
         if holder is not None:
             await self.inbox.close()
             raise EngineAlreadyRunning(refusal(holder))
+        servers = await cluster_members(self.lease.store)
+        if servers:  # servers join under this lease: none can be half-way in
+            await self.inbox.close()
+            await self.lease.release()
+            raise EngineAlreadyRunning(served_by_cluster(servers))
 
     def start(self, on_lost: Callable[[], None]) -> None:
         """Apply what is in the inbox now and whatever arrives; keep the lease."""
@@ -211,6 +216,22 @@ def refusal(holder: Lease) -> str:
     )
 
 
+async def cluster_members(store: Store, now: float | None = None) -> list[Lease]:
+    """The live `tideflow server` processes of a cluster on this store (none embedded)."""
+    moment = time.time() if now is None else now
+    return [lease for lease in await store.list_leases(MEMBER_LEASES) if lease.expires_at > moment]
+
+
+def served_by_cluster(servers: list[Lease]) -> str:
+    where = ", ".join(f"pid {s.pid} on {s.host}" for s in servers[:5])
+    return (
+        f"this store is served by a cluster of {len(servers)} live `tideflow server` "
+        f"process(es) ({where}): it applies the runs' events from its bus. Give `tideflow "
+        "runs …` the cluster's bus (--bus URL or TIDEFLOW_BUS) to steer them, and stop the "
+        "servers before running an embedded engine (`tideflow run`, `tideflow resume`) on it"
+    )
+
+
 def ttl_from_environment(environ: Mapping[str, str]) -> float:
     text = environ.get(TTL_ENV, "").strip()
     if not text:
@@ -230,8 +251,10 @@ __all__ = [
     "DEFAULT_TTL",
     "EngineSeat",
     "StoreLease",
+    "cluster_members",
     "describe",
     "is_live",
     "process_alive",
+    "served_by_cluster",
     "ttl_from_environment",
 ]

@@ -17,11 +17,17 @@ timer far away; recovery loads none of those. It reads:
 
 Waits need nothing: an emitted event finds its waiting runs with
 ``Store.runs_waiting_for``, a signal loads its run when it arrives.
+
+In a cluster a server recovers each partition it takes (``owns``: the runs of the
+partitions being taken), before it applies their events. The rows are read for every
+partition and filtered here by ``partition_of(run_id)``: the queries are the same as
+embedded mode's; a partition-indexed column is a later refinement.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from tideflow.core.resume import lost_attempts, lost_events, resume_commands
 from tideflow.core.saga import lost_compensation
@@ -36,6 +42,13 @@ from tideflow.store.base import RunFilter, Store, TaskLease
 
 log = logging.getLogger("tideflow.runtime")
 
+Owns = Callable[[str], bool]
+"""Whether a run is recovered here (its partition is being taken)."""
+
+
+def everything(run_id: str) -> bool:
+    return True
+
 
 async def recover(
     *,
@@ -45,21 +58,28 @@ async def recover(
     timers: TimerWheel,
     relay: Relay,
     clock: Clock,
+    owns: Owns = everything,
 ) -> None:
-    """Resume what the store says was left in motion (see the module docstring); effects
-    go through the relay, so they are retried until they succeed."""
+    """Resume what the store says was left in motion (see the module docstring) for the
+    runs ``owns`` says; effects go through the relay, so they are retried until they
+    succeed."""
     now = clock.now()
-    pending = await store.pending_outbox()
+    pending = [item for item in await store.pending_outbox() if owns(item.run_id)]
     await relay.relay([item.command for item in pending], dict(enumerate(i.id for i in pending)))
-    await _index_unindexed(store, runs, plans, now)
-    await _start_pending(store, runs, relay, now)
-    await _resume_in_flight(store, runs, plans, relay, now)
+    await _index_unindexed(store, runs, plans, now, owns)
+    await _start_pending(store, runs, relay, now, owns)
+    await _resume_in_flight(store, runs, plans, relay, now, owns)
     await timers.refill()
 
 
-async def _index_unindexed(store: Store, runs: RunCache, plans: Plans, now: float) -> None:
+async def _index_unindexed(
+    store: Store, runs: RunCache, plans: Plans, now: float, owns: Owns
+) -> None:
     """Write the rows of runs stored before they existed (schema 1), once."""
     while run_ids := await store.unindexed_runs():
+        run_ids = [run_id for run_id in run_ids if owns(run_id)]
+        if not run_ids:
+            return  # the rest belongs to other servers' partitions
         for run_id in run_ids:
             try:
                 state = (await runs.get(run_id)).state
@@ -110,11 +130,15 @@ def in_flight(plan: Plan, state: RunState, now: float) -> list[TaskLease]:
     return leases
 
 
-async def _start_pending(store: Store, runs: RunCache, relay: Relay, now: float) -> None:
+async def _start_pending(
+    store: Store, runs: RunCache, relay: Relay, now: float, owns: Owns
+) -> None:
     cursor: str | None = None
     while True:
         page = await store.list_runs(RunFilter(status="pending"), limit=500, cursor=cursor)
         for summary in page.runs:
+            if not owns(summary.run_id):
+                continue
             try:
                 state = (await runs.get(summary.run_id)).state
             except Exception as exc:  # a damaged run must not keep the others from starting
@@ -127,9 +151,10 @@ async def _start_pending(store: Store, runs: RunCache, relay: Relay, now: float)
 
 
 async def _resume_in_flight(
-    store: Store, runs: RunCache, plans: Plans, relay: Relay, now: float
+    store: Store, runs: RunCache, plans: Plans, relay: Relay, now: float, owns: Owns
 ) -> None:
-    run_ids = dict.fromkeys(lease.run_id for lease in await store.expired_tasks(now))
+    expired = await store.expired_tasks(now)
+    run_ids = dict.fromkeys(lease.run_id for lease in expired if owns(lease.run_id))
     for run_id in run_ids:
         try:
             state = (await runs.get(run_id)).state

@@ -110,6 +110,13 @@ class RunCache:
     def evict(self, run_id: str) -> None:
         self._live.pop(run_id, None)
 
+    def evict_where(self, gone: Callable[[str], bool]) -> int:
+        """Evict every cached run ``gone`` says (a partition given up); how many."""
+        victims = [run_id for run_id in self._live if gone(run_id)]
+        for run_id in victims:
+            del self._live[run_id]
+        return len(victims)
+
     def cached(self) -> list[LiveRun]:
         return list(self._live.values())
 

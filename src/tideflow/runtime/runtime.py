@@ -38,6 +38,7 @@ from tideflow.runtime.clock import Clock, SystemClock
 from tideflow.runtime.delivery import deliver
 from tideflow.runtime.engine import Engine
 from tideflow.runtime.lease import DEFAULT_TTL, EngineSeat
+from tideflow.runtime.partitions import Ownership, PartitionManager
 from tideflow.runtime.relay import EventSink, Listener
 from tideflow.runtime.result import RunResult
 from tideflow.runtime.runs import DEFAULT_RUN_CACHE_SIZE
@@ -77,6 +78,7 @@ class Runtime:
         wait_for_engine: float = 0.0,
         on_lease_lost: Callable[[], None] | None = None,
         sweep_interval: float = DEFAULT_SWEEP_INTERVAL,
+        cluster: bool = False,
     ) -> None:
         """``interceptors`` wrap every attempt the workers run, outermost first (see
         tideflow.worker.interceptors): metrics, tracing, your own policies.
@@ -84,7 +86,12 @@ class Runtime:
         (runtime/sweep.py; 0 turns it off); only a runtime that recovers (the store's
         engine) sweeps.
         ``on_lease_lost`` is called when another engine took the store's lease over (this
-        one has stopped advancing runs; `tideflow server` then exits)."""
+        one has stopped advancing runs; `tideflow server` then exits).
+
+        ``cluster=True`` (`tideflow server`): instead of the store's one engine lease, this
+        engine holds leases on a share of the bus's event partitions beside any number of
+        other servers and applies only those (runtime/partitions.py); ``lease_ttl`` is
+        their lifetime, ``wait_for_engine`` how long to wait for an embedded engine."""
         if isinstance(store, str):
             from tideflow.store import open_store
 
@@ -127,9 +134,11 @@ class Runtime:
             EngineSeat(
                 self.store, self._apply_delivered, ttl=lease_ttl, wait_for_engine=wait_for_engine
             )
-            if engine
+            if engine and not cluster
             else None
         )
+        self._wait_for_engine = wait_for_engine
+        ownership = Ownership(self.bus.partitions) if cluster else None
         """The store's engine lease and inbox (runtime/lease.py): one engine per store."""
         self._on_lease_lost = on_lease_lost
         sweep = check_interval(sweep_interval)
@@ -143,7 +152,21 @@ class Runtime:
             batch_size=batch_size,
             run_cache_size=run_cache_size,
             sweep_interval=sweep if recover else 0.0,
+            ownership=ownership,
         )
+        self.partitions = (
+            PartitionManager(
+                self.store,
+                ownership,
+                take=self._engine.take,
+                drop=self._engine.drop,
+                ttl=lease_ttl,
+                bus_claim=self.bus.lease,
+            )
+            if ownership is not None
+            else None
+        )
+        """In a cluster: this server's partition leases (``owns(run_id)``, ``on_taken``)."""
         self.client = Client(
             self.store,
             self._engine,
@@ -168,9 +191,15 @@ class Runtime:
         await self.bus.open()
         if self._seat is not None:
             await self._seat.take()  # before anything of the store's runs is touched
+        if self.partitions is not None:
+            await self.partitions.join(wait_for_engine=self._wait_for_engine)
         self._running = True
         if self._worker_count:
             self._workers.start()
+        if self.partitions is not None:  # each partition is recovered as it is taken
+            self._engine.start()
+            await self.partitions.start()
+            return
         if self._recover_on_start:
             # Before the scheduler applies anything: what recovery finds in flight must be
             # what the previous engine left, not attempts this one has just dispatched
@@ -185,6 +214,8 @@ class Runtime:
         if self._seat is not None:
             await self._seat.stop_listening()
         await self._workers.close()
+        if self.partitions is not None:
+            await self.partitions.halt()
         await self._engine.stop()  # a batch being committed finishes first
         for sink in self._engine.sinks:
             closer = getattr(sink, "aclose", None)
@@ -195,6 +226,8 @@ class Runtime:
         await self.bus.close()
         if self._seat is not None:
             await self._seat.release()
+        if self.partitions is not None:
+            await self.partitions.close()
         await self.store.close()
 
     def _lease_lost(self) -> None:

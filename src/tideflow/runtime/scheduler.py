@@ -34,6 +34,7 @@ from tideflow.core.decide import decide
 from tideflow.errors import NotFound
 from tideflow.model.events import EngineFailed, Event
 from tideflow.runtime.commits import Outcome, commit_apart
+from tideflow.runtime.partitions import Ownership
 from tideflow.runtime.poison import DEFINITELY_DATA, Failure, classify, describe, engine_failed
 from tideflow.runtime.relay import Relay
 from tideflow.runtime.runs import Plans, RunCache
@@ -44,6 +45,8 @@ log = logging.getLogger("tideflow.scheduler")
 CONSUME_RETRY_FIRST = 0.05
 CONSUME_RETRY_MAX = 5.0
 """Seconds before an event stream that failed is opened again (doubling up to the max)."""
+CANCEL_AGAIN = 0.5
+"""Seconds after which a wait for the next batch that ignored its cancel is cancelled again."""
 
 
 class Scheduler:
@@ -56,8 +59,12 @@ class Scheduler:
         plans: Plans,
         relay: Relay,
         batch_size: int,
+        ownership: Ownership | None = None,
     ) -> None:
+        """``ownership``: in a cluster, the partitions to consume (runtime/partitions.py);
+        None consumes every partition (embedded mode)."""
         self._store = store
+        self._ownership = ownership
         self._bus = bus
         self._runs = runs
         self._plans = plans
@@ -120,16 +127,49 @@ class Scheduler:
 
     async def _consume(self) -> AsyncIterator[None]:
         """Apply the delivered batches; yields after each one."""
+        if self._ownership is not None:
+            async for _ in self._consume_owned(self._ownership):
+                yield
+            return
         batches = self._bus.consume_events(max_batch=self._batch_size)
         async with contextlib.aclosing(batches) as deliveries:
             async for batch in deliveries:
-                try:
-                    await self._apply_delivered(batch)
-                except Exception:
-                    log.exception("scheduler batch failed; its events come again")
-                    with contextlib.suppress(Exception):
-                        await batch.nack(self._retry_delay)  # a no-op once acknowledged
+                await self._apply_guarded(batch)
                 yield
+
+    async def _apply_guarded(self, batch: EventBatch) -> None:
+        try:
+            await self._apply_delivered(batch)
+        except Exception:
+            log.exception("scheduler batch failed; its events come again")
+            with contextlib.suppress(Exception):
+                await batch.nack(self._retry_delay)  # a no-op once acknowledged
+
+    async def _consume_owned(self, ownership: Ownership) -> AsyncIterator[None]:
+        """Consume the partitions this engine owns; when they change, finish the batch in
+        progress, close the stream (the bus hands back what it held) and open another."""
+        while True:
+            owned = ownership.applied
+            if not owned:
+                await ownership.changed(owned)
+                continue
+            batches = self._bus.consume_events(owned, max_batch=self._batch_size)
+            changed = asyncio.ensure_future(ownership.changed(owned))
+            try:
+                async with contextlib.aclosing(batches) as deliveries:
+                    ownership.consumed(owned)
+                    while not changed.done():
+                        try:
+                            batch = await _next_unless(deliveries, changed)
+                        except _Ended:
+                            return
+                        if batch is None:
+                            break
+                        await self._apply_guarded(batch)
+                        yield
+            finally:
+                changed.cancel()
+                ownership.consumed(frozenset())
 
     async def _apply_delivered(self, batch: EventBatch) -> None:
         """Apply a batch from the bus; acknowledge it once it is committed (events that
@@ -367,6 +407,31 @@ class Scheduler:
             seq=seq,
             snapshot=snapshot,
         )
+
+
+async def _next_unless(
+    deliveries: AsyncIterator[EventBatch], changed: asyncio.Future[None]
+) -> EventBatch | None:
+    """The next batch, or None when ``changed`` comes first (the wait for it is cancelled:
+    what the bus had not delivered yet stays with the stream and is handed back when it
+    closes). ``_Ended`` when the bus ended the stream."""
+    following = asyncio.ensure_future(anext(deliveries))
+    try:
+        await asyncio.wait((following, changed), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        while not following.done():  # ownership changed, or the scheduler is stopping
+            following.cancel()  # again if a client swallowed it (nats-py during a nack)
+            await asyncio.wait((following,), timeout=CANCEL_AGAIN)
+    if following.cancelled():
+        return None
+    try:
+        return following.result()
+    except StopAsyncIteration:
+        raise _Ended from None
+
+
+class _Ended(Exception):
+    """The bus ended an event stream (it is closing)."""
 
 
 class _ApplyFailed(Exception):

@@ -1,26 +1,37 @@
-"""`tideflow server`: the engine of a cluster, with no workers, until SIGTERM or SIGINT.
+"""`tideflow server`: an engine of a cluster, with no workers, until SIGTERM or SIGINT.
 
-A server is ``Runtime(workers=0)`` on a shared store and a real bus: the scheduler
-consumes the events of every partition of the bus, the relay publishes tasks for the
-`tideflow worker` processes, timers fire, and on start recovery puts back in motion
-what the previous engine left. It holds the store's engine lease (runtime/lease.py)
-while it runs, so **one server is active per store**; another one started on the same
-store is a *standby*: it waits for the lease (``--standby``, or up to
-``--wait-for-engine SECONDS``) and takes over when the active one stops (at once after
-a clean stop, within the lease's TTL after a SIGKILL), recovering first.
+A server is ``Runtime(workers=0, cluster=True)`` on a shared store and a real bus. Any
+number of servers run side by side on one store and bus, all active: runs hash to the
+bus's event partitions, and each server holds leases on a share of them (rows in the
+store, renewed every ``ttl / 5`` seconds; runtime/partitions.py) and applies only their
+events, so one server at a time advances a run, in order. The share is computed by
+rendezvous hashing over the live servers, so every server agrees without talking:
 
-The next step (partition ownership, several active servers) changes what a server
-consumes, not its shape: a server will hold leases on a share of the partitions and the
-scheduler will consume ``bus.consume_events(partitions)`` instead of all of them.
+- a server that starts takes the free partitions of its share, recovers each (what
+  its previous owner left: unrelayed effects, pending runs, lost attempts, timers)
+  and only then applies its events; the others give up the partitions that are its
+  now at their next heartbeat (after the batch in progress), so adding a server
+  rebalances without a restart;
+- a server that stops (SIGTERM) gives its partitions up at once; one that dies
+  (SIGKILL) keeps them until their leases expire (``TIDEFLOW_ENGINE_LEASE_TTL``, 10 s),
+  and until the bus's claim on them runs out (the bus URL's ``lease``): the takeover
+  time is the larger of the two. Its unacknowledged events are redelivered to the new
+  owner; optimistic concurrency on each run's sequence stays the last line of defence;
+- the relay publishes tasks for the `tideflow worker` processes and each server's timer
+  wheel fires only the timers of the runs it owns.
 
-Taking over also means taking the bus's event partitions: the dead server's claims on
-them run out after the bus's delivery lease; until then the scheduler's event stream
-is refused, and the scheduler opens it again with a backoff (runtime/scheduler.py).
+Every take and release is logged (``took partitions 0-3,9 …``, ``released partitions
+…``); `tideflow db status` lists who holds which partition.
+
+A store is served either by one embedded engine (`tideflow run`, `tideflow resume`,
+holding the store's ``engine`` lease, runtime/lease.py) or by servers, never both: a
+server waits up to ``--wait-for-engine SECONDS`` for an embedded engine to exit, then
+is refused. ``--standby`` is accepted for compatibility and changes nothing: there are
+no standbys any more, every server is active.
 
 Stopping: the first SIGTERM or SIGINT finishes the batch being applied, stops the
-relay and the timers (what they still held is re-derived by the next engine's
-recovery), releases the lease and exits 0. A server whose lease another engine took
-over (it was paused for longer than the TTL) stops advancing runs and exits 1.
+relay and the timers (what they still held is re-derived by the next owner's recovery),
+releases the partitions and exits 0.
 """
 
 from __future__ import annotations
@@ -37,12 +48,12 @@ from typing import Any
 from tideflow.errors import BusError, StoreError
 from tideflow.lifecycle import Stop, shown
 from tideflow.runtime.lease import DEFAULT_TTL
+from tideflow.runtime.partitions import shown as shown_partitions
 from tideflow.runtime.runtime import Runtime
 
 log = logging.getLogger("tideflow.server")
 
 STOPPED = 0
-LEASE_LOST = 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,8 +61,8 @@ class ServerOptions:
     store: str
     bus: str
     wait_for_engine: float = 0.0
-    """Seconds to wait for the engine lease held by another server (``math.inf``: a
-    standby, waiting as long as it takes)."""
+    """Seconds to wait for an embedded engine that holds the store (``math.inf``: as
+    long as it takes)."""
     lease_ttl: float = DEFAULT_TTL
     runtime: dict[str, Any] = field(default_factory=dict)
     """More ``Runtime`` options (clock, limits, batch size)."""
@@ -72,17 +83,13 @@ def check_urls(store: str, bus: str) -> None:
 
 
 async def serve(options: ServerOptions, stop: Stop | None = None) -> int:
-    """Run the engine until ``stop`` (SIGTERM/SIGINT): ``STOPPED``, or ``LEASE_LOST``.
-    Raises ``EngineAlreadyRunning`` when another server holds the lease longer than
-    ``wait_for_engine``."""
+    """Run the engine until ``stop`` (SIGTERM/SIGINT): ``STOPPED``. Raises
+    ``EngineAlreadyRunning`` when an embedded engine holds the store for longer than
+    ``wait_for_engine``, ``BusError`` when the bus's partition count is not the
+    cluster's."""
     check_urls(options.store, options.bus)
     stop = stop or Stop()
     stop.install()
-    lost: list[bool] = []
-
-    def lease_lost() -> None:
-        lost.append(True)
-        stop.set("lease lost")
 
     from tideflow.bus import open_bus
 
@@ -91,21 +98,21 @@ async def serve(options: ServerOptions, stop: Stop | None = None) -> int:
         bus=open_bus(options.bus),
         workers=0,
         recover=True,
-        lease=True,
         lease_ttl=options.lease_ttl,
         wait_for_engine=options.wait_for_engine,
-        on_lease_lost=lease_lost,
+        cluster=True,
         **options.runtime,
     )
     me = f"{socket.gethostname()}/{os.getpid()}"
     log.info(
         "tideflow server %s: engine (scheduler, relay, timers, recovery; no workers) for "
-        "store %s, bus %s (%d event partitions, delivery lease %gs)",
+        "store %s, bus %s (%d event partitions, delivery lease %gs, partition lease TTL %gs)",
         me,
         shown(options.store),
         shown(options.bus),
         rt.bus.partitions,
         rt.bus.lease,
+        options.lease_ttl,
     )
     try:
         started = await _started(rt, options, stop)
@@ -118,36 +125,38 @@ async def serve(options: ServerOptions, stop: Stop | None = None) -> int:
         with contextlib.suppress(Exception):
             await rt.close()
         stop.uninstall()
-        log.info("stopped before it took the engine lease")
+        log.info("stopped before it joined the cluster")
         return STOPPED
     try:
+        assert rt.partitions is not None
         log.info(
-            "serving: holds the store's engine lease (TTL %gs), recovery done, consuming "
-            "every event partition",
-            options.lease_ttl,
+            "serving: member %s of the cluster, applying partitions %s of %d (the share "
+            "of each server follows the live servers)",
+            rt.partitions.owner,
+            shown_partitions(rt.partitions.ownership.applied),
+            rt.bus.partitions,
         )
         await stop.wait()
     finally:
-        log.info("stopping: finishing the batch in progress, releasing the lease")
+        log.info("stopping: finishing the batch in progress, releasing the partitions")
         await rt.close()
         stop.uninstall()
-    if lost:
-        log.error("stopped: another engine holds the store's lease now")
-        return LEASE_LOST
     log.info("stopped")
     return STOPPED
 
 
 async def _started(rt: Runtime, options: ServerOptions, stop: Stop) -> bool:
-    """Start the runtime (waiting for the lease as a standby may); False when ``stop``
-    came first."""
+    """Start the runtime (join the cluster, take and recover the free partitions of its
+    share); False when ``stop`` came first."""
     if options.wait_for_engine > 0:
         patience = (
             "as long as it takes"
             if math.isinf(options.wait_for_engine)
             else (f"up to {options.wait_for_engine:g}s")
         )
-        log.info("taking the engine lease; while another server holds it, waiting %s", patience)
+        log.info(
+            "joining the cluster; while an embedded engine holds the store, waiting %s", patience
+        )
     starting = asyncio.create_task(rt.start(), name="tideflow-server-start")
     stopping = asyncio.create_task(stop.wait(), name="tideflow-server-stop")
     try:
@@ -163,4 +172,4 @@ async def _started(rt: Runtime, options: ServerOptions, stop: Stop) -> bool:
     return True
 
 
-__all__ = ["LEASE_LOST", "STOPPED", "ServerOptions", "check_urls", "serve"]
+__all__ = ["STOPPED", "ServerOptions", "check_urls", "serve"]

@@ -8,6 +8,12 @@ that wake-up (and at start) it *refills*: it loads what falls due within the
 horizon, fires what is already due, and sets the next wake-up from the store.
 There is no polling: without timers beyond the horizon there is no wake-up.
 A run waiting on a timer a month away therefore costs no memory until then.
+
+In a cluster each server's wheel holds and fires only the timers of the runs it owns
+(``owns``): a refill reads the stored rows of every partition and skips the others'
+(filtered here, not in the query: fine for this cut, see docs/deployment.md), and
+``drop`` lets go of a partition given up. A wake-up set for another server's timer
+only costs a refill.
 """
 
 from __future__ import annotations
@@ -40,8 +46,11 @@ class TimerWheel:
         *,
         horizon: float = DEFAULT_HORIZON,
         capacity: int = DEFAULT_CAPACITY,
+        owns: Callable[[str], bool] | None = None,
     ) -> None:
+        """``owns(run_id)``: whether this engine fires the run's timers (None: all)."""
         self._clock = clock
+        self._owns = owns
         self._fire = fire
         self._due = due_timers
         self._horizon = horizon
@@ -73,6 +82,11 @@ class TimerWheel:
         handle = self._handles.pop((run_id, timer_id), None)
         if handle is not None:
             handle.cancel()
+
+    def drop(self, gone: Callable[[str], bool]) -> None:
+        """Let go of the held timers of the runs ``gone`` says this engine gave up."""
+        for key in [key for key in self._handles if gone(key[0])]:
+            self._handles.pop(key).cancel()
 
     async def refill(self) -> None:
         """Load the stored timers due within the horizon, fire those already due, and set
@@ -106,6 +120,8 @@ class TimerWheel:
             key = (row.run_id, row.timer_id)
             if key in self._handles:
                 continue  # held already (re-armed in memory, e.g. by recovery)
+            if self._owns is not None and not self._owns(row.run_id):
+                continue  # another server's
             if row.fire_at <= now:
                 self._fire(*key)
             else:

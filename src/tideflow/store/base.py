@@ -209,6 +209,11 @@ class Lease:
 
 
 ENGINE_LEASE = "engine"
+"""The lease of embedded mode's one engine (and of a client's moment, runtime/lease.py)."""
+MEMBER_LEASES = "server:"
+"""Prefix of a cluster's membership leases, one per live `tideflow server`."""
+PARTITION_LEASES = "partition:"
+"""Prefix of a cluster's partition leases, ``partition:<n>`` (runtime/partitions.py)."""
 
 InboxListener = Callable[[], None]
 """Called (on the event loop) when another process has put events into the inbox."""
@@ -353,6 +358,11 @@ class Store(ABC):
     @abstractmethod
     async def lease_holder(self, name: str) -> Lease | None:
         """The lease row as stored (it may have expired), or None."""
+
+    @abstractmethod
+    async def list_leases(self, prefix: str) -> list[Lease]:
+        """The lease rows whose name starts with ``prefix``, as stored (expired ones too),
+        sorted by name: a cluster's members (``server:…``) and partitions (``partition:…``)."""
 
     @abstractmethod
     async def add_to_inbox(self, events: Sequence[Event]) -> Lease | None:

@@ -240,6 +240,10 @@ def lease_from_row(row: Sequence[Any] | None) -> Lease | None:
     )
 
 
+def leases_from_rows(rows: Sequence[Sequence[Any]]) -> list[Lease]:
+    return [lease for lease in map(lease_from_row, rows) if lease is not None]
+
+
 def inbox_rows(events: Sequence[Event]) -> list[tuple[str, str, float, str]]:
     return [(e.event_id, e.run_id, time.time(), dumps(codec.event_to_data(e))) for e in events]
 

@@ -38,6 +38,7 @@ def test_upgrade_creates_a_fresh_file_and_status_reports_it(workdir: Workdir) ->
         "up_to_date": True,
         "problems": [],
         "pending_effects": 0,
+        "cluster": None,
     }
     assert "up to date" in invoke("db", "status", "--store", workdir.store).stdout
 

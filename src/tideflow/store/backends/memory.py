@@ -374,6 +374,9 @@ class MemoryStore(Store):
     async def lease_holder(self, name: str) -> Lease | None:
         return self._leases.get(name)
 
+    async def list_leases(self, prefix: str) -> list[Lease]:
+        return [self._leases[name] for name in sorted(self._leases) if name.startswith(prefix)]
+
     async def add_to_inbox(self, events: Sequence[Event]) -> Lease | None:
         for event in events:  # what the SQL stores cannot hold fails here too, adding nothing
             sb.dumps(codec.event_to_data(event))

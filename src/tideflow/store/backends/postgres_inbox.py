@@ -62,6 +62,11 @@ class LeaseAndInbox:
         async with self._connection() as conn:
             return sb.lease_from_row(await conn.fetchrow(Q["lease_holder"], name))
 
+    async def list_leases(self, prefix: str) -> list[Lease]:
+        async with self._connection() as conn:
+            rows = await conn.fetch(Q["list_leases"], prefix)
+        return sb.leases_from_rows([tuple(row) for row in rows])
+
     async def add_to_inbox(self, events: Sequence[Event]) -> Lease | None:
         rows = sb.inbox_rows(events)
         async with self._connection() as conn, conn.transaction():

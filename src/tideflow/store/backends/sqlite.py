@@ -528,6 +528,12 @@ class SqliteStore(Store):
         row = await self._run(lambda: self.conn.execute(Q["lease_holder"], (name,)).fetchone())
         return sb.lease_from_row(row)
 
+    async def list_leases(self, prefix: str) -> list[Lease]:
+        rows = await self._run(
+            lambda: self.conn.execute(Q["list_leases"], (prefix, prefix)).fetchall()
+        )
+        return sb.leases_from_rows(rows)
+
     async def add_to_inbox(self, events: Sequence[Event]) -> Lease | None:
         rows = sb.inbox_rows(events)
 

@@ -206,6 +206,11 @@ WHERE engine_leases.expires_at <= $9 OR engine_leases.owner = excluded.owner
 SELECT name, owner, kind, host, pid, address, acquired_at, expires_at
 FROM engine_leases WHERE name = $1;
 
+-- name: list_leases
+-- A handful of rows (a cluster's members and partitions): no index needed.
+SELECT name, owner, kind, host, pid, address, acquired_at, expires_at
+FROM engine_leases WHERE starts_with(name, $1) ORDER BY name;
+
 -- name: renew_lease
 UPDATE engine_leases SET expires_at = $1 WHERE name = $2 AND owner = $3 RETURNING name;
 

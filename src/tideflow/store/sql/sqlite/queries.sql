@@ -161,6 +161,11 @@ WHERE engine_leases.expires_at <= ? OR engine_leases.owner = excluded.owner
 SELECT name, owner, kind, host, pid, address, acquired_at, expires_at
 FROM engine_leases WHERE name = ?;
 
+-- name: list_leases
+-- A handful of rows (a cluster's members and partitions): no index needed.
+SELECT name, owner, kind, host, pid, address, acquired_at, expires_at
+FROM engine_leases WHERE substr(name, 1, length(?)) = ? ORDER BY name;
+
 -- name: renew_lease
 UPDATE engine_leases SET expires_at = ? WHERE name = ? AND owner = ?;
 
