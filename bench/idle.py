@@ -13,8 +13,9 @@ for ``--idle`` seconds. Over that window the script reports:
   extended-protocol ``Execute`` (the statement text of its ``Parse``). No server setting
   is changed (pg_stat_statements is not preloaded on this machine; pg_stat_database
   counts the whole shared database). The worker has no store. Beside the count, what
-  the server's two periodic tasks imply for the window: the engine lease renewal (every
-  TTL / 5 s) and the reconciliation sweep (``STATEMENTS_PER_ROUND`` statements every
+  the server's two periodic tasks imply for the window: the lease heartbeat (every
+  TTL / 5 s, ``HEARTBEAT_STATEMENTS`` statements: one renews the server's membership
+  and every partition it holds, one reads the members) and the reconciliation sweep (``STATEMENTS_PER_ROUND`` statements every
   ``--sweep-interval`` s, passed to the server as ``TIDEFLOW_SWEEP_INTERVAL``); the
   statements are grouped by which of the two sent them, and anything else is "other".
 - **Bus commands** of the server and the worker, counted the same way on a proxy in
@@ -209,13 +210,18 @@ SWEEP_STATEMENTS = (
 )
 
 
+HEARTBEAT_STATEMENTS = 2
+"""A cluster server's lease heartbeat (runtime/partitions.py): one ``renew_leases`` and
+one ``list_leases`` of the members."""
+
+
 def _implied(by: dict[str, int], window: float, ttl: float, interval: float) -> dict[str, Any]:
     """The statements of the window by who sent them, against what the lease renewal
     (every ttl / 5 s) and the sweep (``STATEMENTS_PER_ROUND`` every ``interval`` s)
     allow in it at most (a periodic task fits floor(window / period) + 1 times)."""
     lease = sum(n for text, n in by.items() if "engine_leases" in text)
     sweep = sum(n for text, n in by.items() if any(s in text for s in SWEEP_STATEMENTS))
-    renewals = math.floor(window / (ttl / 5)) + 1
+    renewals = (math.floor(window / (ttl / 5)) + 1) * HEARTBEAT_STATEMENTS
     rounds = math.floor(window / interval) + 1 if interval > 0 else 0
     return {
         "lease": lease,
@@ -288,7 +294,7 @@ def show(result: dict[str, Any]) -> None:
     implied = result["sql_implied"]
     verdict = "within" if sql["total"] <= implied["at_most"] else "ABOVE"
     print(
-        f"    {verdict} what the rates imply, at most {implied['at_most']}: engine lease "
+        f"    {verdict} what the rates imply, at most {implied['at_most']}: lease heartbeat "
         f"{implied['lease']} (<= {implied['lease_at_most']}, every {implied['lease_ttl'] / 5:g} s)"
         f" + sweep {implied['sweep']} (<= {implied['sweep_rounds_at_most']} rounds x "
         f"{STATEMENTS_PER_ROUND}, every {implied['sweep_interval']:g} s) + other "

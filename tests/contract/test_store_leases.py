@@ -188,3 +188,20 @@ async def test_a_lease_that_never_expires_is_kept(store: Store) -> None:
     later = dataclasses.replace(forever, owner="8", acquired_at=T0 * 1000)
     assert await store.acquire_lease(later, now=T0 * 1000) == forever
     assert await store.lease_holder("cluster:partitions") == forever
+
+
+async def test_leases_are_renewed_together_only_where_the_owner_holds_them(store: Store) -> None:
+    def named(name: str, owner: str) -> Lease:
+        return dataclasses.replace(lease(owner), name=name)
+
+    for name, owner in [("partition:0", "a"), ("partition:1", "a"), ("partition:2", "b")]:
+        await store.acquire_lease(named(name, owner), now=T0)
+    asked = ["server:a", "partition:0", "partition:1", "partition:2", "partition:9"]
+    await store.acquire_lease(named("server:a", "a"), now=T0)
+    renewed = await store.renew_leases(asked, "a", T0 + 99)
+    assert renewed == {"server:a", "partition:0", "partition:1"}
+    held = {held.name: held for held in await store.list_leases("")}
+    assert {name for name, row in held.items() if row.expires_at == T0 + 99} == renewed
+    assert held["partition:2"].owner == "b" and held["partition:2"].expires_at == T0 + 10
+    assert "partition:9" not in held  # renewing never creates a lease
+    assert await store.renew_leases([], "a", T0 + 100) == set()

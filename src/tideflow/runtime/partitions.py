@@ -251,6 +251,10 @@ class PartitionManager:
     async def _keep_membership(self, now: float) -> None:
         if await self.store.renew_lease(self.member, self.owner, now + self.ttl):
             return
+        await self._rejoin(now)
+
+    async def _rejoin(self, now: float) -> None:
+        """Write the membership row again (it expired while the store was out of reach)."""
         mine = Lease(
             name=self.member,
             owner=self.owner,
@@ -317,7 +321,6 @@ class PartitionManager:
     async def tick(self) -> None:
         """Renew, read the members, take and give up partitions (see the module)."""
         now = self._clock()
-        await self._keep_membership(now)
         await self._renew(now)
         members = [
             lease.owner for lease in await self.store.list_leases(MEMBER) if lease.expires_at > now
@@ -330,14 +333,14 @@ class PartitionManager:
         self._start_taking(now)
 
     async def _renew(self, now: float) -> None:
-        lost: set[int] = set()
-        for partition in sorted(self.held):
-            if not await self.store.renew_lease(
-                partition_lease(partition), self.owner, now + self.ttl
-            ):
-                lost.add(partition)
+        """The membership and every partition held, in one statement."""
+        names = {partition_lease(partition): partition for partition in self.held}
+        renewed = await self.store.renew_leases([self.member, *names], self.owner, now + self.ttl)
+        if self.member not in renewed:
+            await self._rejoin(now)
+        lost = frozenset(partition for name, partition in names.items() if name not in renewed)
         if lost:
-            self._lose(frozenset(lost))
+            self._lose(lost)
 
     def _lose(self, lost: frozenset[int]) -> None:
         log.error(

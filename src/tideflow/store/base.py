@@ -29,7 +29,7 @@ apply again).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -347,9 +347,15 @@ class Store(ABC):
         or before ``now``), already this owner's, or held by owner ``take_from`` (a holder
         known to be dead); return the holder afterwards (``lease`` itself when taken)."""
 
-    @abstractmethod
     async def renew_lease(self, name: str, owner: str, expires_at: float) -> bool:
         """Move the lease's expiry on; False when ``owner`` no longer holds it."""
+        return name in await self.renew_leases([name], owner, expires_at)
+
+    @abstractmethod
+    async def renew_leases(self, names: Collection[str], owner: str, expires_at: float) -> set[str]:
+        """Move the expiry of every lease named that ``owner`` holds on, in one statement
+        where the store can (a cluster server's membership and partitions, every
+        heartbeat); the names renewed (the others ``owner`` no longer holds)."""
 
     @abstractmethod
     async def release_lease(self, name: str, owner: str) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -359,12 +359,14 @@ class MemoryStore(Store):
             held = self._leases[lease.name] = lease
         return held
 
-    async def renew_lease(self, name: str, owner: str, expires_at: float) -> bool:
-        held = self._leases.get(name)
-        if held is None or held.owner != owner:
-            return False
-        self._leases[name] = replace(held, expires_at=expires_at)
-        return True
+    async def renew_leases(self, names: Collection[str], owner: str, expires_at: float) -> set[str]:
+        renewed: set[str] = set()
+        for name in names:
+            held = self._leases.get(name)
+            if held is not None and held.owner == owner:
+                self._leases[name] = replace(held, expires_at=expires_at)
+                renewed.add(name)
+        return renewed
 
     async def release_lease(self, name: str, owner: str) -> None:
         held = self._leases.get(name)

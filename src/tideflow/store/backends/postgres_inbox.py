@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 import asyncpg  # type: ignore[import-untyped]
@@ -50,9 +50,10 @@ class LeaseAndInbox:
         assert held is not None  # the row was just written or is held by another
         return held
 
-    async def renew_lease(self, name: str, owner: str, expires_at: float) -> bool:
+    async def renew_leases(self, names: Collection[str], owner: str, expires_at: float) -> set[str]:
         async with self._connection() as conn:
-            return await conn.fetchval(Q["renew_lease"], expires_at, name, owner) is not None
+            rows = await conn.fetch(Q["renew_leases"], expires_at, list(names), owner)
+        return {row["name"] for row in rows}
 
     async def release_lease(self, name: str, owner: str) -> None:
         async with self._connection() as conn:

@@ -27,7 +27,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -515,9 +515,13 @@ class SqliteStore(Store):
         assert held is not None  # the row was just written or is held by another
         return held
 
-    async def renew_lease(self, name: str, owner: str, expires_at: float) -> bool:
-        def renew(conn: sqlite3.Connection) -> bool:
-            return bool(conn.execute(Q["renew_lease"], (expires_at, name, owner)).rowcount)
+    async def renew_leases(self, names: Collection[str], owner: str, expires_at: float) -> set[str]:
+        def renew(conn: sqlite3.Connection) -> set[str]:  # one transaction, one statement each
+            return {
+                name
+                for name in names
+                if conn.execute(Q["renew_lease"], (expires_at, name, owner)).rowcount
+            }
 
         return await self._run(self._transaction, renew)
 

@@ -211,8 +211,9 @@ FROM engine_leases WHERE name = $1;
 SELECT name, owner, kind, host, pid, address, acquired_at, expires_at
 FROM engine_leases WHERE starts_with(name, $1) ORDER BY name;
 
--- name: renew_lease
-UPDATE engine_leases SET expires_at = $1 WHERE name = $2 AND owner = $3 RETURNING name;
+-- name: renew_leases
+UPDATE engine_leases SET expires_at = $1 WHERE name = ANY($2::text[]) AND owner = $3
+RETURNING name;
 
 -- name: release_lease
 DELETE FROM engine_leases WHERE name = $1 AND owner = $2;
