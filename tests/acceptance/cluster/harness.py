@@ -1,11 +1,14 @@
 """A cluster of real processes for the tests: `tideflow server` and `tideflow worker`
 subprocesses on PostgreSQL (a fresh schema per test) and each bus, Redis Streams and NATS
-JetStream (a fresh prefix per test), and `tideflow` CLI calls against them. Everything is waited for on a condition
-with a bound (``eventually``), never on a sleep."""
+JetStream (a fresh prefix per test), and `tideflow` CLI calls against them. ``cluster``
+uses the machine's shared brokers; ``private_cluster`` a broker of the test's own
+(``tideflow.testing.brokers``) that the test may restart or kill. Everything is waited
+for on a condition with a bound (``eventually``), never on a sleep."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -20,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from tideflow.testing.brokers import PrivateBroker, binary
+
 HERE = Path(__file__).resolve().parent
 FLOWS = HERE / "flows"
 TIDEFLOW = str(Path(sys.executable).with_name("tideflow"))
@@ -27,6 +32,9 @@ BUS_LEASE = 2.0
 """Seconds a delivery is held without renewal: how soon a SIGKILLed worker's task, or a
 dead server's partitions, come again."""
 ENGINE_LEASE_TTL = 2.0
+ACTIVE_ACTIVE = False
+"""Whether several servers on one store are all active (sharing the partitions). Until
+they are, ``Cluster.servers`` starts the first one active and the others ``--standby``."""
 
 
 def eventually(check: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
@@ -80,6 +88,8 @@ class Cluster:
     tmp: Path
     env: dict[str, str]
     procs: list[Proc] = field(default_factory=list)
+    broker: PrivateBroker | None = None
+    """The test's own broker (``private_cluster``), None on the shared one."""
 
     @property
     def steps_log(self) -> Path:
@@ -103,6 +113,22 @@ class Cluster:
         proc = self._spawn("server", ["server", *args])
         if ready:
             proc.wait_log("serving:")
+        return proc
+
+    def servers(self, count: int, *args: str) -> list[Proc]:
+        """``count`` servers on the store: all active under ``ACTIVE_ACTIVE``, otherwise
+        the first active and the others standing by to take over."""
+        first = self.server(*args)
+        rest = [self.standby(*args) for _ in range(count - 1)]
+        return [first, *rest]
+
+    def standby(self, *args: str) -> Proc:
+        """One more server: active under ``ACTIVE_ACTIVE``, otherwise ``--standby`` (it logs
+        that it waits; ``wait_log("serving:")`` when it has taken over)."""
+        if ACTIVE_ACTIVE:
+            return self.server(*args)
+        proc = self.server("--standby", *args, ready=False)
+        proc.wait_log("waiting as long as it takes")
         return proc
 
     def worker(self, *args: str) -> Proc:
@@ -168,11 +194,10 @@ async def _drop(postgres_url: str, schema: str, kind: str, bus_url: str, prefix:
         await client.aclose()
 
 
-@pytest.fixture(params=["redis", "nats"])
-def cluster(postgres_url: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
-    """A cluster on PostgreSQL and each bus (Redis Streams, NATS JetStream)."""
-    kind = str(request.param)
-    bus_url = str(request.getfixturevalue(f"{kind}_url"))
+@contextlib.contextmanager
+def _cluster(
+    postgres_url: str, kind: str, bus_url: str, tmp_path: Path, broker: PrivateBroker | None
+) -> Iterator[Cluster]:
     token = uuid.uuid4().hex[:12]
     schema, prefix = f"cluster_{token}", f"cluster-{token}"
     store = f"{postgres_url}?schema={schema}"
@@ -186,9 +211,35 @@ def cluster(postgres_url: str, request: pytest.FixtureRequest, tmp_path: Path) -
         "COLUMNS": "200",
     }
     env.pop("TIDEFLOW_FAULT", None)
-    running = Cluster(store=store, bus=bus, tmp=tmp_path, env=env)
+    running = Cluster(store=store, bus=bus, tmp=tmp_path, env=env, broker=broker)
     try:
         yield running
     finally:
         running.stop_all()
+        if broker is not None and broker.process is None:
+            broker.start()  # a test that failed with its broker down: clean up after it
         asyncio.run(_drop(postgres_url, schema, kind, bus_url, prefix))
+
+
+@pytest.fixture(params=["redis", "nats"])
+def cluster(postgres_url: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
+    """A cluster on PostgreSQL and each bus (Redis Streams, NATS JetStream)."""
+    kind = str(request.param)
+    bus_url = str(request.getfixturevalue(f"{kind}_url"))
+    with _cluster(postgres_url, kind, bus_url, tmp_path, None) as running:
+        yield running
+
+
+@pytest.fixture(params=["redis", "nats"])
+def private_cluster(
+    postgres_url: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[Cluster]:
+    """A cluster on PostgreSQL and a broker of the test's own (``cluster.broker``), which
+    the test may restart or kill: Redis with an fsynced append-only file, NATS with
+    JetStream file storage."""
+    kind = str(request.param)
+    if binary(kind) is None:
+        pytest.skip(f"no {kind}-server binary on this machine")
+    with PrivateBroker(kind, tmp_path / "broker") as broker:
+        with _cluster(postgres_url, kind, broker.url, tmp_path, broker) as running:
+            yield running
