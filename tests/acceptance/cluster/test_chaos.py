@@ -39,8 +39,13 @@ pytestmark = [pytest.mark.timeout(240)]
 RUNS = 500
 WORKERS = 3
 SERVERS = 2
-BROKER_STOP = signal.SIGKILL
-"""How the broker is stopped: SIGKILL, with nothing flushed that was not already."""
+BROKER_STOP = {"redis": signal.SIGKILL, "nats": signal.SIGTERM}
+"""How the broker is stopped. Redis with ``appendfsync always`` has written everything
+it acknowledged before it answers, so a SIGKILL loses nothing. nats-server 2.9's file
+store writes behind (it acknowledges a publish, an ack or a consumer's creation before
+they reach the file, and has no ``sync_interval: always`` before 2.10): after a SIGKILL
+the streams hold messages already acknowledged and may lack consumers just made, so NATS
+is stopped cleanly here (see docs/deployment.md, "Brokers")."""
 BROKER_DOWN = 3.0
 """Seconds the broker stays down: longer than a lease, so that everyone notices."""
 
@@ -216,7 +221,9 @@ async def test_500_mixed_runs_survive_killed_workers_servers_and_a_broker_restar
         await chaos.progress(100, "before the broker restarts")
         await chaos.start(100)
         in_flight = len(await chaos.unfinished())
-        await asyncio.to_thread(cluster.broker.restart, BROKER_STOP, BROKER_DOWN)
+        await asyncio.to_thread(
+            cluster.broker.restart, BROKER_STOP[cluster.broker.kind], BROKER_DOWN
+        )
         chaos.say(f"the broker restarted ({in_flight} runs were unfinished)")
         await chaos.start(len(chaos.todo))
         assert len(chaos.runs) == RUNS
@@ -229,7 +236,11 @@ async def test_500_mixed_runs_survive_killed_workers_servers_and_a_broker_restar
         except AssertionError:
             raise AssertionError(await _stuck(cluster, chaos)) from None
         await _check_runs(client, chaos.runs)
-    await _eventually_async(lambda: settled(cluster), "the broker holds nothing", 30)
+    try:
+        await _eventually_async(lambda: settled(cluster), "the broker holds nothing", 30)
+    except AssertionError:
+        left = f"queues {queues_left(cluster)}, broker {await broker_pending(cluster)}"
+        raise AssertionError(f"the broker still holds: {left}") from None
     assert queues_left(cluster) == []
     assert await broker_pending(cluster) == {}
     elapsed = time.monotonic() - began
@@ -254,7 +265,9 @@ async def _check_runs(client: Client, runs: dict[str, tuple[str, int]]) -> None:
     for run_id, (shape, x) in runs.items():
         result = await client.get(run_id)
         if result.status != "succeeded" or result.output != EXPECTED[shape](x):
-            wrong.append(f"{shape} x={x} {run_id}: {result.status} {result.output!r} {result.error}")
+            wrong.append(
+                f"{shape} x={x} {run_id}: {result.status} {result.output!r} {result.error}"
+            )
         doubled = completions_twice(await client.store.history(run_id))
         if doubled:
             twice[run_id] = doubled
