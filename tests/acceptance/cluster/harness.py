@@ -240,6 +240,8 @@ def private_cluster(
     kind = str(request.param)
     if binary(kind) is None:
         pytest.skip(f"no {kind}-server binary on this machine")
-    with PrivateBroker(kind, tmp_path / "broker") as broker:
-        with _cluster(postgres_url, kind, broker.url, tmp_path, broker) as running:
-            yield running
+    with (
+        PrivateBroker(kind, tmp_path / "broker") as broker,
+        _cluster(postgres_url, kind, broker.url, tmp_path, broker) as running,
+    ):
+        yield running

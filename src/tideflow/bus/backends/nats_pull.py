@@ -125,7 +125,10 @@ class Puller:
             return
         self._waiter = asyncio.get_running_loop().create_future()
         try:
-            await asyncio.wait_for(self._waiter, timeout)
+            # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow a cancel that
+            # races its timeout, and the reader, closed by its consumer, would pull on
+            async with asyncio.timeout(timeout):
+                await self._waiter
         except TimeoutError:
             pass
         finally:
