@@ -222,9 +222,14 @@ class Scheduler:
                 self._runs.evict(run_id)
             raise out.down or next(iter(out.failures.values()))
         await self._not_committed(out, events, delivered)
-        if delivered is not None:
-            await delivered.ack()
-        await self._committed(out.committed, relay)
+        try:
+            if delivered is not None:
+                await delivered.ack()
+        finally:
+            # Committed is committed: an ack that fails (the broker went away) must not
+            # keep its effects from the relay, since the events, coming again, are
+            # duplicates that relay nothing.
+            await self._committed(out.committed, relay)
         return {applied.event.event_id for applied in out.committed}
 
     async def _commit(self, part: Sequence[AppliedEvent]) -> None:

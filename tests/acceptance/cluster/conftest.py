@@ -9,6 +9,6 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from harness import cluster  # noqa: E402
+from harness import cluster, private_cluster  # noqa: E402
 
-__all__ = ["cluster"]
+__all__ = ["cluster", "private_cluster"]

@@ -1,11 +1,14 @@
 """A cluster of real processes for the tests: `tideflow server` and `tideflow worker`
 subprocesses on PostgreSQL (a fresh schema per test) and each bus, Redis Streams and NATS
-JetStream (a fresh prefix per test), and `tideflow` CLI calls against them. Everything is waited for on a condition
-with a bound (``eventually``), never on a sleep."""
+JetStream (a fresh prefix per test), and `tideflow` CLI calls against them. ``cluster``
+uses the machine's shared brokers; ``private_cluster`` a broker of the test's own
+(``tideflow.testing.brokers``) that the test may restart or kill. Everything is waited
+for on a condition with a bound (``eventually``), never on a sleep."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -20,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from tideflow.testing.brokers import PrivateBroker, binary
+
 HERE = Path(__file__).resolve().parent
 FLOWS = HERE / "flows"
 TIDEFLOW = str(Path(sys.executable).with_name("tideflow"))
@@ -27,6 +32,20 @@ BUS_LEASE = 2.0
 """Seconds a delivery is held without renewal: how soon a SIGKILLed worker's task, or a
 dead server's partitions, come again."""
 ENGINE_LEASE_TTL = 2.0
+
+
+async def partition_holders(store_url: str) -> dict[int, int]:
+    """Partition -> pid of the server whose lease on it has not expired."""
+    from tideflow.store import open_store
+
+    store = open_store(store_url)
+    await store.open()
+    try:
+        rows = await store.list_leases("partition:")
+    finally:
+        await store.close()
+    now = time.time()
+    return {int(r.name.split(":")[1]): r.pid for r in rows if r.expires_at > now}
 
 
 def eventually(check: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
@@ -80,6 +99,8 @@ class Cluster:
     tmp: Path
     env: dict[str, str]
     procs: list[Proc] = field(default_factory=list)
+    broker: PrivateBroker | None = None
+    """The test's own broker (``private_cluster``), None on the shared one."""
 
     @property
     def steps_log(self) -> Path:
@@ -104,6 +125,10 @@ class Cluster:
         if ready:
             proc.wait_log("serving:")
         return proc
+
+    def servers(self, count: int, *args: str) -> list[Proc]:
+        """``count`` active servers on the store, sharing its partitions."""
+        return [self.server(*args) for _ in range(count)]
 
     def worker(self, *args: str) -> Proc:
         proc = self._spawn("worker", ["worker", "--path", str(HERE), *args])
@@ -168,11 +193,10 @@ async def _drop(postgres_url: str, schema: str, kind: str, bus_url: str, prefix:
         await client.aclose()
 
 
-@pytest.fixture(params=["redis", "nats"])
-def cluster(postgres_url: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
-    """A cluster on PostgreSQL and each bus (Redis Streams, NATS JetStream)."""
-    kind = str(request.param)
-    bus_url = str(request.getfixturevalue(f"{kind}_url"))
+@contextlib.contextmanager
+def _cluster(
+    postgres_url: str, kind: str, bus_url: str, tmp_path: Path, broker: PrivateBroker | None
+) -> Iterator[Cluster]:
     token = uuid.uuid4().hex[:12]
     schema, prefix = f"cluster_{token}", f"cluster-{token}"
     store = f"{postgres_url}?schema={schema}"
@@ -186,9 +210,37 @@ def cluster(postgres_url: str, request: pytest.FixtureRequest, tmp_path: Path) -
         "COLUMNS": "200",
     }
     env.pop("TIDEFLOW_FAULT", None)
-    running = Cluster(store=store, bus=bus, tmp=tmp_path, env=env)
+    running = Cluster(store=store, bus=bus, tmp=tmp_path, env=env, broker=broker)
     try:
         yield running
     finally:
         running.stop_all()
+        if broker is not None and broker.process is None:
+            broker.start()  # a test that failed with its broker down: clean up after it
         asyncio.run(_drop(postgres_url, schema, kind, bus_url, prefix))
+
+
+@pytest.fixture(params=["redis", "nats"])
+def cluster(postgres_url: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
+    """A cluster on PostgreSQL and each bus (Redis Streams, NATS JetStream)."""
+    kind = str(request.param)
+    bus_url = str(request.getfixturevalue(f"{kind}_url"))
+    with _cluster(postgres_url, kind, bus_url, tmp_path, None) as running:
+        yield running
+
+
+@pytest.fixture(params=["redis", "nats"])
+def private_cluster(
+    postgres_url: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[Cluster]:
+    """A cluster on PostgreSQL and a broker of the test's own (``cluster.broker``), which
+    the test may restart or kill: Redis with an fsynced append-only file, NATS with
+    JetStream file storage."""
+    kind = str(request.param)
+    if binary(kind) is None:
+        pytest.skip(f"no {kind}-server binary on this machine")
+    with (
+        PrivateBroker(kind, tmp_path / "broker") as broker,
+        _cluster(postgres_url, kind, broker.url, tmp_path, broker) as running,
+    ):
+        yield running

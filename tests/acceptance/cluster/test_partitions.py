@@ -17,29 +17,21 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from harness import BUS_LEASE, ENGINE_LEASE_TTL, Cluster, Proc, eventually  # noqa: E402
+from harness import (  # noqa: E402
+    BUS_LEASE,
+    ENGINE_LEASE_TTL,
+    Cluster,
+    Proc,
+    eventually,
+    partition_holders,
+)
 from test_cluster import _start_many, assert_applied_once, expected, results  # noqa: E402
 
 from tideflow import Client, RunResult  # noqa: E402
-from tideflow.store import open_store  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(180)]
 
 PARTITIONS = 16
-
-
-async def _holders(url: str) -> dict[int, int]:
-    """Partition -> pid of the server whose lease on it has not expired."""
-    import time
-
-    store = open_store(url)
-    await store.open()
-    try:
-        rows = await store.list_leases("partition:")
-    finally:
-        await store.close()
-    now = time.time()
-    return {int(r.name.split(":")[1]): r.pid for r in rows if r.expires_at > now}
 
 
 async def _stuck(cluster: Cluster, run_ids: list[str]) -> list[tuple[str, str, list[str]]]:
@@ -63,7 +55,7 @@ def finished(cluster: Cluster, run_ids: list[str]) -> list[RunResult]:
 
 
 def holders(cluster: Cluster) -> dict[int, int]:
-    return asyncio.run(_holders(cluster.store))
+    return asyncio.run(partition_holders(cluster.store))
 
 
 def shares(cluster: Cluster, *servers: Proc) -> dict[int, set[int]] | None:

@@ -56,6 +56,7 @@ from nats.js import JetStreamContext, api
 from nats.js.kv import KeyValue
 
 from tideflow.bus.backends import nats_presence
+from tideflow.bus.backends.nats_pull import Lane, Puller
 from tideflow.bus.backends.nats_readers import (
     EventReader,
     TaskReader,
@@ -148,7 +149,10 @@ class NatsBus(Bus):
         self._controls: list[asyncio.Queue[Control]] = []
         self._subs: list[Subscription] = []
         self._known: set[str] = set()
-        """Consumers created or updated by this bus (each is made once)."""
+        """Consumers created or updated by this bus (each is made once per connection:
+        a broker that crashed may have lost one made shortly before)."""
+        self._pullers: set[Puller] = set()
+        """The open readers' pullers, told when the link comes back."""
 
     # -- connection -------------------------------------------------------------
 
@@ -210,6 +214,9 @@ class NatsBus(Bus):
 
         async def on_reconnect() -> None:
             log.warning("NATS bus %s: reconnected", self.url)
+            self._known.clear()
+            for puller in list(self._pullers):
+                puller.reconnected()
 
         try:
             # Two tries on the first connect, so that a wrong URL fails fast; once
@@ -263,6 +270,19 @@ class NatsBus(Bus):
         if ttl:
             self._lock_ttl = ttl
         return kv
+
+    def puller(self, *, tasks: bool) -> Puller:
+        """A puller for a reader of tasks or events, told of reconnects until ``forget``."""
+
+        async def ensure(lane: Lane) -> None:
+            await self.ensure_consumer(lane.stream, lane.consumer, lane.subject, tasks=tasks)
+
+        puller = Puller(self.nc, ensure)
+        self._pullers.add(puller)
+        return puller
+
+    def forget(self, puller: Puller) -> None:
+        self._pullers.discard(puller)
 
     async def ensure_consumer(self, stream: str, name: str, subject: str, *, tasks: bool) -> None:
         if name in self._known:
@@ -417,10 +437,28 @@ class NatsBus(Bus):
             try:
                 held[index] = await kv.update(f"p{index}", self.owner.encode(), last=revision)
             except nats.js.errors.KeyWrongLastSequenceError:
-                raise BusError(
-                    f"partition {index} was lost (its lock expired and another consumer "
-                    "took it): this consumer stops reading it"
-                ) from None
+                held[index] = await self._take_back(kv, index)
+
+    async def _take_back(self, kv: KeyValue, index: int) -> int:
+        """The lock's revision moved without this consumer: it expired while the link was
+        down, or a broker that crashed lost its last renewal. Still ours, or nobody's: hold
+        it again (nobody read the partition meanwhile); someone else's: it is lost."""
+        key, me = f"p{index}", self.owner.encode()
+        try:
+            entry = await kv.get(key)
+        except nats.js.errors.KeyNotFoundError:
+            entry = None
+        try:
+            if entry is not None and entry.value == me and entry.revision is not None:
+                return await kv.update(key, me, last=entry.revision)
+            if entry is None or not entry.value:
+                return await kv.create(key, me)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            pass
+        raise BusError(
+            f"partition {index} was lost (its lock expired and another consumer "
+            "took it): this consumer stops reading it"
+        ) from None
 
     async def release(self, held: dict[int, int]) -> None:
         kv = self._kv

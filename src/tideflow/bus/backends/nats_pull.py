@@ -9,6 +9,12 @@ message keeps its subject, and its metadata names the consumer), so a request's 
 counted until they are filled or ended by a status. ``no_wait`` requests answer at
 once; lingering ones (``expires``) stand on the server and take a message the
 moment one is available, including a redelivery after a nack delay or a lease.
+
+A reconnect (the broker restarted, or the link dropped) loses every request standing on
+the server, and a broker that crashed may have lost a consumer made shortly before (its
+file store syncs its metadata lazily): ``reconnected`` ends the open requests at once
+(instead of after ``ANSWER_GRACE``) and has each lane's consumer made again (``ensure``,
+idempotent) before its next request.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -50,13 +57,18 @@ class Lane:
     deadline: float = 0.0
     delivered: bool = field(default=False)
     """It delivered something since the reader last looked."""
+    subject: str = ""
+    """The consumer's filter subject (to make it again)."""
+    stale: bool = False
+    """The link was lost since its consumer was last made sure of."""
 
 
 class Puller:
     """Pull requests for a set of lanes; what they deliver collects in ``arrived``."""
 
-    def __init__(self, nc: Client) -> None:
+    def __init__(self, nc: Client, ensure: Callable[[Lane], Awaitable[None]]) -> None:
         self._nc = nc
+        self._ensure = ensure
         self._inbox = nc.new_inbox()
         self._sub: Subscription | None = None
         self.lanes: list[Lane] = []
@@ -69,8 +81,10 @@ class Puller:
     async def start(self) -> None:
         self._sub = await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_message)
 
-    def add(self, stream: str, consumer: str, *, rank: int = 0, label: str = "") -> Lane:
-        lane = Lane(len(self.lanes), stream, consumer, rank, label)
+    def add(
+        self, stream: str, consumer: str, subject: str, *, rank: int = 0, label: str = ""
+    ) -> Lane:
+        lane = Lane(len(self.lanes), stream, consumer, rank, label, subject=subject)
         self.lanes.append(lane)
         self._by_consumer[consumer] = lane
         return lane
@@ -81,6 +95,9 @@ class Puller:
     async def request(self, lane: Lane, batch: int, *, linger: float | None = None) -> None:
         """Ask ``lane`` for up to ``batch`` messages: those available now (``linger``
         None), or the next ones within ``linger`` seconds."""
+        if lane.stale:
+            await self._ensure(lane)
+            lane.stale = False
         body: dict[str, object] = {"batch": batch}
         if linger is None:
             body["no_wait"] = True
@@ -108,7 +125,10 @@ class Puller:
             return
         self._waiter = asyncio.get_running_loop().create_future()
         try:
-            await asyncio.wait_for(self._waiter, timeout)
+            # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow a cancel that
+            # races its timeout, and the reader, closed by its consumer, would pull on
+            async with asyncio.timeout(timeout):
+                await self._waiter
         except TimeoutError:
             pass
         finally:
@@ -124,6 +144,13 @@ class Puller:
     def next_deadline(self) -> float:
         deadlines = [lane.deadline for lane in self.lanes if lane.open]
         return min(deadlines) if deadlines else float("inf")
+
+    def reconnected(self) -> None:
+        """The link came back: what stood on the server is gone; ask again at once."""
+        for lane in self.lanes:
+            lane.open = 0
+            lane.stale = True
+        self.wake()
 
     def forget_lost(self) -> None:
         now = time.monotonic()

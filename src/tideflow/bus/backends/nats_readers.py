@@ -22,7 +22,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from tideflow.bus.backends.local import MonotonicClock, _Leases
-from tideflow.bus.backends.nats_pull import Lane, Puller
+from tideflow.bus.backends.nats_pull import Lane
 from tideflow.bus.base import PRIORITY_CYCLE, Delivery, EventBatch, Headers
 from tideflow.errors import BusError, StateFormatError
 from tideflow.model.codec import command_from_data, event_from_data
@@ -110,7 +110,7 @@ class TaskReader:
         self.bus = bus
         self.queues = queues
         self.prefetch = prefetch
-        self.puller = Puller(bus.nc)
+        self.puller = bus.puller(tasks=True)
         self.leases = _Leases(MonotonicClock(), bus.lease, self._expired)
         self._by_queue: dict[str, list[Lane]] = {}
         self._cursor = 0
@@ -148,6 +148,7 @@ class TaskReader:
     async def close(self) -> None:
         await self._silence()
         await self.puller.close()
+        self.bus.forget(self.puller)
         for delivery in self.leases.close():
             with contextlib.suppress(Exception):
                 await delivery._msg.nak()
@@ -278,7 +279,7 @@ class TaskReader:
             name = f"tasks_{queue_token(queue)}_{priority.value}"
             subject = bus.task_subject(queue, priority)
             await bus.ensure_consumer(bus.tasks_stream, name, subject, tasks=True)
-            lanes.append(self.puller.add(bus.tasks_stream, name, rank=rank, label=subject))
+            lanes.append(self.puller.add(bus.tasks_stream, name, subject, rank=rank, label=subject))
         self._by_queue[queue] = lanes
 
 
@@ -339,7 +340,7 @@ class EventReader:
         self.bus = bus
         self.partitions = partitions
         self.max_batch = max_batch
-        self.puller = Puller(bus.nc)
+        self.puller = bus.puller(tasks=False)
         self.leases = _Leases(MonotonicClock(), bus.lease, lambda batch: None)
         self._held: dict[int, int] = {}
         self._renewer: asyncio.Task[None] | None = None
@@ -354,7 +355,7 @@ class EventReader:
                 name = f"events_{index}"
                 subject = f"{bus.prefix}.events.{index}"
                 await bus.ensure_consumer(bus.events_stream, name, subject, tasks=False)
-                self.puller.add(bus.events_stream, name, label=f"partition {index}")
+                self.puller.add(bus.events_stream, name, subject, label=f"partition {index}")
         except BaseException:
             await bus.release(self._held)
             raise
@@ -432,6 +433,7 @@ class EventReader:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._renewer
         await self.puller.close()
+        self.bus.forget(self.puller)
         for batch in self.leases.close():
             await batch.hand_back()
         while self.puller.arrived:
