@@ -1,7 +1,7 @@
 """The chaos test of cluster mode (issue 9, acceptance): two servers and three workers on
 PostgreSQL and a private broker (Redis Streams, NATS JetStream) run 500 workflows of
-seven shapes while the test SIGKILLs a worker and one of the two active servers and
-again, and restarts the broker. Each disruption waits until the cluster has made
+seven shapes while the test SIGKILLs a worker and one of the two active servers, starts
+new ones, and restarts the broker. Each disruption waits until the cluster has made
 progress since the last one, so each hits work in flight.
 
 At the end: every run has its expected status and output, no (step, attempt) has two
