@@ -21,12 +21,12 @@ from tideflow.model.run import RunState
 from tideflow.runtime.catalog import Catalog
 from tideflow.runtime.clock import Clock
 from tideflow.runtime.partitions import Ownership
-from tideflow.runtime.recovery import recover
+from tideflow.runtime.recovery import Owns, every_run, recover
 from tideflow.runtime.relay import EventSink, Listener, Relay, Runs, start_key
 from tideflow.runtime.result import RunResult, result_of
 from tideflow.runtime.runs import DEFAULT_RUN_CACHE_SIZE, RunCache
 from tideflow.runtime.scheduler import Scheduler
-from tideflow.runtime.sweep import Sweep, every_run
+from tideflow.runtime.sweep import Sweep
 from tideflow.runtime.timers import TimerWheel
 from tideflow.store.base import Store
 
@@ -111,7 +111,8 @@ class Engine(EngineLink, Runs):
         await self.sweep.stop()
         await self.scheduler.stop()
 
-    async def recover(self) -> None:
+    async def recover(self, owns: Owns = every_run) -> None:
+        """Put back in motion what the store says was left (of the runs ``owns`` names)."""
         await recover(
             store=self._store,
             runs=self.runs,
@@ -119,39 +120,24 @@ class Engine(EngineLink, Runs):
             timers=self.timers,
             relay=self.relay,
             clock=self._clock,
+            owns=owns,
         )
 
     async def take(self, partitions: frozenset[int]) -> None:
         """Recover what the previous owner of these partitions left (their events are
         applied only after this returns: see runtime/partitions.py)."""
-        ownership = self.ownership
-        if ownership is None:
+        if self.ownership is None:
             raise RuntimeError("an engine that applies every partition takes none")
-
-        def taking(run_id: str) -> bool:
-            return partition_of(run_id, ownership.partitions) in partitions
-
+        taking = _runs_in(partitions, self.ownership.partitions)
         self.runs.evict_where(taking)  # anything cached from an earlier turn is stale
-        await recover(
-            store=self._store,
-            runs=self.runs,
-            plans=self.plans,
-            timers=self.timers,
-            relay=self.relay,
-            clock=self._clock,
-            owns=taking,
-        )
+        await self.recover(taking)
 
     def drop(self, partitions: frozenset[int]) -> None:
         """Forget the runs and timers of partitions given up or lost (another server
         applies them now; optimistic concurrency catches a commit already under way)."""
-        ownership = self.ownership
-        if ownership is None:
+        if self.ownership is None:
             return
-
-        def gone(run_id: str) -> bool:
-            return partition_of(run_id, ownership.partitions) in partitions
-
+        gone = _runs_in(partitions, self.ownership.partitions)
         self.runs.evict_where(gone)
         self.timers.drop(gone)
 
@@ -229,3 +215,8 @@ class Engine(EngineLink, Runs):
 
     def _timer_fired(self, run_id: str, timer_id: str) -> None:
         self.relay.timer_fired(run_id, timer_id)
+
+
+def _runs_in(partitions: frozenset[int], count: int) -> Owns:
+    """Run id -> whether the run is in one of ``partitions`` (of ``count``)."""
+    return lambda run_id: partition_of(run_id, count) in partitions

@@ -43,10 +43,12 @@ from tideflow.store.base import RunFilter, Store, TaskLease
 log = logging.getLogger("tideflow.runtime")
 
 Owns = Callable[[str], bool]
-"""Whether a run is recovered here (its partition is being taken)."""
+"""Run id -> whether this engine owns the run (its partition): what recovery and the
+sweep (runtime/sweep.py) look after."""
 
 
-def everything(run_id: str) -> bool:
+def every_run(run_id: str) -> bool:
+    """The default ``Owns``: one engine owns every run of its store."""
     return True
 
 
@@ -58,7 +60,7 @@ async def recover(
     timers: TimerWheel,
     relay: Relay,
     clock: Clock,
-    owns: Owns = everything,
+    owns: Owns = every_run,
 ) -> None:
     """Resume what the store says was left in motion (see the module docstring) for the
     runs ``owns`` says; effects go through the relay, so they are retried until they

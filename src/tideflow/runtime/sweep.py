@@ -43,11 +43,12 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tideflow.model.states import RunStatus
 from tideflow.runtime.clock import Clock
+from tideflow.runtime.recovery import Owns, every_run
 from tideflow.runtime.relay import Relay, start_key, timer_key
 from tideflow.runtime.runs import RunCache
 from tideflow.runtime.timers import TimerWheel
@@ -62,14 +63,6 @@ BATCH = 1000
 """Most rows one part reads in a round."""
 STATEMENTS_PER_ROUND = 3
 """SQL statements of a round that finds nothing to repair: one query per part."""
-
-Owns = Callable[[str], bool]
-"""Run id -> whether this engine owns the run (its partition)."""
-
-
-def every_run(run_id: str) -> bool:
-    """The default ``Owns``: one engine owns every run of its store."""
-    return True
 
 
 @dataclass(slots=True)
