@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -72,6 +73,28 @@ def require(service: Service) -> str:
     if services_required():
         pytest.fail(f"{message} (TIDEFLOW_REQUIRE_SERVICES is set: services must run)")
     pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def broker_binary() -> Callable[[str], str]:
+    """``broker_binary(kind)``: the path of the ``redis-server`` or ``nats-server`` a test
+    starts a broker of its own with; skip (fail under TIDEFLOW_REQUIRE_SERVICES) when
+    this machine has none."""
+    from tideflow.testing.brokers import binary
+
+    def find(kind: str) -> str:
+        path = binary(kind)
+        if path is not None:
+            return path
+        message = (
+            f"no {kind}-server binary on this machine: install it (Debian: `apt-get install "
+            f"{'redis-server' if kind == 'redis' else 'nats-server'}`) to run this test"
+        )
+        if services_required():
+            pytest.fail(f"{message} (TIDEFLOW_REQUIRE_SERVICES is set: services must run)")
+        pytest.skip(message)
+
+    return find
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,7 @@ from tideflow.bus import open_bus
 from tideflow.bus.base import Bus, Delivery
 from tideflow.errors import BusError
 from tideflow.model.commands import DispatchTask
-from tideflow.testing.brokers import PrivateBroker, binary
+from tideflow.testing.brokers import PrivateBroker
 
 WITHIN = 15.0
 LEASE = 1.0
@@ -45,8 +45,7 @@ def task(n: int) -> DispatchTask:
 @pytest.fixture(params=["redis", "nats"])
 def broker(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[PrivateBroker]:
     kind = str(request.param)
-    if binary(kind) is None:
-        pytest.skip(f"no {kind}-server binary on this machine")
+    request.getfixturevalue("broker_binary")(kind)
     with PrivateBroker(kind, tmp_path / "broker") as running:
         yield running
 

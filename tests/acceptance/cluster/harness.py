@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tideflow.testing.brokers import PrivateBroker, binary
+from tideflow.testing.brokers import PrivateBroker
 
 HERE = Path(__file__).resolve().parent
 FLOWS = HERE / "flows"
@@ -237,8 +237,7 @@ def private_cluster(
     the test may restart or kill: Redis with an fsynced append-only file, NATS with
     JetStream file storage."""
     kind = str(request.param)
-    if binary(kind) is None:
-        pytest.skip(f"no {kind}-server binary on this machine")
+    request.getfixturevalue("broker_binary")(kind)
     with (
         PrivateBroker(kind, tmp_path / "broker") as broker,
         _cluster(postgres_url, kind, broker.url, tmp_path, broker) as running,
