@@ -8,7 +8,11 @@ script then reads the store until every run has ended. Everything it created (pr
 schema, Redis keys, NATS streams) is removed at the end, also after an error or Ctrl-C.
 
 W1      1,000 runs x 10-step chain, all started together (throughput under load)
-W1-50   500 runs x 10-step chain, 50 in flight (moderate load)
+W1-50   500 runs x 10-step chain, 50 in flight (closed loop: the next run starts when one
+        has ended, so the load is as high as 50 runs in flight make it)
+W1-1k   300 runs x 10-step chain started at a fixed rate of 100 runs/s, 1,000 steps/s (open
+        loop, moderate load: a third of the W1 target of 3,000 steps/s), whatever the
+        cluster's speed: the dispatch latency at that load
 W1-seq  100 runs x 10-step chain, one at a time (no load: per-run latency)
 W2      one run: 1,000 parallel steps and a join
 W3      one run: the 300-node random DAG of bench/run.py (seed 42)
@@ -299,19 +303,30 @@ class Row:
     median_dispatch_p99_ms: float | None = None
 
 
-WORKLOADS: dict[str, tuple[Plan, int, int]] = {}
-"""name -> (plan, runs, runs in flight at once); filled by ``workloads``."""
+@dataclass(frozen=True)
+class Workload:
+    plan: Plan
+    runs: int
+    in_flight: int
+    """Runs in flight at once (closed loop: the next starts when one has ended)."""
+    rate: float | None = None
+    """Runs started per second, whatever is in flight (open loop), instead."""
 
 
-def workloads() -> dict[str, tuple[Plan, int, int]]:
+WORKLOADS: dict[str, Workload] = {}
+"""name -> workload; filled by ``workloads``."""
+
+
+def workloads() -> dict[str, Workload]:
     if not WORKLOADS:
         WORKLOADS.update(
             {
-                "W1": (chain(10, "python"), 1000, 1000),
-                "W1-50": (chain(10, "python"), 500, 50),
-                "W1-seq": (chain(10, "python"), 100, 1),
-                "W2": (fan(1000, "python"), 1, 1),
-                "W3": (random_dag(300, "python"), 1, 1),
+                "W1": Workload(chain(10, "python"), 1000, 1000),
+                "W1-50": Workload(chain(10, "python"), 500, 50),
+                "W1-1k": Workload(chain(10, "python"), 300, 300, rate=100.0),
+                "W1-seq": Workload(chain(10, "python"), 100, 1),
+                "W2": Workload(fan(1000, "python"), 1, 1),
+                "W3": Workload(random_dag(300, "python"), 1, 1),
             }
         )
     return WORKLOADS
@@ -363,14 +378,17 @@ async def _wait_all_ended(client: Client, ids: Sequence[str], timeout: float) ->
 
 async def measure(client: Client, name: str, bus: str, runs: int | None = None) -> Row:
     """One measurement of workload ``name`` (``runs``: instead of its number of runs)."""
-    plan, count, in_flight = workloads()[name]
+    workload = workloads()[name]
+    plan, count, in_flight = workload.plan, workload.runs, workload.in_flight
     if runs is not None:
         count, in_flight = runs, min(in_flight, runs)
     await client.register(plan)
     gate = asyncio.Semaphore(in_flight)
     ids: list[str] = []
 
-    async def one() -> None:
+    async def one(index: int) -> None:
+        if workload.rate is not None:  # open loop: the run's own start time
+            await asyncio.sleep(max(0.0, t0 + index / workload.rate - time.time()))
         async with gate:
             run_id = await client.start(plan)
             ids.append(run_id)
@@ -378,7 +396,7 @@ async def measure(client: Client, name: str, bus: str, runs: int | None = None) 
                 await client.wait(run_id, timeout=RUN_TIMEOUT)
 
     t0 = time.time()
-    await asyncio.wait_for(asyncio.gather(*(one() for _ in range(count))), RUN_TIMEOUT)
+    await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(count))), RUN_TIMEOUT)
     await _wait_all_ended(client, ids, RUN_TIMEOUT)
     summaries = [await client.summary(run_id) for run_id in ids]
     bad = [s for s in summaries if s.status != "succeeded"]
