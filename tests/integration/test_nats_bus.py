@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,6 +24,7 @@ from tideflow.model.events import SignalReceived
 from tideflow.model.plan import Priority
 
 nats_bus = pytest.importorskip("tideflow.bus.backends.nats")
+nats_pull = pytest.importorskip("tideflow.bus.backends.nats_pull")
 NatsBus = nats_bus.NatsBus
 delete_prefix = pytest.importorskip("tideflow.testing.nats").delete_prefix
 WITHIN = 5.0
@@ -164,6 +166,54 @@ async def test_a_worker_for_every_queue_finds_a_queue_made_while_it_waits(
     assert f"{bus.prefix}.tasks.=6770752e626967206f6e65.normal" == bus.task_subject(
         "gpu.big one", Priority.NORMAL
     )
+
+
+async def test_a_queue_whose_announcement_was_lost_is_found_by_the_next_look(
+    make_bus: Callable[..., Awaitable[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    readers = pytest.importorskip("tideflow.bus.backends.nats_readers")
+    monkeypatch.setattr(readers, "LINGER", 0.5)
+    bus = await make_bus()
+    await bus.publish_tasks([task(1)])
+    async with contextlib.aclosing(bus.consume_tasks(prefetch=1)) as tasks:
+        await (await asyncio.wait_for(anext(tasks), WITHIN)).ack()
+        waiting = asyncio.ensure_future(anext(tasks))
+        other = await make_bus()
+
+        async def lost(queue: str) -> None:
+            return None  # the announcement never reaches anyone
+
+        monkeypatch.setattr(other, "_announce", lost)
+        await other.publish_tasks([task(2, queue="io")])
+        delivered = await asyncio.wait_for(waiting, WITHIN)
+        await delivered.ack()
+    assert delivered.body == task(2, queue="io")
+
+
+async def test_a_backlog_is_taken_in_a_few_pull_requests_shared_out_by_priority(
+    make_bus: Callable[..., Awaitable[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A consumer with room for many tasks asks for them together: not one pull request
+    (a round trip each) per task."""
+    bus = await make_bus()
+    high = [dataclasses.replace(task(n), priority=Priority.HIGH) for n in range(20)]
+    await bus.publish_tasks([task(n) for n in range(100, 140)] + high)
+    requests: list[int] = []
+    request = nats_pull.Puller.request
+
+    async def counted(self: Any, lane: Any, batch: int, *, linger: float | None = None) -> None:
+        requests.append(batch)
+        await request(self, lane, batch, linger=linger)
+
+    monkeypatch.setattr(nats_pull.Puller, "request", counted)
+    seen: list[Priority] = []
+    async with contextlib.aclosing(bus.consume_tasks(prefetch=60)) as tasks:
+        held = [await asyncio.wait_for(anext(tasks), WITHIN) for _ in range(60)]
+        seen = [d.body.priority for d in held]
+        for delivery in held:
+            await delivery.ack()
+    assert len(requests) <= 6, requests
+    assert seen.count(Priority.HIGH) == 20 and seen.count(Priority.NORMAL) == 40
 
 
 # -- dead letters --------------------------------------------------------------

@@ -152,6 +152,8 @@ class NatsBus(Bus):
         """Consumers created or updated by this bus (each is made once per connection:
         a broker that crashed may have lost one made shortly before)."""
         self._pullers: set[Puller] = set()
+        self._announced: set[str] = set()
+        """Queues this connection has published tasks to and announced (``queues_subject``)."""
         """The open readers' pullers, told when the link comes back."""
 
     # -- connection -------------------------------------------------------------
@@ -215,6 +217,7 @@ class NatsBus(Bus):
         async def on_reconnect() -> None:
             log.warning("NATS bus %s: reconnected", self.url)
             self._known.clear()
+            self._announced.clear()  # an announcement may have been lost: again
             for puller in list(self._pullers):
                 puller.reconnected()
 
@@ -313,6 +316,24 @@ class NatsBus(Bus):
             (self.task_subject(body.queue, body.priority), command_to_data(body), headers)
             for body, headers in map(_split, tasks)
         )
+        for body, _ in map(_split, tasks):
+            if body.queue not in self._announced:
+                await self._announce(body.queue)
+
+    @property
+    def queues_subject(self) -> str:
+        """Where a queue is announced the first time a connection publishes to it, for the
+        workers that serve every queue (a hint: they also look for new queues every
+        ``LINGER`` seconds, so an announcement lost loses no task)."""
+        return f"{self.prefix}.queues"
+
+    async def _announce(self, queue: str) -> None:
+        try:
+            await self.nc.publish(self.queues_subject, queue.encode())
+        except nats.errors.Error as exc:
+            log.debug("NATS bus %s: announcing queue %r failed: %s", self.url, queue, exc)
+            return
+        self._announced.add(queue)
 
     async def publish_events(self, events: Sequence[Event | Message[Event]]) -> None:
         count = self.partitions

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import math
 import re
 import time
+from collections import Counter
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
@@ -100,11 +102,13 @@ class TaskDelivery(Delivery[DispatchTask]):
 
 
 class TaskReader:
-    """One ``consume_tasks``: picks lanes by ``PRIORITY_CYCLE`` with ``no_wait``
-    requests; when every lane is empty it waits with a standing request on each lane
-    if its free prefetch covers them all, and otherwise on a core subscription to the
-    lanes' subjects (a doorbell: no slot is taken that it could not use), renewed
-    every ``LINGER`` seconds to see redeliveries."""
+    """One ``consume_tasks``: asks the lanes for what its free prefetch can hold, shared
+    out by ``PRIORITY_CYCLE``, with ``no_wait`` requests; when every lane is empty it
+    waits with a standing request on each lane if its free prefetch covers them all, and
+    otherwise on a core subscription to the lanes' subjects (a doorbell: no slot is taken
+    that it could not use), renewed every ``LINGER`` seconds to see redeliveries. Serving
+    every queue, it learns of a new one from the announcement its first publisher makes
+    (``NatsBus.queues_subject``), and looks for new ones every ``LINGER`` seconds too."""
 
     def __init__(self, bus: NatsBus, queues: list[str] | None, prefetch: int) -> None:
         self.bus = bus
@@ -116,12 +120,16 @@ class TaskReader:
         self._cursor = 0
         self._turn = 0
         self._bells: list[Subscription] = []
+        self._news: Subscription | None = None
+        """Serving every queue: the announcements of queues published to (``_on_news``)."""
         self._rang = False
         self._found: set[str] = set()
         self._looked = 0.0
 
     async def start(self) -> None:
         await self.puller.start()
+        if self.queues is None:  # before looking: a queue announced meanwhile is not missed
+            self._news = await self.bus.nc.subscribe(self.bus.queues_subject, cb=self._on_news)
         for queue in self.queues if self.queues is not None else await self._discover():
             await self._add(queue)
 
@@ -132,7 +140,7 @@ class TaskReader:
                 return delivery
             await self._add_found()
             free = self.prefetch - len(self.leases.held) - self.puller.open_slots()
-            if free > 0 and await self._pick():
+            if free > 0 and await self._pick(free):
                 continue
             await self._wait(free)
 
@@ -147,6 +155,10 @@ class TaskReader:
 
     async def close(self) -> None:
         await self._silence()
+        if self._news is not None:
+            news, self._news = self._news, None
+            with contextlib.suppress(Exception):
+                await news.unsubscribe()
         await self.puller.close()
         self.bus.forget(self.puller)
         for delivery in self.leases.close():
@@ -182,39 +194,60 @@ class TaskReader:
             return delivery
         return None
 
-    async def _pick(self) -> bool:
-        """Ask the lanes in the order of the cycle for one message; whether one came."""
+    async def _pick(self, free: int) -> bool:
+        """Ask the lanes for up to ``free`` messages that are there now, all in one round
+        trip: slot ``i`` goes to queue ``i mod queues`` (in turn from pick to pick) at the
+        priority of the cycle's next place, so the slots are shared out as the cycle
+        weighs them. Slots a lane could not fill go in a further round to the lanes not
+        asked yet (higher priority first), then to those that filled theirs. Whether any
+        came."""
         queues = list(self._by_queue.values())
         if not queues:
             return False
         self._turn = start = (self._turn + 1) % len(queues)
         order = queues[start:] + queues[:start]
-        want = _CYCLE[self._cursor]
-        tried: set[int] = set()
-        for rank in (want, 0, 1, 2):
-            for lanes in order:
-                lane = lanes[rank]
-                if lane.index in tried or lane.open:
-                    continue
-                tried.add(lane.index)
-                await self.puller.request(lane, 1)
+        ranked = [queue[rank] for rank in range(len(PRIORITIES)) for queue in order]
+        shares: dict[Lane, int] = {}
+        for place in range(free):
+            rank = _CYCLE[(self._cursor + place // len(order)) % len(_CYCLE)]
+            lane = order[place % len(order)][rank]
+            shares[lane] = shares.get(lane, 0) + 1
+        arrived = self.puller.arrived
+        asked: set[Lane] = set()
+        got = 0
+        while shares:
+            asking = {lane: n for lane, n in shares.items() if not lane.open}
+            before = len(arrived)
+            for lane, n in asking.items():
+                await self.puller.request(lane, n)
+            for lane in asking:
                 await self.puller.answered(lane)
-                if self.puller.arrived:
-                    self._cursor = (self._cursor + 1) % len(_CYCLE)
-                    return True
-        return False
+            came = Counter(lane for lane, _ in itertools.islice(arrived, before, None))
+            got += sum(came.values())
+            asked.update(shares)
+            left = free - got
+            if left <= 0:
+                break
+            fresh = [lane for lane in ranked if lane not in asked and not lane.open]
+            full = [lane for lane in ranked if lane in asking and came[lane] >= asking[lane]]
+            more = (fresh or full)[:left]
+            shares = dict.fromkeys(more, 1)
+            if more:
+                shares[more[0]] += left - len(more)
+        if got:
+            self._cursor = (self._cursor + got // len(order)) % len(_CYCLE)
+        return got > 0
 
     async def _wait(self, free: int) -> None:
         idle = [lane for lane in self.puller.lanes if not lane.open]
-        covered = free > 0 and len(idle) <= free
-        if covered:
+        if free > 0 and len(idle) <= free:
             for lane in idle:
                 await self.puller.request(lane, 1, linger=LINGER)
-        if free > 0 and (self.queues is None or not covered):  # every queue: find new ones
+        elif free > 0:
             await self._ring(idle)
-            # what came before the bell listened (a new queue, a task on a known one), or
-            # rang while it asked (the wake went to the request it was waiting for)
-            if await self._add_found(look=self.queues is None) or await self._pick() or self._rang:
+            # what came before the bell listened, or rang while it asked (the wake went to
+            # the request it was waiting for)
+            if await self._pick(free) or self._rang:
                 await self._silence()
                 return
         timeout = min(LINGER, self.puller.next_deadline() - time.monotonic())
@@ -224,12 +257,8 @@ class TaskReader:
 
     async def _ring(self, idle: list[Lane]) -> None:
         nc = self.bus.nc
-        if self.queues is None:
-            subjects = [f"{self.bus.prefix}.tasks.>"]  # finds new queues too
-        else:
-            subjects = [lane.label for lane in idle]
         self._rang = False
-        self._bells = [await nc.subscribe(s, cb=self._on_bell) for s in subjects]
+        self._bells = [await nc.subscribe(lane.label, cb=self._on_bell) for lane in idle]
 
     async def _silence(self) -> None:
         bells, self._bells = self._bells, []
@@ -238,16 +267,22 @@ class TaskReader:
                 await bell.unsubscribe()
 
     async def _on_bell(self, msg: Msg) -> None:
-        queue = queue_of_token(msg.subject.split(".")[-2])
-        if self.queues is None and queue is not None and queue not in self._by_queue:
-            self._found.add(queue)
         self._rang = True
         self.puller.wake()
 
-    async def _add_found(self, *, look: bool = False) -> bool:
-        """Add the queues found since the last look (and look again when ``look`` or
-        every ``LINGER`` seconds); whether there were any."""
-        if self.queues is None and (look or time.monotonic() - self._looked > LINGER):
+    async def _on_news(self, msg: Msg) -> None:
+        try:
+            queue = msg.data.decode()
+        except UnicodeDecodeError:
+            return
+        if queue not in self._by_queue:
+            self._found.add(queue)
+            self.puller.wake()
+
+    async def _add_found(self) -> bool:
+        """Add the queues announced or found since the last look (and look again every
+        ``LINGER`` seconds: an announcement can be lost); whether there were any."""
+        if self.queues is None and time.monotonic() - self._looked > LINGER:
             try:
                 self._found.update(await self._discover(consumers=False))
             except nats.errors.Error as exc:  # the next look will do
@@ -331,10 +366,12 @@ class NatsEventBatch(EventBatch):
 
 
 class EventReader:
-    """One ``consume_events``: holds the partitions' locks while open, keeps a standing
-    request for one message on each owned partition, and when one comes asks the
-    partitions that delivered for the rest with ``no_wait`` requests, so that a batch
-    holds what was waiting (in order per partition)."""
+    """One ``consume_events``: holds the partitions' locks while open and keeps a standing
+    request on each owned partition for its share of the batch room. What a standing
+    request brings is handed on as it comes; a partition that filled its share is asked
+    for the rest with ``no_wait`` requests, so that under load a batch holds what was
+    waiting (in order per partition), and under light load no event waits for a round
+    trip to ask for more."""
 
     def __init__(self, bus: NatsBus, partitions: list[int], max_batch: int) -> None:
         self.bus = bus
@@ -370,11 +407,22 @@ class EventReader:
             batch = await self._batch()
             if batch is not None:
                 return batch
-            for lane in puller.lanes:  # one slot each: what comes wakes the top-up
-                if not lane.open:
-                    await puller.request(lane, 1, linger=LINGER)
+            await self._stand()
             await puller.wait(min(LINGER, puller.next_deadline() - time.monotonic()))
             puller.forget_lost()
+
+    async def _stand(self) -> None:
+        """A standing request on every partition without one, for its share of the room:
+        a partition busy enough to fill its share is topped up (``_top_up``), and one that
+        brings less hands on each event as it comes, with no round trip to ask again."""
+        puller = self.puller
+        idle = [lane for lane in puller.lanes if not lane.open]
+        if not idle:
+            return
+        room = self.max_batch - len(puller.arrived) - puller.open_slots()
+        share = max(1, room // len(idle))
+        for lane in idle:
+            await puller.request(lane, share, linger=LINGER)
 
     async def _top_up(self) -> None:
         """Ask every partition without a standing request for what it has, at once
