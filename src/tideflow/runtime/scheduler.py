@@ -2,10 +2,10 @@
 
 It takes every event the bus has ready (up to ``batch_size``, one delivered
 batch), applies each to its run through the pure core, commits the whole batch to
-the store in one call (group commit), acknowledges the batch to the bus, and hands
-the committed batch to the relay (runtime/relay.py), which carries out its effects
-until they succeed and then tells the listeners. A batch is acknowledged only after
-it is committed: one that comes again (its lease ran out, the process died) is
+the store in one call (group commit), hands the committed batch to the relay
+(runtime/relay.py), which carries out its effects until they succeed and then tells
+the listeners, and acknowledges the batch to the bus: its effects do not wait for the
+ack. A batch is acknowledged only after it is committed: one that comes again (its lease ran out, the process died) is
 applied again harmlessly, since every event the core already applied is stale or a
 duplicate to it and changes nothing. Events the
 scheduler sends back to itself (a redelivery, the ``EngineFailed`` of a poison run) go
@@ -222,14 +222,15 @@ class Scheduler:
                 self._runs.evict(run_id)
             raise out.down or next(iter(out.failures.values()))
         await self._not_committed(out, events, delivered)
+        # Committed is committed: its effects go out first (the next step's dispatch does
+        # not wait for the ack's round trip), and an ack that fails (the broker went
+        # away) keeps nothing from the relay: the events, coming again, are duplicates
+        # that relay nothing.
         try:
+            await self._committed(out.committed, relay)
+        finally:
             if delivered is not None:
                 await delivered.ack()
-        finally:
-            # Committed is committed: an ack that fails (the broker went away) must not
-            # keep its effects from the relay, since the events, coming again, are
-            # duplicates that relay nothing.
-            await self._committed(out.committed, relay)
         return {applied.event.event_id for applied in out.committed}
 
     async def _commit(self, part: Sequence[AppliedEvent]) -> None:
