@@ -492,6 +492,7 @@ async def test_a_cancel_reaches_every_control_consumer(bus_backend: BusBackend) 
     bus = await bus_backend.open()
     cancel = CancelAttempt(run_id="r", step_key="a", attempt=2)
     retried = CancelAttempt(run_id="r", step_key="a", attempt=2, round=1)
+    compensation = CancelAttempt(run_id="r", step_key="a", attempt=2, compensation=True)
     async with (
         contextlib.aclosing(bus.consume_control()) as one,
         contextlib.aclosing(bus.consume_control()) as two,
@@ -500,8 +501,10 @@ async def test_a_cancel_reaches_every_control_consumer(bus_backend: BusBackend) 
         await bus_backend.quiet()  # both are listening before the cancel goes out
         await bus.publish_control(cancel)
         await bus.publish_control(retried)
+        await bus.publish_control(compensation)
         assert await asyncio.wait_for(asyncio.gather(*waiting), WITHIN) == [cancel, cancel]
         assert await next_of(one) == retried  # its round travels with it
+        assert await next_of(one) == compensation  # and whether it is a compensation's
 
 
 # -- options and URLs ----------------------------------------------------------

@@ -60,9 +60,10 @@ _MAX_REMEMBERED_CANCELS = 10_000
 _REPUBLISH_DELAY = 0.5
 """Seconds before a task whose outcome could not be published comes again."""
 
-Key = tuple[str, str, int, int]
+Key = tuple[str, str, int, int, bool]
 """An attempt as cancels name it: run id, step key, round, attempt number (a retried run
-numbers its attempts from 1 again, in a new round)."""
+numbers its attempts from 1 again, in a new round) and compensation (an attempt of the
+step's compensation, not of its action: their numbers are counted apart)."""
 
 
 class WorkerPool:
@@ -154,7 +155,7 @@ class WorkerPool:
     def _cancel(self, cancel: CancelAttempt) -> None:
         """Stop an attempt the scheduler no longer waits for; one that has not come yet is
         remembered (its task is dropped when it comes)."""
-        key = (cancel.run_id, cancel.step_key, cancel.round, cancel.attempt)
+        key = (cancel.run_id, cancel.step_key, cancel.round, cancel.attempt, cancel.compensation)
         running = self._running.get(key)
         if running is not None:
             running[0].cancel()
@@ -175,7 +176,7 @@ class WorkerPool:
         async with contextlib.aclosing(deliveries) as tasks:
             async for delivery in tasks:
                 task = delivery.body
-                key = (task.run_id, task.step_key, task.round, task.attempt)
+                key = (task.run_id, task.step_key, task.round, task.attempt, task.compensation)
                 if self._draining:
                     await delivery.nack()  # taken as the pool drains: someone else runs it
                     # Take no more, keeping the stream (and what it holds) open until

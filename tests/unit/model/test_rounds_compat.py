@@ -1,7 +1,8 @@
 """What an older tideflow stored or sent, before attempts were named by round, still
 decodes: an outbox command without ``round`` is round 0, as is a run snapshot without
-``retries`` and a cancel on the control channel without ``round``; the ``forget``
-control message it sent on a retry decodes to nothing (rounds do its job)."""
+``retries`` and a cancel on the control channel without ``round`` (or without
+``compensation``: an action's attempt); the ``forget`` control message it sent on a
+retry decodes to nothing (rounds do its job)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,14 @@ def test_commands_stored_without_a_round_are_round_0() -> None:
         assert codec.command_from_data(data).round == 0  # type: ignore[attr-defined]
 
 
+def test_a_cancel_stored_without_compensation_names_the_actions_attempt() -> None:
+    cancel = CancelTask(run_id="r", step_key="a", attempt=2, round=1, compensation=True)
+    data = orjson.loads(orjson.dumps(codec.command_to_data(cancel)))
+    assert codec.command_from_data(data) == cancel
+    del data["compensation"]
+    assert codec.command_from_data(data) == CancelTask(run_id="r", step_key="a", attempt=2, round=1)
+
+
 def test_a_snapshot_without_retries_is_round_0() -> None:
     state = new_run_state(run_id="r", workflow="w", version="1", plan_hash="h", created_at=0.0)
     state.retries = 2
@@ -50,6 +59,8 @@ def test_a_cancel_sent_without_a_round_is_round_0_on_redis() -> None:
     old = orjson.dumps({"kind": "cancel", "run_id": "r", "step_key": "a", "attempt": 2})
     assert redis_wire.decode_control(old) == CancelAttempt(run_id="r", step_key="a", attempt=2)
     assert redis_wire.decode_control(orjson.dumps({"kind": "forget", "run_id": "r"})) is None
+    compensation = CancelAttempt(run_id="r", step_key="a", attempt=2, round=1, compensation=True)
+    assert redis_wire.decode_control(redis_wire.encode_control(compensation)) == compensation
 
 
 def test_a_cancel_sent_without_a_round_is_round_0_on_nats() -> None:
@@ -59,3 +70,6 @@ def test_a_cancel_sent_without_a_round_is_round_0_on_nats() -> None:
         run_id="r", step_key="a", attempt=2, round=4
     )
     assert nats._control_from({"type": "forget", "run_id": "r"}) is None
+    assert nats._control_from({**old, "compensation": True}) == CancelAttempt(
+        run_id="r", step_key="a", attempt=2, compensation=True
+    )

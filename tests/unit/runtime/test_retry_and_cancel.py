@@ -167,3 +167,17 @@ async def test_a_retried_step_runs_even_if_its_cancelled_attempt_was_remembered(
         await rt.retry(failed.run_id)
         done = await rt.wait(failed.run_id, timeout=10)
     assert done.status == "succeeded"
+
+
+async def test_a_remembered_cancel_of_a_finished_action_does_not_drop_its_compensation() -> None:
+    """The cancel of the action's attempt 1 came after that attempt had finished (the race
+    the pool remembers); the compensation's attempt 1 is not that attempt: it runs."""
+    async with Runtime() as rt:
+        run_id = await rt.start_run(SAGA)
+        await wait_until(rt, run_id, step_is("ask", "waiting"))
+        await rt.bus.publish_control(CancelAttempt(run_id=run_id, step_key="reserve", attempt=1))
+        await rt.cancel(run_id, "order withdrawn")
+        result = await rt.wait(run_id, timeout=10)
+    assert result.status == "cancelled"
+    assert result.compensation is not None and result.compensation["outcome"] == "compensated"
+    assert CALLS == ["reserve", "release:H1"]

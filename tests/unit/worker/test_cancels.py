@@ -1,7 +1,8 @@
 """A worker remembers a cancel for an attempt it does not hold (its task is dropped when
 it comes), and matches it by round: a retried run numbers its attempts from 1 again, so
 a cancel remembered for round 0's attempt 1 must not drop round 1's, whichever of the
-control channel and the task queue reaches the worker first."""
+control channel and the task queue reaches the worker first; and by compensation: a
+step's compensation numbers its attempts apart from its action."""
 
 from __future__ import annotations
 
@@ -130,5 +131,61 @@ async def test_a_late_cancel_of_an_earlier_round_leaves_the_running_attempt_alon
                 if outcomes:
                     break
     assert [(type(e), e.output) for e in outcomes] == [(TaskCompleted, 1)]  # type: ignore[attr-defined]
+    await pool.close()
+    await bus.close()
+
+
+def compensation(step_key: str) -> DispatchTask:
+    return DispatchTask(
+        run_id="r",
+        step_key=step_key,
+        step_id=step_key,
+        type="noop",
+        config={},
+        input=None,
+        attempt=1,
+        idempotency_key=f"r:{step_key}:compensate",
+        timeout=None,
+        compensation=True,
+    )
+
+
+async def outcomes_of(bus: LocalBus, count: int) -> list[Event]:
+    """The next ``count`` outcomes the workers report (starts too, when they are sent on
+    their own, in ``starts``)."""
+    seen: list[Event] = []
+    async with contextlib.aclosing(bus.consume_events(max_batch=100)) as events:
+        async with asyncio.timeout(5):
+            async for batch in events:
+                seen += batch.events
+                await batch.ack()
+                if sum(not isinstance(e, TaskStarted) for e in seen) >= count:
+                    return seen
+    return seen
+
+
+async def test_a_remembered_cancel_of_an_action_attempt_leaves_the_compensation_alone() -> None:
+    """A step's compensation numbers its attempts apart from its action: a cancel of the
+    action's attempt 1 that came after it had finished (remembered, since no task is there
+    to stop) must not drop the compensation's attempt 1 when the run is compensated."""
+    bus = LocalBus(lease=30)
+    await bus.open()
+    ids = itertools.count()
+    pool = WorkerPool(
+        bus,
+        ExecutorRegistry(),
+        concurrency=2,
+        clock=time.time,
+        new_event_id=lambda: f"e{next(ids)}",
+    )
+    pool.start()
+    await bus.publish_control(CancelAttempt(run_id="r", step_key="a", attempt=1))
+    await bus.publish_control(CancelAttempt(run_id="r", step_key="b", attempt=1, compensation=True))
+    await until(lambda: len(pool._cancelled) == 2, "both cancels are remembered")
+    # "b"'s compensation was cancelled, "a"'s action only: "b" goes first on the queue
+    await bus.publish_tasks([compensation("b"), compensation("a")])
+    events = await outcomes_of(bus, 1)
+    done = [e for e in events if isinstance(e, TaskCompleted)]
+    assert [(e.step_key, e.compensation) for e in done] == [("a", True)]
     await pool.close()
     await bus.close()
