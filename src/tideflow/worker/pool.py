@@ -52,18 +52,13 @@ from tideflow.worker.interceptors import (
 )
 from tideflow.worker.outcomes import Outcomes
 from tideflow.worker.secrets import SecretProvider, default_provider
-from tideflow.worker.starts import StartDurably, StartReports
+from tideflow.worker.starts import Key, StartDurably, StartReports, attempt_key
 
 log = logging.getLogger("tideflow.worker")
 
 _MAX_REMEMBERED_CANCELS = 10_000
 _REPUBLISH_DELAY = 0.5
 """Seconds before a task whose outcome could not be published comes again."""
-
-Key = tuple[str, str, int, int, bool]
-"""An attempt as cancels name it: run id, step key, round, attempt number (a retried run
-numbers its attempts from 1 again, in a new round) and compensation (an attempt of the
-step's compensation, not of its action: their numbers are counted apart)."""
 
 
 class WorkerPool:
@@ -176,7 +171,7 @@ class WorkerPool:
         async with contextlib.aclosing(deliveries) as tasks:
             async for delivery in tasks:
                 task = delivery.body
-                key = (task.run_id, task.step_key, task.round, task.attempt, task.compensation)
+                key = attempt_key(task)
                 if self._draining:
                     await delivery.nack()  # taken as the pool drains: someone else runs it
                     # Take no more, keeping the stream (and what it holds) open until
@@ -266,6 +261,7 @@ class WorkerPool:
             attempt=task.attempt,
             reason=f"lease_expired: its task was delivered again (delivery {delivery})",
             compensation=task.compensation,
+            round=task.round,
         )
 
     def _outcome(self, task: DispatchTask, out: ExecuteOutput) -> Event:
@@ -281,6 +277,7 @@ class WorkerPool:
                 error=out.error,
                 seed=self._random.getrandbits(32),
                 compensation=task.compensation,
+                round=task.round,
                 started_at=started,
                 worker=worker,
             )
@@ -292,6 +289,7 @@ class WorkerPool:
             attempt=task.attempt,
             output=out.output,
             compensation=task.compensation,
+            round=task.round,
             started_at=started,
             worker=worker,
         )
