@@ -33,7 +33,7 @@ from tideflow.bus.base import (
 )
 from tideflow.errors import BusError
 from tideflow.model.commands import DispatchTask
-from tideflow.model.events import SignalReceived
+from tideflow.model.events import SignalReceived, TaskCompleted, TaskStarted
 from tideflow.model.plan import Priority
 from tideflow.testing.clock import ManualClock
 
@@ -226,6 +226,18 @@ async def test_tasks_and_events_are_delivered_with_their_headers(bus_backend: Bu
         batch = await next_of(batches)
         assert batch.events == [event("r", 1), event("r", 2)]
         assert (dict(batch.headers(0)), dict(batch.headers(1))) == ({}, trace)
+
+
+async def test_an_attempts_report_travels_with_its_round(bus_backend: BusBackend) -> None:
+    bus = await bus_backend.open()
+    common = {"run_id": "r", "time": 0.0, "step_key": "a", "attempt": 1}
+    reports = [
+        TaskStarted(event_id="s", **common, round=2, worker="h/1"),
+        TaskCompleted(event_id="c", **common, round=2, output={"ok": True}, compensation=True),
+    ]
+    await bus.publish_events(reports)
+    async with contextlib.aclosing(bus.consume_events(max_batch=10)) as batches:
+        assert (await next_of(batches)).events == reports
 
 
 async def test_an_acknowledged_message_is_gone(bus_backend: BusBackend) -> None:
@@ -492,6 +504,7 @@ async def test_a_cancel_reaches_every_control_consumer(bus_backend: BusBackend) 
     bus = await bus_backend.open()
     cancel = CancelAttempt(run_id="r", step_key="a", attempt=2)
     retried = CancelAttempt(run_id="r", step_key="a", attempt=2, round=1)
+    compensation = CancelAttempt(run_id="r", step_key="a", attempt=2, compensation=True)
     async with (
         contextlib.aclosing(bus.consume_control()) as one,
         contextlib.aclosing(bus.consume_control()) as two,
@@ -500,8 +513,10 @@ async def test_a_cancel_reaches_every_control_consumer(bus_backend: BusBackend) 
         await bus_backend.quiet()  # both are listening before the cancel goes out
         await bus.publish_control(cancel)
         await bus.publish_control(retried)
+        await bus.publish_control(compensation)
         assert await asyncio.wait_for(asyncio.gather(*waiting), WITHIN) == [cancel, cancel]
         assert await next_of(one) == retried  # its round travels with it
+        assert await next_of(one) == compensation  # and whether it is a compensation's
 
 
 # -- options and URLs ----------------------------------------------------------

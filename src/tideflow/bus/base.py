@@ -110,12 +110,14 @@ class CancelAttempt:
     An attempt is named by its run, step instance, ``round`` (the run's operator retries
     before it: ``DispatchTask.round``) and number, since a retry numbers attempts from 1
     again: a cancel remembered for round 0's attempt 1 leaves round 1's alone, whichever
-    of the cancel and the task reaches a worker first."""
+    of the cancel and the task reaches a worker first. ``compensation`` tells an attempt
+    of the step's compensation from the action's attempt of the same number."""
 
     run_id: str
     step_key: str
     attempt: int
     round: int = 0
+    compensation: bool = False
 
 
 Control = CancelAttempt

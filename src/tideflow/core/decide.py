@@ -29,6 +29,7 @@ from tideflow.errors import StepError
 from tideflow.model import storable
 from tideflow.model.commands import CancelChildRun, CancelTimer, Command, RunFinished
 from tideflow.model.events import (
+    AttemptEvent,
     CancelRequested,
     ChildRunFinished,
     EngineFailed,
@@ -98,14 +99,17 @@ class Decider:
     # -- dispatch on the event ------------------------------------------------
 
     def apply(self, event: Event) -> None:
-        if isinstance(event, TaskStarted):
-            (saga.on_started if event.compensation else attempts.on_started)(self, event)
-        elif isinstance(event, TaskCompleted):
-            (saga.on_completed if event.compensation else attempts.on_completed)(self, event)
-        elif isinstance(event, TaskFailed):
-            (saga.on_failed if event.compensation else attempts.on_failed)(self, event)
-        elif isinstance(event, TaskLost):
-            (saga.on_lost if event.compensation else attempts.on_lost)(self, event)
+        if isinstance(event, AttemptEvent):
+            if event.round != self.state.retries and event.round is not None:
+                return  # stale: an attempt of a round before the run's last operator retry
+            if isinstance(event, TaskStarted):
+                (saga.on_started if event.compensation else attempts.on_started)(self, event)
+            elif isinstance(event, TaskCompleted):
+                (saga.on_completed if event.compensation else attempts.on_completed)(self, event)
+            elif isinstance(event, TaskFailed):
+                (saga.on_failed if event.compensation else attempts.on_failed)(self, event)
+            elif isinstance(event, TaskLost):
+                (saga.on_lost if event.compensation else attempts.on_lost)(self, event)
         elif isinstance(event, TimerFired):
             fired.on_timer(self, event)
         elif isinstance(event, SignalReceived):

@@ -60,6 +60,7 @@ def lost_events(plan: Plan, state: RunState, now: float) -> list[TaskLost]:
             attempt=attempt,
             reason="the process running it stopped before reporting an outcome",
             compensation=comp,
+            round=state.retries,
         )
         for key, attempt, started, comp in lost
     ]

@@ -246,7 +246,7 @@ def on_timer(d: Decider, ref: TimerRef) -> None:
         if not _dispatch(d, ref.step_key):
             _next(d)
     elif ref.kind == "compensation_timeout" and status == "running":
-        d.commands.append(cancel_task(d.state, ref.step_key, ref.attempt))
+        d.commands.append(cancel_task(d.state, ref.step_key, ref.attempt, compensation=True))
         action = d.plan.specs[st.step_id].compensate
         limit = action.timeout if action is not None else None
         error = engine_error(

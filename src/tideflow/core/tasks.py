@@ -94,10 +94,19 @@ def compensation_task(
     )
 
 
-def cancel_task(state: RunState, key: str, attempt: int) -> CancelTask:
-    """The command that stops attempt ``attempt`` of step instance ``key`` in the run's
-    current round (an attempt number alone is ambiguous once an operator retried)."""
-    return CancelTask(run_id=state.run_id, step_key=key, attempt=attempt, round=state.retries)
+def cancel_task(
+    state: RunState, key: str, attempt: int, *, compensation: bool = False
+) -> CancelTask:
+    """The command that stops attempt ``attempt`` of step instance ``key`` (of its
+    compensation when ``compensation``) in the run's current round (an attempt number
+    alone is ambiguous once an operator retried)."""
+    return CancelTask(
+        run_id=state.run_id,
+        step_key=key,
+        attempt=attempt,
+        round=state.retries,
+        compensation=compensation,
+    )
 
 
 def child_run(plan: Plan, run_id: str, st: StepState) -> StartChildRun:

@@ -26,6 +26,7 @@ from tideflow.model.commands import (
 from tideflow.model.events import (
     EVENT_KINDS,
     EVENT_TYPES,
+    AttemptEvent,
     ChildRunFinished,
     EngineFailed,
     ErrorInfo,
@@ -202,6 +203,13 @@ _COMMAND_TYPES: dict[str, type[Command]] = {
 }
 
 
+_ATTEMPT_KINDS = frozenset(
+    kind for cls, kind in EVENT_KINDS.items() if issubclass(cls, AttemptEvent)
+)
+"""Kinds of the events that report an attempt: one stored or sent without ``round`` is
+from a version before rounds (``AttemptEvent.round`` None: the run's current round)."""
+
+
 def event_kind(event: Event) -> str:
     return EVENT_KINDS[type(event)]
 
@@ -228,6 +236,8 @@ def event_from_data(data: dict[str, Any], *, run_id: str | None = None) -> Event
         )
     if "error" in data and data["error"] is not None:
         data["error"] = error_from_data(data["error"])
+    if kind in _ATTEMPT_KINDS and "round" not in data:
+        data["round"] = None
     try:
         return cls(**data)
     except TypeError as exc:

@@ -52,6 +52,10 @@ class CancelTask(Command):
     attempt: int
     round: int = 0
     """The round of the attempt to stop (``DispatchTask.round``)."""
+    compensation: bool = False
+    """The attempt to stop is one of the step's compensation, not of its action (their
+    attempt numbers are counted apart). False in commands stored before the field
+    existed."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -61,16 +61,32 @@ class RunStarted(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TaskStarted(Event):
-    """A worker began executing an attempt (``time`` is when): its ``timeout`` counts from
-    here. A duplicate, or one for an attempt that is no longer current, changes nothing."""
+class AttemptEvent(Event):
+    """What a worker (or recovery) reports about one attempt: its start or its outcome.
+
+    An attempt is named by step instance, ``round`` and number, and by whether it is one
+    of the step's compensation: an operator retry numbers attempts from 1 again in the
+    next round, so a late report of an earlier round's attempt (a worker that still ran
+    it when the run was retried) is stale, never taken for the retried attempt."""
 
     step_key: str
     attempt: int
-    worker: str = ""
-    """Which worker took it (``host/pid``), for the history."""
     compensation: bool = False
     """The attempt is one of the step's compensation (``step_key`` names the step undone)."""
+    round: int | None = 0
+    """The round of the attempt (``DispatchTask.round``: the run's operator retries before
+    it). None for an event stored or sent by a version before rounds (decoded without the
+    field): it is taken for the run's current round, as that version did, so that a
+    history it wrote replays as it was applied."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskStarted(AttemptEvent):
+    """A worker began executing an attempt (``time`` is when): its ``timeout`` counts from
+    here. A duplicate, or one for an attempt that is no longer current, changes nothing."""
+
+    worker: str = ""
+    """Which worker took it (``host/pid``), for the history."""
     delivery: int = 1
     """How many times the bus has delivered this attempt's task: more than 1 when the
     worker that held it before stopped renewing its lease (``lease_expired``: it died) or
@@ -79,24 +95,18 @@ class TaskStarted(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TaskLost(Event):
+class TaskLost(AttemptEvent):
     """The execution of an attempt is gone without an outcome (the process that ran it
     stopped). An attempt that never started, or of an idempotent step, is dispatched
     again; a started attempt of an ``idempotent: false`` step fails with
     ``StepOutcomeUnknown``."""
 
-    step_key: str
-    attempt: int
     reason: str = "its worker stopped"
-    compensation: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TaskCompleted(Event):
-    step_key: str
-    attempt: int
+class TaskCompleted(AttemptEvent):
     output: Any = None
-    compensation: bool = False
     started_at: float | None = None
     """Set when the attempt ended before its ``TaskStarted`` was sent: its start, recorded
     with the outcome (one event instead of two)."""
@@ -104,13 +114,10 @@ class TaskCompleted(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TaskFailed(Event):
-    step_key: str
-    attempt: int
+class TaskFailed(AttemptEvent):
     error: ErrorInfo
     seed: int = 0
     """Random seed for retry jitter, chosen by the runtime so that decide stays pure."""
-    compensation: bool = False
     started_at: float | None = None
     """As on `TaskCompleted`: the start, when it was not reported on its own."""
     worker: str = ""

@@ -265,6 +265,7 @@ class Relay:
                     step_key=command.step_key,
                     attempt=command.attempt,
                     round=command.round,
+                    compensation=command.compensation,
                 )
             )
 

@@ -121,6 +121,7 @@ class CoreHarness:
                 attempt=task.attempt,
                 worker=worker,
                 compensation=compensation,
+                round=task.round,
             )
         )
 
@@ -129,7 +130,11 @@ class CoreHarness:
         task = self._task(key, compensation)
         return self.apply(
             TaskLost(
-                **self._common(), step_key=key, attempt=task.attempt, compensation=compensation
+                **self._common(),
+                step_key=key,
+                attempt=task.attempt,
+                compensation=compensation,
+                round=task.round,
             )
         )
 
@@ -142,6 +147,7 @@ class CoreHarness:
                 attempt=task.attempt,
                 output=output,
                 compensation=compensation,
+                round=task.round,
             )
         )
 
@@ -165,6 +171,7 @@ class CoreHarness:
                 error=error,
                 seed=seed,
                 compensation=compensation,
+                round=task.round,
             )
         )
 

@@ -52,17 +52,13 @@ from tideflow.worker.interceptors import (
 )
 from tideflow.worker.outcomes import Outcomes
 from tideflow.worker.secrets import SecretProvider, default_provider
-from tideflow.worker.starts import StartDurably, StartReports
+from tideflow.worker.starts import Key, StartDurably, StartReports, attempt_key
 
 log = logging.getLogger("tideflow.worker")
 
 _MAX_REMEMBERED_CANCELS = 10_000
 _REPUBLISH_DELAY = 0.5
 """Seconds before a task whose outcome could not be published comes again."""
-
-Key = tuple[str, str, int, int]
-"""An attempt as cancels name it: run id, step key, round, attempt number (a retried run
-numbers its attempts from 1 again, in a new round)."""
 
 
 class WorkerPool:
@@ -154,7 +150,7 @@ class WorkerPool:
     def _cancel(self, cancel: CancelAttempt) -> None:
         """Stop an attempt the scheduler no longer waits for; one that has not come yet is
         remembered (its task is dropped when it comes)."""
-        key = (cancel.run_id, cancel.step_key, cancel.round, cancel.attempt)
+        key = (cancel.run_id, cancel.step_key, cancel.round, cancel.attempt, cancel.compensation)
         running = self._running.get(key)
         if running is not None:
             running[0].cancel()
@@ -175,7 +171,7 @@ class WorkerPool:
         async with contextlib.aclosing(deliveries) as tasks:
             async for delivery in tasks:
                 task = delivery.body
-                key = (task.run_id, task.step_key, task.round, task.attempt)
+                key = attempt_key(task)
                 if self._draining:
                     await delivery.nack()  # taken as the pool drains: someone else runs it
                     # Take no more, keeping the stream (and what it holds) open until
@@ -265,6 +261,7 @@ class WorkerPool:
             attempt=task.attempt,
             reason=f"lease_expired: its task was delivered again (delivery {delivery})",
             compensation=task.compensation,
+            round=task.round,
         )
 
     def _outcome(self, task: DispatchTask, out: ExecuteOutput) -> Event:
@@ -280,6 +277,7 @@ class WorkerPool:
                 error=out.error,
                 seed=self._random.getrandbits(32),
                 compensation=task.compensation,
+                round=task.round,
                 started_at=started,
                 worker=worker,
             )
@@ -291,6 +289,7 @@ class WorkerPool:
             attempt=task.attempt,
             output=out.output,
             compensation=task.compensation,
+            round=task.round,
             started_at=started,
             worker=worker,
         )

@@ -42,7 +42,7 @@ from tideflow.bus.base import Bus
 from tideflow.errors import BusError, DurableStartUnavailable
 from tideflow.lifecycle import Stop, shown
 from tideflow.model import storable
-from tideflow.model.events import TaskStarted
+from tideflow.model.events import EVENT_KINDS, RunRetried, TaskStarted
 from tideflow.store.base import HistoryEntry, Store
 from tideflow.worker.executors.registry import ExecutorRegistry
 from tideflow.worker.pool import WorkerPool
@@ -98,12 +98,24 @@ class StoreStarts:
 
 def start_verdict(history: Sequence[HistoryEntry], event: TaskStarted) -> bool | None:
     """Whether the history shows ``event`` applied (True), made moot (False), or neither
-    yet (None)."""
+    yet (None). Only the event's round counts (the entries from the round's
+    ``run_retried`` on, before the next one): an earlier round's attempts and end say
+    nothing about it, and a later round makes it moot."""
     subject = f"{event.step_key}:compensate" if event.compensation else event.step_key
     for entry in history:
         if entry.event.get("event_id") == event.event_id:
             return True
+    wanted = event.round
+    if wanted is None:  # not sent by a worker: the run's current round
+        wanted = sum(entry.kind == _RETRIED for entry in history)
+    current = 0
     for entry in history:
+        if entry.kind == _RETRIED:
+            current += 1
+        if current != wanted:
+            if current > wanted:
+                return False  # retried since: the attempt is stale
+            continue
         for t in entry.transitions:
             if t.get("subject") == "run" and t.get("new") in _RUN_ENDED:
                 return False
@@ -119,6 +131,7 @@ def start_verdict(history: Sequence[HistoryEntry], event: TaskStarted) -> bool |
     return None
 
 
+_RETRIED = EVENT_KINDS[RunRetried]
 _RUN_ENDED = frozenset(
     {"succeeded", "failed", "cancelled", "timed_out", "compensated", "compensation_failed"}
 )

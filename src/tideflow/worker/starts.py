@@ -26,9 +26,10 @@ from tideflow.model.events import TaskStarted
 
 log = logging.getLogger("tideflow.worker")
 
-Key = tuple[str, str, int, bool]
-"""(run id, step key, attempt, compensation): an attempt of a step's action or of its
-compensation."""
+Key = tuple[str, str, int, int, bool]
+"""An attempt: run id, step key, round, attempt number (a retried run numbers its attempts
+from 1 again, in a new round) and compensation (an attempt of the step's compensation, not
+of its action: their numbers are counted apart)."""
 REPORT_DELAY = 0.005
 """Seconds a start waits to be sent with others, or to be folded into its outcome: a
 quick sync function costs one event instead of two. The start time it carries is taken
@@ -39,7 +40,7 @@ StartDurably = Callable[[TaskStarted], Awaitable[bool]]
 
 
 def attempt_key(task: DispatchTask) -> Key:
-    return (task.run_id, task.step_key, task.attempt, task.compensation)
+    return (task.run_id, task.step_key, task.round, task.attempt, task.compensation)
 
 
 class StartReports:
@@ -88,7 +89,7 @@ class StartReports:
         return None if started is None else started[0]
 
     def _event(self, key: Key, time: float, delivery: int = 1) -> TaskStarted:
-        run_id, step_key, attempt, compensation = key
+        run_id, step_key, round_, attempt, compensation = key
         return TaskStarted(
             delivery=delivery,
             event_id=self._new_id(),
@@ -98,6 +99,7 @@ class StartReports:
             attempt=attempt,
             worker=self.worker,
             compensation=compensation,
+            round=round_,
         )
 
     async def sent(self) -> None:

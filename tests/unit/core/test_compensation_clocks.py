@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tideflow.core.resume import lost_events, resume_commands
 from tideflow.model.codec import state_from_data, state_to_data
-from tideflow.model.commands import DispatchTask, StartTimer
+from tideflow.model.commands import CancelTask, DispatchTask, StartTimer
 from tideflow.model.events import TaskCompleted
 
 SAGA = """
@@ -55,6 +55,16 @@ def test_a_compensation_timeout_waits_for_the_start(harness):
         if t.subject == "book:compensate" and t.old == t.new == "running"
     ]
     assert facts == ["compensation attempt 1 started by test-worker"]
+
+
+def test_a_compensation_that_times_out_is_cancelled_as_a_compensation(harness):
+    """The cancel says it is the compensation's attempt 1, not the action's attempt 1:
+    a worker tells them apart by it."""
+    h = _cancelled_with_no_worker(harness)
+    h.started("book", compensation=True)
+    decision = h.fire(TIMEOUT)
+    cancels = [c for c in decision.commands if isinstance(c, CancelTask)]
+    assert cancels == [CancelTask(run_id=h.run_id, step_key="book", attempt=1, compensation=True)]
 
 
 def test_a_started_compensation_still_times_out(harness):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +14,7 @@ from tideflow.bus.backends.local import LocalBus
 from tideflow.bus.base import CancelAttempt
 from tideflow.dsl import compile_definition
 from tideflow.errors import RunNotRetryable
+from tideflow.model.events import ErrorInfo, Event, TaskCompleted, TaskFailed, TaskStarted
 from tideflow.runtime.runtime import Runtime
 from tideflow.testing.waiting import step_is, wait_until
 from tideflow.worker.executors.functions import register, unregister
@@ -167,3 +170,84 @@ async def test_a_retried_step_runs_even_if_its_cancelled_attempt_was_remembered(
         await rt.retry(failed.run_id)
         done = await rt.wait(failed.run_id, timeout=10)
     assert done.status == "succeeded"
+
+
+GATE: dict[str, asyncio.Event] = {}
+
+
+@pytest.fixture
+def gated_charge() -> Iterator[list[int]]:
+    """``rc.gated`` fails its first call (round 0), then waits for ``GATE["open"]``; the
+    list counts the calls."""
+    GATE["open"] = asyncio.Event()
+    entered: list[int] = []
+
+    @register("rc.gated")
+    async def gated() -> str:
+        entered.append(len(entered))
+        if len(entered) == 1:
+            raise ConnectionError("payments down")  # round 0: the run fails
+        await GATE["open"].wait()
+        return "C1"
+
+    yield entered
+    unregister("rc.gated")
+
+
+GATED = compile_definition(
+    textwrap.dedent(
+        """
+        name: gated
+        version: "1"
+        steps:
+          - {id: charge, type: python, function: rc.gated}
+        output: "{{ steps.charge.output }}"
+        """
+    )
+)
+
+
+@pytest.mark.parametrize("late", ["completed", "failed", "started"])
+async def test_a_late_outcome_of_round_0_after_a_retry_is_not_taken_for_round_1s(
+    gated_charge: list[int], late: str
+) -> None:
+    """A worker that still ran round 0's attempt 1 when the operator retried reports it
+    after round 1's attempt 1 started: that report changes nothing, round 1's outcome is
+    the step's."""
+    async with Runtime() as rt:
+        failed = await rt.run(GATED)
+        assert failed.status == "failed"
+        await rt.retry(failed.run_id)
+        await wait_until(
+            rt, failed.run_id, lambda s: s.steps["charge"].attempt_started_at is not None
+        )
+        assert len(gated_charge) == 2  # round 1's attempt 1 runs
+        common = {"event_id": f"late-{late}", "run_id": failed.run_id, "time": time.time()}
+        attempt = {"step_key": "charge", "attempt": 1, "round": 0}
+        event: Event
+        if late == "completed":
+            event = TaskCompleted(**common, **attempt, output="from round 0")
+        elif late == "failed":
+            event = TaskFailed(**common, **attempt, error=ErrorInfo(type="E", message="round 0"))
+        else:
+            event = TaskStarted(**common, **attempt, worker="old/1", delivery=2)
+        await rt.bus.publish_events([event])
+        GATE["open"].set()  # round 1's outcome comes after the late one
+        done = await rt.wait(failed.run_id, timeout=10)
+        history = await rt.history(failed.run_id)
+    assert done.status == "succeeded" and done.output == "C1"
+    assert f"late-{late}" not in [entry.event.get("event_id") for entry in history]
+
+
+async def test_a_remembered_cancel_of_a_finished_action_does_not_drop_its_compensation() -> None:
+    """The cancel of the action's attempt 1 came after that attempt had finished (the race
+    the pool remembers); the compensation's attempt 1 is not that attempt: it runs."""
+    async with Runtime() as rt:
+        run_id = await rt.start_run(SAGA)
+        await wait_until(rt, run_id, step_is("ask", "waiting"))
+        await rt.bus.publish_control(CancelAttempt(run_id=run_id, step_key="reserve", attempt=1))
+        await rt.cancel(run_id, "order withdrawn")
+        result = await rt.wait(run_id, timeout=10)
+    assert result.status == "cancelled"
+    assert result.compensation is not None and result.compensation["outcome"] == "compensated"
+    assert CALLS == ["reserve", "release:H1"]

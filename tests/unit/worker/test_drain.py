@@ -10,9 +10,13 @@ import time
 
 from tideflow import register
 from tideflow.bus.backends.local import LocalBus
+from tideflow.core.decide import Decision
+from tideflow.dsl import compile_definition
+from tideflow.model import codec
 from tideflow.model.commands import DispatchTask
-from tideflow.model.events import TaskStarted
+from tideflow.model.events import Event, TaskStarted
 from tideflow.store.base import HistoryEntry
+from tideflow.testing.harness import CoreHarness
 from tideflow.worker.executors.registry import ExecutorRegistry
 from tideflow.worker.pool import WorkerPool
 from tideflow.worker.process import start_verdict
@@ -132,3 +136,41 @@ def test_a_durable_start_is_known_by_its_event_or_made_moot_by_the_history():
         ],
     )
     assert start_verdict([dispatched, ended], mine) is False
+
+
+def test_a_durable_start_in_a_retried_run_is_judged_by_its_own_round():
+    """Round 0's attempt 1 started and the run timed out; the operator retried: round 1's
+    attempt 1 may start (round 0's start and end say nothing about it), round 0's may
+    not (the run was retried since)."""
+    history: list[HistoryEntry] = []
+
+    def record(event: Event, decision: Decision) -> None:
+        if decision.changed:  # what the store keeps of it
+            history.append(
+                HistoryEntry(
+                    run_id=event.run_id,
+                    seq=len(history) + 1,
+                    time=event.time,
+                    kind=codec.event_kind(event),
+                    event=codec.event_to_data(event),
+                    transitions=[codec.transition_to_data(t) for t in decision.transitions],
+                )
+            )
+
+    plan = compile_definition(
+        "name: t\nversion: '1'\ntimeout: 1m\nsteps: [{id: s, type: noop, idempotent: false}]\n"
+    )
+    h = CoreHarness(plan, auto_start=False, on_decision=record)
+    h.start()
+    h.started("s")
+    h.advance(60)
+    h.retry()
+    assert h.state.retries == 1 and h.tasks["s"].round == 1
+    common = {"run_id": h.run_id, "time": h.now, "step_key": "s", "attempt": 1}
+    mine = TaskStarted(event_id="me", **common, round=1)
+    late = TaskStarted(event_id="late", **common, round=0)
+    assert start_verdict(history, mine) is None  # not applied yet
+    assert start_verdict(history, late) is False  # the run was retried since
+    h.apply(mine)
+    assert start_verdict(history, mine) is True
+    assert start_verdict(history, TaskStarted(event_id="again", **common, round=1)) is False

@@ -353,6 +353,7 @@ class NatsBus(Bus):
             "step_key": message.step_key,
             "attempt": message.attempt,
             "round": message.round,
+            "compensation": message.compensation,
         }
         try:
             await self.nc.publish(f"{self.prefix}.control", orjson.dumps(data))
@@ -547,13 +548,15 @@ def _stream_seq(msg: Any) -> int | None:
 
 def _control_from(data: dict[str, Any]) -> Control | None:
     """A control message; None for a ``forget``, which versions before rounds sent when a
-    run was retried (rounds do its job now); a cancel without ``round`` is round 0."""
+    run was retried (rounds do its job now); a cancel without ``round`` is round 0, one
+    without ``compensation`` names an action's attempt."""
     if data["type"] == "cancel":
         return CancelAttempt(
             run_id=str(data["run_id"]),
             step_key=str(data["step_key"]),
             attempt=int(data["attempt"]),
             round=int(data.get("round", 0)),
+            compensation=bool(data.get("compensation", False)),
         )
     if data["type"] == "forget":
         return None

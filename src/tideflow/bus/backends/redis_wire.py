@@ -3,7 +3,8 @@
 A task or event entry holds ``b`` (``command_to_data`` / ``event_to_data`` as JSON), ``h``
 (the headers as a JSON object, when there are any) and ``d`` (deliveries before it was
 handed back). A control message is a JSON object with ``kind`` ``cancel`` (one without
-``round`` is from a version before rounds: round 0); ``forget``, which versions before
+``round`` is from a version before rounds: round 0; one without ``compensation`` names
+an action's attempt); ``forget``, which versions before
 rounds sent when a run was retried, has no meaning now and decodes to None.
 Anything else on a stream is malformed: ``Malformed`` says what is wrong with it.
 """
@@ -76,6 +77,7 @@ def encode_control(message: Control) -> bytes:
             "step_key": message.step_key,
             "attempt": message.attempt,
             "round": message.round,
+            "compensation": message.compensation,
         }
     )
 
