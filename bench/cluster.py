@@ -479,6 +479,8 @@ async def bench(args: argparse.Namespace) -> int:
             if args.keep_logs:
                 print(f"logs in {running.tmp}", file=sys.stderr)
             for name in names:
+                if args.warmup:  # unmeasured: connections, prepared statements, caches
+                    await measure(client, name, kind, min(args.warmup, args.runs or args.warmup))
                 rows = [await measure(client, name, kind, args.runs) for _ in range(args.repeat)]
                 show(summarise(rows), args.json)
     return 0
@@ -505,11 +507,19 @@ def main(argv: list[str] | None = None) -> int:
         "--runs", type=int, default=None, help="runs per workload instead of its own (smoke tests)"
     )
     parser.add_argument(
+        "--warmup",
+        type=int,
+        default=50,
+        help="runs of each workload before it is measured, not counted (default 50; 0: none)",
+    )
+    parser.add_argument(
         "--keep-logs", action="store_true", help="keep the processes' logs (path on stderr)"
     )
     args = parser.parse_args(argv)
     if min(args.repeat, args.workers, args.concurrency, args.runs or 1) < 1:
         parser.error("--repeat, --workers, --concurrency and --runs must be at least 1")
+    if args.warmup < 0:
+        parser.error("--warmup must be 0 or more")
     try:
         return asyncio.run(interruptible(bench(args)))
     except KeyboardInterrupt:
