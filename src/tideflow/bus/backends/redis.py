@@ -22,7 +22,9 @@ sweeps), ``extend`` resets its idle time (``XCLAIM … JUSTID``), ``ack`` is ``X
 and adds it again, at once or from ``delayed`` when due. The delivery count is the
 entry's times-delivered in the PEL, plus the deliveries before it was added again.
 
-Consumers block on the server (``XREAD BLOCK``), waking when an entry arrives, for their
+Consumers block on the server, waking when an entry arrives (the engine's event
+consumer with ``XREADGROUP … BLOCK``, which takes the entries in the same round trip; a
+task consumer with ``XREAD BLOCK``, then a script that takes by priority), for their
 own next lease deadline, and at least every ``recheck`` seconds (a quarter of the lease,
 at most 5 s) to sweep for deliveries whose consumer has gone. A lost connection is
 logged and retried with backoff by the consumers; the producer raises ``BusError``.
@@ -336,6 +338,34 @@ class RedisBus(Bus):
             "XREAD", "BLOCK", ms, "COUNT", 1, "STREAMS", *keys, *ids
         )
         return {text(stream) for stream, _ in reply or ()}
+
+    async def block_group(
+        self, keys: list[str], group: str, me: str, count: int, timeout: float
+    ) -> list[tuple[str, bytes, dict[bytes, bytes]]]:
+        """Wait on the server until ``keys`` have entries ``group`` has not delivered yet,
+        and take them for ``me`` (``XREADGROUP … BLOCK``: woken and delivered in one round
+        trip); at most ``count`` from each stream. ``(stream, id, fields)`` of each."""
+        ms = max(1, math.ceil(min(timeout, self.recheck) * 1000))
+        client: Any = self.client  # execute_command is untyped in redis-py
+        reply = await client.execute_command(
+            "XREADGROUP",
+            "GROUP",
+            group,
+            me,
+            "COUNT",
+            count,
+            "BLOCK",
+            ms,
+            "STREAMS",
+            *keys,
+            *([">"] * len(keys)),
+        )
+        return [
+            (text(stream), entry_id, fields)
+            for stream, entries in reply or ()
+            for entry_id, fields in entries
+            if fields is not None  # an entry deleted while pending comes without fields
+        ]
 
     async def settle(self, entries: list[Entry], group: str, me: str, delay_ms: int) -> int:
         args: list[Any] = [group, me, delay_ms, uuid.uuid4().hex]

@@ -399,7 +399,7 @@ class EventConsumer:
         count = len(self.keys)
         self.turn = start = (self.turn + 1) % count
         keys = self.keys[start:] + self.keys[:start]
-        taken, last = await self.bus.script(
+        (taken,) = await self.bus.script(
             "take_events",
             keys,
             EVENT_GROUP,
@@ -408,16 +408,26 @@ class EventConsumer:
             self.bus.lease_ms if sweep else -1,
         )
         if taken:
-            return await self._accept(keys, taken)
+            return await self._accept(
+                [
+                    (keys[index - 1], entry_id, fields_of(raw), times)
+                    for index, entry_id, raw, times in taken
+                ]
+            )
         first = next(iter(self.held.values()), math.inf)
-        await self.bus.block(keys, list(last), min(self.next_sweep, first) - time.monotonic())
-        return None
+        # nothing now: wait for the next entries and take them in the same round trip
+        share = max(1, -(-self.max_batch // len(keys)))
+        woken = await self.bus.block_group(
+            keys, EVENT_GROUP, self.name, share, min(self.next_sweep, first) - time.monotonic()
+        )
+        return await self._accept([(key, entry_id, fields, 1) for key, entry_id, fields in woken])
 
-    async def _accept(self, keys: list[str], taken: list[Any]) -> Batch | None:
+    async def _accept(
+        self, taken: list[tuple[str, bytes, dict[bytes, bytes], int]]
+    ) -> Batch | None:
         items: list[tuple[Entry, Event, Headers]] = []
-        for index, entry_id, raw, times in taken:
-            fields = fields_of(raw)
-            entry = Entry(keys[index - 1], entry_id, times, fields)
+        for key, entry_id, fields, times in taken:
+            entry = Entry(key, entry_id, times, fields)
             try:
                 event, headers, entry.d = decode_event(fields)
             except Malformed as exc:

@@ -120,7 +120,8 @@ TAKE_EVENTS = (
     _HELPERS
     + """
 -- KEYS: the partition streams, in the order to read them. ARGV: group, me, count, min
--- idle for a sweep (-1: no sweep). Returns {entries, last ids (when nothing was taken)}.
+-- idle for a sweep (-1: no sweep). Returns {entries}: when there are none the consumer
+-- waits with XREADGROUP BLOCK, which takes the next ones as they come.
 local group, me = ARGV[1], ARGV[2]
 local count, min_idle = tonumber(ARGV[3]), tonumber(ARGV[4])
 local out = {}
@@ -134,9 +135,7 @@ for i = 1, #KEYS do
     end
   end
 end
-local last = {}
-if #out == 0 then for i = 1, #KEYS do last[i] = last_id(KEYS[i]) end end
-return {out, last}
+return {out}
 """
 )
 
