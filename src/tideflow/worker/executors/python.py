@@ -68,10 +68,13 @@ class PythonExecutor(Executor):
         spec: str = cfg["function"]
         kwargs = keyword_arguments(input)
         timeout = seconds(cfg.get("timeout")) or ctx.timeout
+        isolated = cfg.get("isolation") == "process"
+        if timeout is None and not isolated:  # nothing to enter: no async with (two coroutines)
+            return json_output(await self._run_here(spec, kwargs, ctx), spec)
         deadline = None if timeout is None else asyncio.timeout(timeout)
         try:
             async with deadline or _NO_DEADLINE:
-                if cfg.get("isolation") == "process":
+                if isolated:
                     grace = float(cfg.get("kill_grace", DEFAULT_KILL_GRACE))
                     return await run_isolated(_child_spec(spec), kwargs, ctx, grace)
                 result = await self._run_here(spec, kwargs, ctx)
