@@ -204,7 +204,7 @@ class WorkerPool:
             self._running.pop(key, None)
             self._executing.discard(key)
         if self._closing or (not ran and self._draining):
-            await delivery.nack()
+            await self._hand_back(delivery, 0.0, key)
             return
         try:
             if event is not None:
@@ -212,7 +212,21 @@ class WorkerPool:
             await self._outcomes.settle(event, delivery)
         except Exception:
             log.exception("the outcome of %s could not be published; its task comes again", key)
-            await delivery.nack(_REPUBLISH_DELAY)
+            await self._hand_back(delivery, _REPUBLISH_DELAY, key)
+
+    async def _hand_back(self, delivery: Delivery[DispatchTask], delay: float, key: Key) -> None:
+        """Give a task back to the bus; when the bus refuses that too (the broker is gone)
+        the task comes again once its lease runs out, since nobody renews it."""
+        try:
+            await delivery.nack(delay)
+        except Exception as exc:
+            log.warning(
+                "the task of %s could not be handed back either (%s: %s); it comes again "
+                "when its lease runs out",
+                key,
+                type(exc).__name__,
+                exc,
+            )
 
     async def _heartbeat(self) -> None:
         """Extend the lease of every task being run, three times per lease."""

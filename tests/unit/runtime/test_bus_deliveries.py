@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tideflow.bus.backends import local
 from tideflow.bus.backends.local import LocalBus
 from tideflow.bus.base import Delivery, EventBatch, Headers
 from tideflow.dsl import compile_definition
@@ -285,8 +286,8 @@ async def test_a_task_running_at_shutdown_goes_back_to_the_bus() -> None:
 
 
 class FailsOutcomeOnce(LocalBus):
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
         self.failed = False
 
     async def publish_events(self, events: Any) -> None:
@@ -303,6 +304,40 @@ async def test_a_task_whose_outcome_was_not_published_comes_again() -> None:
     assert bus.failed
     assert result.status == "succeeded"
     assert CALLS == ["a", "a", "b", "c"]  # the task was not acknowledged: it ran again
+
+
+class BrokerGoneAtTheEnd(FailsOutcomeOnce):
+    """The outcome's publish fails, and so does handing its task back (the broker is
+    gone for both): the task comes again only when its lease runs out."""
+
+    def __init__(self) -> None:
+        super().__init__(lease=0.3)
+        self.nacks_refused = 0
+
+
+async def test_a_task_whose_outcome_and_hand_back_both_failed_comes_again_after_its_lease(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    bus = BrokerGoneAtTheEnd()
+    nack = local._TaskDelivery.nack
+
+    async def refused(self: Any, delay: float = 0.0) -> None:
+        if bus.nacks_refused == 0:
+            bus.nacks_refused += 1
+            raise ConnectionError("the broker went away")
+        await nack(self, delay)
+
+    monkeypatch.setattr(local._TaskDelivery, "nack", refused)
+    loop = asyncio.get_running_loop()
+    unhandled: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _, context: unhandled.append(context))
+    async with Runtime(bus=bus) as rt:
+        result = await rt.wait(await rt.start_run(CHAIN), timeout=10)
+    assert (bus.failed, bus.nacks_refused) == (True, 1)
+    assert result.status == "succeeded"
+    assert CALLS == ["a", "a", "b", "c"]  # delivered again once its lease ran out
+    assert unhandled == []  # no attempt's task died with the error
+    assert "could not be handed back either" in caplog.text
 
 
 async def test_the_workers_hold_at_most_their_concurrency_in_tasks() -> None:
