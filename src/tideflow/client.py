@@ -109,7 +109,8 @@ class Client:
         """A client on a cluster's store and bus (URLs, or opened by it), with no engine in
         this process: ``async with Client.connect(store=URL, bus=URL) as client``. Events go
         onto the bus for the `tideflow server` that owns the runs; reads come from the
-        store; ``wait`` polls the run's summary (10 ms backing off to 0.5 s). Options:
+        store; ``wait`` wakes on the run ends the server announces on the bus (and reads
+        the run's summary every ``remote.RECHECK`` seconds, in case one is lost). Options:
         ``executors``, ``clock``, ``max_step_output``, ``max_run_input``, ``apply_timeout``
         (seconds ``retry`` waits for the engine to commit; default 30). See
         runtime/remote.py."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from tideflow.bus.base import (
     CancelAttempt,
     Message,
     QueueStats,
+    RunEnded,
     partition_of,
 )
 from tideflow.errors import BusError
@@ -53,6 +55,8 @@ class BusBackend:
     opened: list[Bus] = field(default_factory=list)
     cleanup: Callable[[], Awaitable[None]] | None = None
     """Run after the test's buses are closed (a backend on a server deletes its keys)."""
+    send_run_ends: Callable[[Bus, bytes], Awaitable[None]] | None = None
+    """Put raw bytes on the run-end channel (a broker's; in process nothing is encoded)."""
 
     async def open(self, **options: Any) -> Bus:
         bus = self.make(**options)
@@ -114,7 +118,19 @@ def redis_backend(request: pytest.FixtureRequest) -> BusBackend:
         finally:
             await client.aclose()
 
-    return BusBackend("redis", make, advance, quiet, lambda s: s * REDIS_SCALE, cleanup=cleanup)
+    async def send_run_ends(bus: Bus, raw: bytes) -> None:
+        assert isinstance(bus, RedisBus)
+        await bus.client.publish(bus.key("ended"), raw)
+
+    return BusBackend(
+        "redis",
+        make,
+        advance,
+        quiet,
+        lambda s: s * REDIS_SCALE,
+        cleanup=cleanup,
+        send_run_ends=send_run_ends,
+    )
 
 
 NATS_SCALE = 0.05
@@ -149,7 +165,19 @@ def nats_backend(request: pytest.FixtureRequest) -> BusBackend:
         finally:
             await bus.close()
 
-    return BusBackend("nats", make, advance, quiet, span=lambda s: s * NATS_SCALE, cleanup=cleanup)
+    async def send_run_ends(bus: Bus, raw: bytes) -> None:
+        assert isinstance(bus, NatsBus)
+        await bus.nc.publish(f"{bus.prefix}.ended", raw)
+
+    return BusBackend(
+        "nats",
+        make,
+        advance,
+        quiet,
+        span=lambda s: s * NATS_SCALE,
+        cleanup=cleanup,
+        send_run_ends=send_run_ends,
+    )
 
 
 BACKENDS: dict[str, Callable[[pytest.FixtureRequest], BusBackend]] = {
@@ -517,6 +545,90 @@ async def test_a_cancel_reaches_every_control_consumer(bus_backend: BusBackend) 
         assert await asyncio.wait_for(asyncio.gather(*waiting), WITHIN) == [cancel, cancel]
         assert await next_of(one) == retried  # its round travels with it
         assert await next_of(one) == compensation  # and whether it is a compensation's
+
+
+# -- run ends ------------------------------------------------------------------
+
+ENDS = [RunEnded("r1", "succeeded"), RunEnded("r2", "failed")]
+
+
+async def test_run_ends_reach_every_run_end_stream_of_every_bus(bus_backend: BusBackend) -> None:
+    engine, client = await bus_backend.open(), await bus_backend.open()
+    if isinstance(engine, LocalBus):
+        client = engine  # one process: one bus
+    async with (
+        contextlib.aclosing(await client.run_ends()) as one,
+        contextlib.aclosing(await client.run_ends()) as two,
+    ):
+        await engine.publish_run_ends(ENDS)  # no pause: each stream is fed once it returned
+        await engine.publish_run_ends([RunEnded("r3", "cancelled")])
+        assert [await next_of(one) for _ in range(3)] == [*ENDS, RunEnded("r3", "cancelled")]
+        assert [await next_of(two) for _ in range(3)] == [*ENDS, RunEnded("r3", "cancelled")]
+        await engine.publish_run_ends([])  # nothing to say: nothing said
+        await none_from(one, bus_backend)
+
+
+async def test_a_closed_run_end_stream_gets_nothing_and_the_others_carry_on(
+    bus_backend: BusBackend,
+) -> None:
+    bus = await bus_backend.open()
+    one, two = await bus.run_ends(), await bus.run_ends()
+    await one.aclose()
+    await bus.publish_run_ends(ENDS[:1])
+    async with contextlib.aclosing(two):
+        assert await next_of(two) == ENDS[0]
+
+
+async def test_run_ends_and_cancels_keep_to_their_own_channels(bus_backend: BusBackend) -> None:
+    bus = await bus_backend.open()
+    async with (
+        contextlib.aclosing(bus.consume_control()) as control,
+        contextlib.aclosing(await bus.run_ends()) as ends,
+    ):
+        await bus_backend.quiet()  # the control consumer listens
+        await bus.publish_run_ends(ENDS)
+        await bus.publish_control(CancelAttempt(run_id="r", step_key="a", attempt=1))
+        assert await next_of(ends) == ENDS[0]
+        assert await next_of(control) == CancelAttempt(run_id="r", step_key="a", attempt=1)
+        assert await next_of(ends) == ENDS[1]
+        await none_from(control, bus_backend)  # a worker hears no run end
+        await none_from(ends, bus_backend)  # a client no cancel
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"not json",
+        b"[1, 2]",
+        b'{"ends": "r1"}',
+        b'{"ends": [["r1"]]}',
+        b'{"ends": [["r1", 7]]}',
+        b'{"ends": [["", "succeeded"]]}',
+        b'{"ends": [["r1", "succeeded"], {"run_id": "r2"}]}',
+    ],
+)
+async def test_a_malformed_run_end_message_is_dropped_and_the_stream_goes_on(
+    bus_backend: BusBackend, raw: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    if bus_backend.send_run_ends is None:
+        pytest.skip("the in-process bus encodes nothing")
+    bus = await bus_backend.open()
+    caplog.set_level(logging.DEBUG, logger=f"tideflow.bus.{bus_backend.name}")
+    async with contextlib.aclosing(await bus.run_ends()) as ends:
+        await bus_backend.send_run_ends(bus, raw)
+        await bus.publish_run_ends(ENDS[1:])
+        assert await next_of(ends) == ENDS[1]  # all or nothing of a malformed one
+    assert any("dropped a run-end message" in r.getMessage() for r in caplog.records)
+
+
+async def test_run_ends_need_an_open_bus(bus_backend: BusBackend) -> None:
+    if bus_backend.name == "memory":
+        pytest.skip("the in-process bus has nothing to open")
+    bus = bus_backend.make()
+    with pytest.raises(BusError, match="not open"):
+        await bus.run_ends()
+    with pytest.raises(BusError, match="not open"):
+        await bus.publish_run_ends(ENDS)
 
 
 # -- options and URLs ----------------------------------------------------------

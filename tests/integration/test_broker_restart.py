@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import signal
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tideflow.bus import open_bus
-from tideflow.bus.base import Bus, Delivery
+from tideflow.bus.base import Bus, Delivery, RunEnded
 from tideflow.errors import BusError
 from tideflow.model.commands import DispatchTask
 from tideflow.testing.brokers import PrivateBroker
@@ -141,3 +142,28 @@ async def test_a_task_held_across_a_restart_comes_again_when_its_lease_runs_out(
         await again.ack()
     finally:
         await taker.close()
+
+
+async def test_a_run_end_stream_hears_ends_again_after_a_restart(
+    broker: PrivateBroker, make_bus: Callable[[], Awaitable[Bus]]
+) -> None:
+    engine, client = await make_bus(), await make_bus()
+    ends = await client.run_ends()
+    try:
+        await engine.publish_run_ends([RunEnded("before", "succeeded")])
+        async with asyncio.timeout(WITHIN):
+            assert await anext(ends) == RunEnded("before", "succeeded")
+        await restart(broker)
+        # at most once: what goes out before the subscription is made again is lost, so
+        # publish until one is heard (the stream's subscription must come back by itself)
+        async with asyncio.timeout(WITHIN):
+            heard = None
+            for n in itertools.count():
+                with contextlib.suppress(BusError):
+                    await engine.publish_run_ends([RunEnded(f"after-{n}", "failed")])
+                with contextlib.suppress(TimeoutError):
+                    heard = await asyncio.wait_for(anext(ends), 0.2)
+                    break
+        assert heard is not None and heard.run_id.startswith("after-")
+    finally:
+        await ends.aclose()

@@ -23,6 +23,12 @@ run; the engine tolerates that (event ids and the core's staleness checks).
 Control messages are fanned out to every control consumer, at most once: a lost
 cancel only lets an attempt run to its end, whose result the engine then ignores.
 
+Run ends (``RunEnded``: a run reached a terminal state) are fanned out the same way on a
+channel of their own, which only clients subscribe to (workers never receive them): the
+engine announces the runs a committed batch ended, and a cluster client's ``wait`` wakes
+on them instead of polling the store. At most once as well: a waiter also reads the
+store every few seconds, so a lost one costs latency, not a result.
+
 How the methods map onto real brokers (the next backends):
 
 ============================  ===================================  ==================================
@@ -38,6 +44,7 @@ lease expiry                  ``XAUTOCLAIM min-idle=<lease>``       ``AckWait=<l
 ``publish_events``            ``XADD events:<partition>``           publish ``events.<partition>``
 ``consume_events``            one group, the owned partitions       a consumer per owned partition
 ``publish_control``           ``PUBLISH control``                   core NATS subject ``control``
+``publish_run_ends``          ``PUBLISH ended``                     core NATS subject ``ended``
 ============================  ===================================  ==================================
 """
 
@@ -124,6 +131,15 @@ Control = CancelAttempt
 """What the control channel carries."""
 
 
+@dataclass(frozen=True, slots=True)
+class RunEnded:
+    """A run reached a terminal state (``RUN_TERMINAL``): what the run-end channel carries.
+    ``status`` is the state it ended in (``succeeded``, ``failed``, …)."""
+
+    run_id: str
+    status: str
+
+
 def partition_of(run_id: str, partitions: int) -> int:
     """The event partition of a run: stable across processes and backends."""
     return zlib.crc32(run_id.encode()) % partitions if partitions > 1 else 0
@@ -208,6 +224,18 @@ class Producer(ABC):
     async def publish_control(self, message: Control) -> None:
         """Tell every worker (``CancelAttempt``)."""
 
+    @abstractmethod
+    async def publish_run_ends(self, ends: Sequence[RunEnded]) -> None:
+        """Tell every open ``run_ends`` stream, of any process, that these runs ended (one
+        message for them all on a broker; at most once)."""
+
+    @property
+    def run_ends_heard(self) -> bool:
+        """Whether a run end published now may reach a ``run_ends`` stream: a broker cannot
+        know who subscribed in other processes (True); the in-process bus knows whether a
+        stream is open (so an embedded engine with no cluster client pays nothing)."""
+        return True
+
 
 class Consumer(ABC):
     @abstractmethod
@@ -235,6 +263,14 @@ class Consumer(ABC):
     @abstractmethod
     def consume_control(self) -> Stream[Control]:
         """Every control message published from this call on, until it is closed."""
+
+    @abstractmethod
+    async def run_ends(self) -> Stream[RunEnded]:
+        """Every run end published from the moment this returns on, until the stream is
+        closed. A broker subscribes at the first call (so that a process that never asks,
+        a worker or a server, receives none) and returns once the broker has confirmed
+        it; what is published while the link is down is lost (at most once). A message
+        that cannot be read is dropped (logged at DEBUG), never the stream."""
 
 
 class Bus(Producer, Consumer):
@@ -291,6 +327,7 @@ __all__ = [
     "Message",
     "Producer",
     "QueueStats",
+    "RunEnded",
     "Stream",
     "partition_of",
     "wanted_partitions",

@@ -1,8 +1,10 @@
 """`tideflow runs start` and `tideflow runs wait`: start a run in a store (a cluster's,
 with ``--bus``) and wait for runs to end, without running an engine here.
 
-``wait`` reads the run's summary row from the store, polling with a backoff from
-10 ms to 0.5 s (the store has no channel that announces run ends).
+``wait`` on a cluster (``--bus``) is the client's ``wait``: woken by the run's end,
+which the server announces on the bus (runtime/remote.py). Without a bus it reads the
+run's summary row from the store, polling with a backoff from 10 ms to 0.5 s (the
+store has no channel that announces run ends to a process without an engine).
 """
 
 from __future__ import annotations
@@ -116,7 +118,7 @@ async def _start(
     async with connected(store, bus) as client:
         run_id = await client.start(workflow, value, version=version, idempotency_key=key)
         summary = await client.summary(run_id)
-        result = await ended(client, run_id, timeout) if wait else None
+        result = await ended(client, run_id, timeout, cluster=bool(bus)) if wait else None
         return run_id, (summary.workflow, summary.version), result
 
 
@@ -129,8 +131,9 @@ def wait_cmd(
 ) -> None:
     """Wait for a run to end; print its result; exit 0 if it succeeded, else 1.
 
-    Reads the store only (the bus is not needed, and accepted). --json prints the
-    result as `tideflow run --json` does.
+    With --bus (or TIDEFLOW_BUS) it wakes when the cluster's server announces the
+    run's end on the bus; without one it reads the store until the run has ended.
+    --json prints the result as `tideflow run --json` does.
 
     Examples:
       tideflow runs wait 3f2a9c... --timeout 60
@@ -148,12 +151,20 @@ async def _wait(
 ) -> RunResult | None:
     async with connected(store, bus) as client:
         await known_run(client, run_id, store)
-        return await ended(client, run_id, timeout)
+        return await ended(client, run_id, timeout, cluster=bool(bus))
 
 
-async def ended(client: Client, run_id: str, timeout: float | None) -> RunResult | None:
-    """The run's result once it has ended (None after ``timeout`` seconds): its summary
-    polled with a backoff from 10 ms to 0.5 s."""
+async def ended(
+    client: Client, run_id: str, timeout: float | None, *, cluster: bool
+) -> RunResult | None:
+    """The run's result once it has ended (None after ``timeout`` seconds): on a cluster
+    the client's ``wait`` (woken by the run's end on the bus), else the summary polled
+    with a backoff from 10 ms to 0.5 s."""
+    if cluster:
+        try:
+            return await client.wait(run_id, timeout)
+        except TimeoutError:
+            return None
     deadline = None if timeout is None else time.monotonic() + timeout
     delay = 0.01
     while (await client.summary(run_id)).status not in TERMINAL_STATUSES:

@@ -14,6 +14,13 @@ What the relay is still carrying out is visible by key (``busy``, ``owed``): the
 reconciliation sweep (runtime/sweep.py) repairs only what no effect here is already
 trying, so a row the relay is retrying is not relayed a second time beside it.
 
+The runs whose end a relayed batch carries (its ``RunFinished`` commands, from a commit,
+or from the outbox on recovery) are announced on the bus in one ``publish_run_ends``
+(cluster clients' ``wait`` hears them, runtime/remote.py), when the bus says one may
+hear them (``Bus.run_ends_heard``: always on a broker, never in an embedded engine with
+no cluster client). It is best-effort: a failure is not tried again (a waiter reads the
+store every few seconds), and only the first of a row of failures is logged.
+
 Listeners are observers: they are called after the batch was relayed, one by one, and
 an exception in one is logged with its run and listener and affects neither the run nor
 the other listeners.
@@ -29,7 +36,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tideflow.bus.base import Bus, CancelAttempt
+from tideflow.bus.base import Bus, CancelAttempt, RunEnded
 from tideflow.errors import TideflowError
 from tideflow.model.commands import (
     CancelChildRun,
@@ -122,6 +129,8 @@ class Relay:
         """Keys of the effects not done yet (first try running, or waiting to try again)."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._unannounced = 0
+        """Batches of run ends not announced since the last one that was (bus failures)."""
 
     # -- what others read -------------------------------------------------------
 
@@ -180,6 +189,7 @@ class Relay:
     async def relay(self, commands: Sequence[Command], outbox: Mapping[int, str] = _NONE) -> None:
         """Carry out ``commands``; ``outbox[i]`` is the outbox id of ``commands[i]`` if any."""
         tasks: list[DispatchTask] = []
+        ends: list[RunEnded] = []
         for index, command in enumerate(commands):
             if isinstance(command, DispatchTask):
                 tasks.append(command)
@@ -191,12 +201,40 @@ class Relay:
                 if not _drop_task(tasks, command):
                     await self._run(self._cancel_effect(command))
             else:
+                if isinstance(command, RunFinished):
+                    ends.append(RunEnded(command.run_id, command.status))
                 effect = self._effect(command)
                 if effect is not None:
                     effect.outbox_id = effect.key = outbox.get(index)
                     await self._run(effect)
         if tasks:
             await self._run(self._tasks_effect(tasks))
+        if ends and self._bus.run_ends_heard:
+            await self._announce(ends)
+
+    async def _announce(self, ends: list[RunEnded]) -> None:
+        """Publish run ends once (see the module docstring); a failure is logged only when
+        it starts a row of failures, and the end of the row says how many were lost."""
+        try:
+            await self._bus.publish_run_ends(ends)
+        except Exception as exc:
+            self._unannounced += 1
+            if self._unannounced == 1:
+                log.warning(
+                    "announcing %d run end(s) failed (%s: %s); not tried again: cluster "
+                    "clients waiting for them read the store (this is logged once until "
+                    "announcing works again)",
+                    len(ends),
+                    type(exc).__name__,
+                    exc,
+                )
+            return
+        if self._unannounced:
+            log.info(
+                "announcing run ends works again (%d batch(es) of them were not announced)",
+                self._unannounced,
+            )
+            self._unannounced = 0
 
     async def send(
         self, events: Sequence[Event], what: str = "events", *, key: str | None = None

@@ -22,9 +22,18 @@ bus and reads what it committed from the store (``BusLink``):
   (``EngineUnreachable`` when no engine applied it by then);
 - reads (``get``, ``state``, ``history``) load the run from the store each time, never a
   cache: the engine changes it;
-- ``wait`` polls the run's summary row (one indexed read) with a backoff from 10 ms to
-  0.5 s until the run has ended: the store has no notification channel for run ends
-  (its inbox channel carries events to the engine, not results to clients).
+- ``wait`` does not poll: the engine announces the runs each committed batch ended on
+  the bus (``Bus.run_ends``, at most once), and the client holds one subscription to
+  them, opened at its first ``wait`` and kept until it closes, however many waits run
+  (a dict of run id -> the futures of its waits). A wait registers its future, then
+  reads the run's summary row once (after subscribing, so an end announced in between
+  is not missed), and then sleeps until the run's end is heard, reading the summary
+  again only every ``RECHECK`` seconds: the safety net for an announcement lost (the
+  bus is at most once, an engine may die between its commit and the announcement, a
+  client's link may be down for a moment). A subscription that cannot be opened is
+  tried again in the background (the waits meanwhile end by those rechecks).
+  ``retry`` still polls the history (10 ms backing off to 0.5 s) for its event: a
+  retry does not end the run, so no run end announces it.
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 
-from tideflow.bus.base import Bus
+from tideflow.bus.base import Bus, RunEnded, Stream
 from tideflow.client import Client, EngineLink
 from tideflow.errors import EngineUnreachable
 from tideflow.model import storable
@@ -57,6 +66,10 @@ START_TRIES = 4
 START_FIRST_DELAY = 0.05
 FIRST_POLL = 0.01
 LAST_POLL = 0.5
+RECHECK = 2.0
+"""Seconds between two reads of a waited run's summary while its end is not heard: how
+late a ``wait`` returns at worst when the announcement was lost, and one indexed read per
+waiting run per this many seconds."""
 _TERMINAL = frozenset(status.value for status in RUN_TERMINAL)
 log = logging.getLogger("tideflow.client")
 
@@ -71,6 +84,11 @@ class BusLink(EngineLink):
         self._bus = bus
         self._plans = plans
         self._apply_timeout = apply_timeout
+        self._waiting: dict[str, list[asyncio.Future[None]]] = {}
+        """Run id -> the futures of its waits, each done when the run's end is heard."""
+        self._listener: asyncio.Task[None] | None = None
+        self._first_try = asyncio.Event()
+        """Set once the subscription was first tried (opened or failed)."""
 
     async def deliver(self, events: Sequence[Event]) -> None:
         await self._bus.publish_events(events)
@@ -124,17 +142,92 @@ class BusLink(EngineLink):
         return await load_state(self._store, self._plans, run_id)
 
     async def wait(self, run_id: str, timeout: float | None = None) -> RunResult:
-        """Poll the run's summary until it has ended (see the module docstring)."""
+        """The run's result once it has ended: woken by its end on the bus, read again every
+        ``RECHECK`` seconds until then (see the module docstring)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        delay = FIRST_POLL
-        while (await self._store.get_run(run_id)).status not in _TERMINAL:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise TimeoutError(f"run {run_id} had not ended after {timeout:g}s")
-            await asyncio.sleep(delay if left is None else min(delay, left))
-            delay = min(delay * 2, LAST_POLL)
+        await self._listening(timeout)
+        heard = self._register(run_id)
+        try:
+            while (await self._store.get_run(run_id)).status not in _TERMINAL:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"run {run_id} had not ended after {timeout:g}s")
+                if heard.done():  # an end heard that the store no longer shows (retried)
+                    self._unregister(run_id, heard)
+                    heard = self._register(run_id)
+                await asyncio.wait(
+                    (heard,), timeout=RECHECK if left is None else min(RECHECK, left)
+                )
+        finally:
+            self._unregister(run_id, heard)
         state = await self.state(run_id)
         return result_of(state, await self._plans.get(state.plan_hash))
+
+    def _register(self, run_id: str) -> asyncio.Future[None]:
+        heard: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(run_id, []).append(heard)
+        return heard
+
+    def _unregister(self, run_id: str, heard: asyncio.Future[None]) -> None:
+        futures = self._waiting.get(run_id)
+        if futures is not None and heard in futures:
+            futures.remove(heard)
+            if not futures:
+                del self._waiting[run_id]
+
+    def _heard(self, end: RunEnded) -> None:
+        for heard in self._waiting.pop(end.run_id, ()):
+            if not heard.done():
+                heard.set_result(None)
+
+    async def _listening(self, limit: float | None) -> None:
+        """Open the subscription at the first wait; return once it was tried (or after
+        ``limit`` seconds: the wait's timeout)."""
+        if self._listener is None:
+            self._listener = asyncio.get_running_loop().create_task(self._listen())
+        if not self._first_try.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._first_try.wait(), limit)
+
+    async def _listen(self) -> None:
+        """Hold the client's one run-end subscription, opening it again when it fails (the
+        first failure of a row is a warning, the others DEBUG)."""
+        delay, failures = FIRST_POLL, 0
+        while True:
+            try:
+                ends: Stream[RunEnded] = await self._bus.run_ends()
+            except Exception as exc:
+                failures += 1
+                log.log(
+                    logging.WARNING if failures == 1 else logging.DEBUG,
+                    "cannot hear run ends (%s: %s): waits read the store every %gs until "
+                    "then; trying again in %.2fs",
+                    type(exc).__name__,
+                    exc,
+                    RECHECK,
+                    delay,
+                )
+                self._first_try.set()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RECHECK)
+                continue
+            if failures:
+                log.info("hearing run ends again (after %d failed tries)", failures)
+            self._first_try.set()
+            delay, failures = FIRST_POLL, 0
+            try:
+                async for end in ends:
+                    self._heard(end)
+            finally:
+                await ends.aclose()
+
+    async def close(self) -> None:
+        """Drop the subscription (the client is closing)."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
 
 
 async def load_state(store: Store, plans: Plans, run_id: str) -> RunState:
@@ -174,19 +267,21 @@ async def connect(
     await store.open()
     try:
         await bus.open()
+        link = BusLink(store, bus, catalog.plans, apply_timeout=apply_timeout)
         try:
             yield Client(
                 store,
-                BusLink(store, bus, catalog.plans, apply_timeout=apply_timeout),
+                link,
                 catalog,
                 clock=clock,
                 new_event_id=lambda: f"{prefix}-{next(counter)}",
                 max_step_output=max_step_output,
             )
         finally:
+            await link.close()
             await bus.close()
     finally:
         await store.close()
 
 
-__all__ = ["APPLY_TIMEOUT", "BusLink", "connect", "load_state"]
+__all__ = ["APPLY_TIMEOUT", "RECHECK", "BusLink", "connect", "load_state"]

@@ -25,6 +25,7 @@ from tideflow.bus.base import (  # noqa: E402
     EventBatch,
     Message,
     QueueStats,
+    RunEnded,
     Stream,
 )
 from tideflow.model.commands import DispatchTask  # noqa: E402
@@ -45,6 +46,9 @@ class GoneBroker(Bus):
     async def publish_control(self, message: Control) -> None:
         raise ConnectionError("the broker connection was reset")
 
+    async def publish_run_ends(self, ends: Sequence[RunEnded]) -> None:
+        raise ConnectionError("the broker connection was reset")
+
     def consume_tasks(
         self, queues: Collection[str] | None = None, *, prefetch: int
     ) -> Stream[Delivery[DispatchTask]]:
@@ -57,6 +61,9 @@ class GoneBroker(Bus):
 
     def consume_control(self) -> Stream[Control]:
         raise NotImplementedError
+
+    async def run_ends(self) -> Stream[RunEnded]:
+        raise ConnectionError("the broker connection was reset")
 
     async def queue_stats(self) -> list[QueueStats]:
         raise ConnectionError("the broker connection was reset")

@@ -32,6 +32,7 @@ from tideflow.bus.base import (
     EventBatch,
     Message,
     QueueStats,
+    RunEnded,
     Stream,
 )
 from tideflow.client import Client
@@ -170,6 +171,9 @@ class ClientBus(Bus):
     async def publish_control(self, message: Control) -> None:
         await self.target.publish_control(message)
 
+    async def publish_run_ends(self, ends: Sequence[RunEnded]) -> None:
+        await self.target.publish_run_ends(ends)
+
     def consume_tasks(
         self, queues: Collection[str] | None = None, *, prefetch: int
     ) -> Stream[Delivery[DispatchTask]]:
@@ -182,6 +186,9 @@ class ClientBus(Bus):
 
     def consume_control(self) -> Stream[Control]:
         return self.target.consume_control()
+
+    async def run_ends(self) -> Stream[RunEnded]:
+        return await self.target.run_ends()
 
     async def queue_stats(self) -> list[QueueStats]:
         return await self.target.queue_stats()

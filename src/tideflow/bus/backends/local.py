@@ -27,11 +27,12 @@ from tideflow.bus.base import (
     Headers,
     Message,
     QueueStats,
+    RunEnded,
     Stream,
     partition_of,
     wanted_partitions,
 )
-from tideflow.bus.fanout import ControlStream
+from tideflow.bus.fanout import FanOut
 from tideflow.errors import BusError
 from tideflow.model.commands import DispatchTask
 from tideflow.model.events import Event
@@ -335,7 +336,8 @@ class LocalBus(Bus):
         self.parts: list[deque[Any]] = [deque() for _ in range(partitions)]
         self._owners: list[_EventConsumer | None] = [None] * partitions
         self._task_consumers: list[_TaskConsumer] = []
-        self._controls: list[asyncio.Queue[Control]] = []
+        self._controls: FanOut[Control] = FanOut()
+        self._ends: FanOut[RunEnded] = FanOut()
 
     # -- producer ---------------------------------------------------------------
 
@@ -356,8 +358,14 @@ class LocalBus(Bus):
                 owner.wake()
 
     async def publish_control(self, message: Control) -> None:
-        for queue in self._controls:
-            queue.put_nowait(message)
+        self._controls.put((message,))
+
+    async def publish_run_ends(self, ends: Sequence[RunEnded]) -> None:
+        self._ends.put(ends)
+
+    @property
+    def run_ends_heard(self) -> bool:
+        return bool(self._ends)
 
     # -- consumer ---------------------------------------------------------------
 
@@ -400,7 +408,10 @@ class LocalBus(Bus):
                 self.hand_back_events(batch.pending(), 0.0)
 
     def consume_control(self) -> Stream[Control]:
-        return ControlStream(self._controls)
+        return self._controls.stream()
+
+    async def run_ends(self) -> Stream[RunEnded]:
+        return self._ends.stream()
 
     # -- operator's view --------------------------------------------------------
 

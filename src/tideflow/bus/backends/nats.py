@@ -30,7 +30,10 @@ tideflow headers are NATS headers. A message that cannot be decoded is logged wi
 its subject and sequence, copied with its headers and a ``Tideflow-Dead-Reason``
 header to ``<prefix>.dead.<subject after the prefix>``, and acknowledged: it never
 stops a consumer. Control messages are core NATS on ``<prefix>.control`` (at most
-once, as the port says).
+once, as the port says), and so are run ends on ``<prefix>.ended`` (one message per
+batch, ``bus/fanout.py``'s wire form; subscribed at the first ``run_ends`` call, so a
+worker or a server receives none; a malformed one is dropped, logged at DEBUG). nats-py
+subscribes its subscriptions again when it reconnects.
 """
 
 from __future__ import annotations
@@ -73,11 +76,12 @@ from tideflow.bus.base import (
     Headers,
     Message,
     QueueStats,
+    RunEnded,
     Stream,
     partition_of,
     wanted_partitions,
 )
-from tideflow.bus.fanout import ControlStream
+from tideflow.bus.fanout import FanOut, MalformedEnds, decode_run_ends, encode_run_ends
 from tideflow.errors import BusError
 from tideflow.model.codec import (
     command_to_data,
@@ -146,7 +150,10 @@ class NatsBus(Bus):
         self._js: JetStreamContext | None = None
         self._kv: KeyValue | None = None
         self._lock_ttl = min(self.lease, 10.0)
-        self._controls: list[asyncio.Queue[Control]] = []
+        self._controls: FanOut[Control] = FanOut()
+        self._ends: FanOut[RunEnded] = FanOut()
+        self._ends_sub: Subscription | None = None
+        self._ends_lock = asyncio.Lock()
         self._subs: list[Subscription] = []
         self._known: set[str] = set()
         """Consumers created or updated by this bus (each is made once per connection:
@@ -199,6 +206,7 @@ class NatsBus(Bus):
 
     async def close(self) -> None:
         nc, self._nc, self._js, self._kv = self._nc, None, None, None
+        self._ends_sub = None
         if nc is None:
             return
         with contextlib.suppress(Exception):
@@ -362,6 +370,16 @@ class NatsBus(Bus):
                 f"NATS bus {self.url}: publishing a control message failed: {exc}"
             ) from None
 
+    async def publish_run_ends(self, ends: Sequence[RunEnded]) -> None:
+        if not ends:
+            return
+        try:
+            await self.nc.publish(f"{self.prefix}.ended", encode_run_ends(ends))
+        except nats.errors.Error as exc:
+            raise BusError(
+                f"NATS bus {self.url}: publishing {len(ends)} run end(s) failed: {exc}"
+            ) from None
+
     def task_subject(self, queue: str, priority: Priority) -> str:
         return f"{self.prefix}.tasks.{queue_token(queue)}.{priority.value}"
 
@@ -415,7 +433,20 @@ class NatsBus(Bus):
     def consume_control(self) -> Stream[Control]:
         if self._nc is None:  # the bus's own subscription feeds every control stream
             raise BusError(f"the NATS bus {self.url} is not open: await bus.open() first")
-        return ControlStream(self._controls)
+        return self._controls.stream()
+
+    async def run_ends(self) -> Stream[RunEnded]:
+        async with self._ends_lock:
+            if self._ends_sub is None:
+                try:
+                    sub = await self.nc.subscribe(f"{self.prefix}.ended", cb=self._on_ends)
+                    await self.nc.flush()  # the server has the subscription: nothing is missed
+                except (nats.errors.Error, TimeoutError) as exc:
+                    raise BusError(
+                        f"NATS bus {self.url}: subscribing to run ends failed: {exc!r}"
+                    ) from None
+                self._ends_sub = sub
+            return self._ends.stream()
 
     async def queue_stats(self) -> list[QueueStats]:
         """Over the queues with tasks in the stream, a consumer, or a reader: ``depth`` is
@@ -499,10 +530,18 @@ class NatsBus(Bus):
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             await self.dead_letter(msg, f"malformed control message: {exc}")
             return
-        if message is None:
+        if message is not None:
+            self._controls.put((message,))
+
+    async def _on_ends(self, msg: Msg) -> None:
+        try:
+            ends = decode_run_ends(msg.data)
+        except MalformedEnds as exc:
+            log.debug(
+                "NATS bus %s: dropped a run-end message %r: %s", self.url, msg.data[:200], exc
+            )
             return
-        for queue in self._controls:
-            queue.put_nowait(message)
+        self._ends.put(ends)
 
     async def dead_letter(self, msg: Msg | api.RawStreamMsg, reason: str) -> None:
         """Log a message that cannot be delivered and keep it in the dead stream."""

@@ -13,7 +13,10 @@ Keys, all under ``<prefix>:`` (``tideflow`` unless the URL says otherwise):
 - ``delayed``: a sorted set of nacked messages by due time, moved back onto their
   streams when due;
 - ``dead``: a stream of the entries that could not be read (malformed), with why;
-- the ``control`` channel (PUBLISH / SUBSCRIBE) for cancels.
+- the ``control`` channel (PUBLISH / SUBSCRIBE) for cancels, and the ``ended`` channel
+  for run ends (one message per batch, ``bus/fanout.py``'s wire form), subscribed on a
+  connection of its own at the first ``run_ends`` call (a worker or a server never
+  receives them). redis-py subscribes a pub/sub connection again when it reconnects.
 
 A delivery is an entry in the group's pending entries list (PEL): its lease runs out when
 it has been idle longer than ``lease`` (``XAUTOCLAIM`` then gives it to the consumer that
@@ -39,7 +42,7 @@ import math
 import os
 import socket
 import uuid
-from collections.abc import AsyncGenerator, Collection, Sequence
+from collections.abc import AsyncGenerator, Callable, Collection, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -78,11 +81,12 @@ from tideflow.bus.base import (
     Headers,
     Message,
     QueueStats,
+    RunEnded,
     Stream,
     partition_of,
     wanted_partitions,
 )
-from tideflow.bus.fanout import ControlStream
+from tideflow.bus.fanout import FanOut, MalformedEnds, decode_run_ends, encode_run_ends
 from tideflow.errors import BusError
 from tideflow.model.commands import DispatchTask
 from tideflow.model.events import Event
@@ -129,7 +133,10 @@ class RedisBus(Bus):
         self.recheck = min(max(self.lease / 4, 0.01), 5.0)
         self._client: aioredis.Redis | None = None
         self._scripts: dict[str, Any] = {}
-        self._controls: list[asyncio.Queue[Control]] = []
+        self._controls: FanOut[Control] = FanOut()
+        self._ends: FanOut[RunEnded] = FanOut()
+        self._ends_listened = False
+        self._ends_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._due = asyncio.Event()
 
@@ -169,7 +176,10 @@ class RedisBus(Bus):
         self._client = client
         self._scripts = {name: client.register_script(src) for name, src in lua.SCRIPTS.items()}
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._listen(pubsub)), loop.create_task(self._move_due())]
+        self._tasks = [
+            loop.create_task(self._listen(pubsub, "the control subscription", self._on_control)),
+            loop.create_task(self._move_due()),
+        ]
 
     async def close(self) -> None:
         client, self._client = self._client, None
@@ -181,6 +191,7 @@ class RedisBus(Bus):
             with contextlib.suppress(asyncio.CancelledError, BusError):
                 await task
         self._tasks = []
+        self._ends_listened = False
         if client is not None:
             await client.aclose()
 
@@ -239,6 +250,14 @@ class RedisBus(Bus):
         except FAILED as exc:
             raise self.failure("publishing a control message", exc) from exc
 
+    async def publish_run_ends(self, ends: Sequence[RunEnded]) -> None:
+        if not ends:
+            return
+        try:
+            await self.client.publish(self.key("ended"), encode_run_ends(ends))
+        except FAILED as exc:
+            raise self.failure(f"publishing {len(ends)} run end(s)", exc) from exc
+
     # -- consumer ---------------------------------------------------------------
 
     async def consume_tasks(
@@ -280,7 +299,29 @@ class RedisBus(Bus):
             await consumer.settle_all(mine, -1)
 
     def consume_control(self) -> Stream[Control]:
-        return ControlStream(self._controls)
+        return self._controls.stream()
+
+    async def run_ends(self) -> Stream[RunEnded]:
+        async with self._ends_lock:
+            if not self._ends_listened:
+                await self._listen_ends()
+            return self._ends.stream()
+
+    async def _listen_ends(self) -> None:
+        """Subscribe to ``ended`` on a pub/sub connection of its own and fan it out."""
+        pubsub: Any = self.client.pubsub()
+        try:
+            await pubsub.subscribe(self.key("ended"))
+            await _subscribed(pubsub)
+        except FAILED as exc:
+            await pubsub.aclose()
+            raise self.failure("subscribing to run ends", exc) from exc
+        except BaseException:
+            await pubsub.aclose()
+            raise
+        self._ends_listened = True
+        listening = self._listen(pubsub, "the run-end subscription", self._on_ends)
+        self._tasks.append(asyncio.get_running_loop().create_task(listening))
 
     # -- operator's view --------------------------------------------------------
 
@@ -420,27 +461,39 @@ class RedisBus(Bus):
 
     # -- background -------------------------------------------------------------
 
-    async def _listen(self, pubsub: Any) -> None:
-        backoff = Backoff(self, "the control subscription")
-        while True:
-            try:
-                async for message in pubsub.listen():
-                    backoff.succeeded()
-                    if message.get("type") == "message":
-                        self._fan_out(message["data"])
-            except FAILED as exc:
-                await backoff.failed(exc)
+    async def _listen(self, pubsub: Any, what: str, handle: Callable[[bytes], None]) -> None:
+        """Hand each message of ``pubsub`` to ``handle``; a lost connection is retried
+        with backoff, and redis-py subscribes the new one to the channels again."""
+        backoff = Backoff(self, what)
+        try:
+            while True:
+                try:
+                    async for message in pubsub.listen():
+                        backoff.succeeded()
+                        if message.get("type") == "message":
+                            handle(message["data"])
+                except FAILED as exc:
+                    await backoff.failed(exc)
+        finally:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
 
-    def _fan_out(self, raw: bytes) -> None:
+    def _on_control(self, raw: bytes) -> None:
         try:
             control = decode_control(raw)
         except Malformed as exc:
             log.error("redis bus %s: dropped a control message %r: %s", self.shown, raw[:200], exc)
             return
-        if control is None:
+        if control is not None:
+            self._controls.put((control,))
+
+    def _on_ends(self, raw: bytes) -> None:
+        try:
+            ends = decode_run_ends(raw)
+        except MalformedEnds as exc:
+            log.debug("redis bus %s: dropped a run-end message %r: %s", self.shown, raw[:200], exc)
             return
-        for queue in self._controls:
-            queue.put_nowait(control)
+        self._ends.put(ends)
 
     async def _move_due(self) -> None:
         """Move nacked messages back onto their streams when due, waiting until then."""
