@@ -396,6 +396,24 @@ async def test_nacking_some_runs_of_a_batch_hands_back_only_theirs(bus_backend: 
 # -- prefetch ------------------------------------------------------------------
 
 
+async def test_a_consumer_of_named_queues_woken_by_a_burst_holds_no_more_than_its_prefetch(
+    bus_backend: BusBackend,
+) -> None:
+    """A burst on one lane is taken up to the prefetch at once, however the consumer waited
+    (on NATS a standing request on each of the queue's lanes must not keep the others'
+    tasks waiting: they were held back until a lease ran out)."""
+    bus = await bus_backend.open(lease=30.0)
+    async with contextlib.aclosing(bus.consume_tasks(["default"], prefetch=4)) as tasks:
+        waiting = await nothing_from(tasks, bus_backend)  # it waits on the empty queue
+        await bus.publish_tasks([task(n) for n in range(6)])
+        first = await asyncio.wait_for(waiting, WITHIN)
+        held = [first] + [await next_of(tasks) for _ in range(3)]
+        waiting = await nothing_from(tasks, bus_backend)  # four held: no fifth
+        await held[0].ack()
+        fifth = await asyncio.wait_for(waiting, WITHIN)
+    assert sorted(d.body.run_id for d in [*held, fifth]) == [task(n).run_id for n in range(5)]
+
+
 async def test_prefetch_bounds_the_unacknowledged_deliveries(bus_backend: BusBackend) -> None:
     bus = await bus_backend.open()
     await bus.publish_tasks([task(n) for n in range(5)])

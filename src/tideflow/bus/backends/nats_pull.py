@@ -89,8 +89,10 @@ class Puller:
         self._by_consumer[consumer] = lane
         return lane
 
-    def open_slots(self) -> int:
-        return sum(lane.open for lane in self.lanes)
+    def open_slots(self, *, standing: bool = True) -> int:
+        """Slots requested and not yet filled or ended (``standing=False``: of ``no_wait``
+        requests only, which the server answers at once)."""
+        return sum(lane.open for lane in self.lanes if standing or not lane.lingering)
 
     async def request(self, lane: Lane, batch: int, *, linger: float | None = None) -> None:
         """Ask ``lane`` for up to ``batch`` messages: those available now (``linger``

@@ -139,7 +139,10 @@ class TaskReader:
             if delivery is not None:
                 return delivery
             await self._add_found()
-            free = self.prefetch - len(self.leases.held) - self.puller.open_slots()
+            # Standing requests' slots do not count: one lane's standing request must not
+            # keep the tasks of another waiting (a delivery past the prefetch is handed
+            # back as it comes, see _from_arrived).
+            free = self.prefetch - len(self.leases.held) - self.puller.open_slots(standing=False)
             if free > 0 and await self._pick(free):
                 continue
             await self._wait(free)
@@ -175,6 +178,9 @@ class TaskReader:
         arrived = self.puller.arrived
         while arrived:
             _, msg = arrived.popleft()
+            if len(self.leases.held) >= self.prefetch:  # a standing request's, past the
+                await msg.nak()  # prefetch: back to the stream, for whoever asks next
+                continue
             try:
                 body = command_from_data(orjson.loads(msg.data))
                 if not isinstance(body, DispatchTask):
