@@ -170,13 +170,32 @@ class TaskConsumer:
             self.bus.lease_ms if sweep else -1,
         )
         if taken:
-            await self._accept(taken)
+            await self._accept(
+                [
+                    (self.keys[i - 1], entry_id, fields_of(raw), times)
+                    for i, entry_id, raw, times in taken
+                ]
+            )
+            return
+        deadline = min(self.next_sweep, self._first_deadline())
+        free = self.prefetch - len(self.held)
+        if not self.every and self.keys and free >= len(self.keys):
+            # nothing now: wait for the next tasks and take them in the same round trip (at
+            # most free / streams from each, within the prefetch; a consumer of every queue
+            # also waits for new queues, on a stream of no group, so it cannot)
+            came = await self.bus.block_group(
+                self.keys,
+                TASK_GROUP,
+                self.name,
+                free // len(self.keys),
+                deadline - time.monotonic(),
+            )
+            await self._accept([(key, entry_id, fields, 1) for key, entry_id, fields in came])
             return
         keys, ids = list(self.keys), list(last)
         if self.every:
             keys.append(self.bus.key("queues:new"))
             ids.append(self.notice)
-        deadline = min(self.next_sweep, self._first_deadline())
         woken = await self.bus.block(keys, ids, deadline - time.monotonic())
         if self.every and (not woken or keys[-1] in woken):
             self.refresh = True
@@ -193,11 +212,10 @@ class TaskConsumer:
         self.keys = [bus.task_stream(queue, rank) for queue in self.queues for rank in RANKS]
         self.refresh = False
 
-    async def _accept(self, taken: list[Any]) -> None:
+    async def _accept(self, taken: list[tuple[str, bytes, dict[bytes, bytes], int]]) -> None:
         now = time.monotonic()
-        for index, entry_id, raw, times in taken:
-            fields = fields_of(raw)
-            entry = Entry(self.keys[index - 1], entry_id, times, fields)
+        for key, entry_id, fields, times in taken:
+            entry = Entry(key, entry_id, times, fields)
             try:
                 body, headers, entry.d = decode_task(fields)
             except Malformed as exc:
