@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import math
 import os
 import re
@@ -205,13 +206,60 @@ def run_async(coro: Coroutine[Any, Any, T], *, interrupted: str = "interrupted")
         raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
+STOP_REPORT = 10.0
+"""Seconds after SIGTERM after which a command still stopping logs what each of its
+tasks is waiting for (a stop that hangs says where)."""
+
+
+def report_stopping(seconds: float) -> None:
+    """Log, as a warning, the stack of every task of the running loop: what a command that
+    is still stopping ``seconds`` after SIGTERM waits for."""
+    lines = [f"still stopping {seconds:g}s after SIGTERM; the tasks left:"]
+    for pending in asyncio.all_tasks():
+        lines.append(f"task {pending.get_name()}:")
+        lines += [f"  {where}" for where in _awaiting(pending.get_coro())] or ["  (at its end)"]
+    logging.getLogger("tideflow").warning("%s", "\n".join(lines))
+
+
+def _awaiting(awaitable: object) -> list[str]:
+    """Where a suspended coroutine waits, outermost first, down its chain of awaits
+    (``Task.get_stack`` gives only the outermost frame); the future it waits on last."""
+    out: list[str] = []
+    for _ in range(100):  # a chain is never that deep; a cycle must not hang the report
+        frame = next(
+            (
+                getattr(awaitable, a)
+                for a in ("cr_frame", "ag_frame", "gi_frame")
+                if hasattr(awaitable, a)
+            ),
+            None,
+        )
+        if frame is None:
+            if awaitable is not None:
+                out.append(f"waits on {awaitable!r:.200}")
+            break
+        out.append(f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}")
+        awaitable = next(
+            (
+                getattr(awaitable, a)
+                for a in ("cr_await", "ag_await", "gi_yieldfrom")
+                if hasattr(awaitable, a)
+            ),
+            None,
+        )
+    return out
+
+
 async def _stopped_by_sigterm(coro: Coroutine[Any, Any, T]) -> T:
-    """``coro``, cancelled on SIGTERM as asyncio cancels the main task on Ctrl-C."""
+    """``coro``, cancelled on SIGTERM as asyncio cancels the main task on Ctrl-C; a stop
+    still going on ``STOP_REPORT`` seconds later logs where each task waits."""
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     terminated = asyncio.Event()
 
     def terminate() -> None:
+        if not terminated.is_set():
+            loop.call_later(STOP_REPORT, report_stopping, STOP_REPORT)
         terminated.set()
         if task is not None:
             task.cancel()

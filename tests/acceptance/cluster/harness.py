@@ -88,8 +88,16 @@ class Proc:
         self.popen.wait(10)
 
     def term(self, timeout: float = 20.0) -> int:
+        """SIGTERM, and the exit code; a process that does not stop in time fails with its
+        log's end (which says, 10 s after the signal, where each of its tasks waits)."""
         self.popen.send_signal(signal.SIGTERM)
-        return self.popen.wait(timeout)
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"{self.name} (pid {self.pid}) had not stopped {timeout:g}s after SIGTERM; "
+                f"its log ends:\n{self.text()[-8000:]}"
+            ) from None
 
 
 @dataclass
