@@ -18,7 +18,7 @@ async def test_uvicorn_serves_the_api_over_tcp() -> None:
     listener.listen()  # connections wait in the backlog until uvicorn accepts them
     port = listener.getsockname()[1]
     async with Runtime(workers=1) as rt:
-        config = uvicorn.Config(create_app(rt.client), log_level="warning", lifespan="off")
+        config = uvicorn.Config(create_app(rt.client), log_config=None, lifespan="off")
         server = uvicorn.Server(config)
         serving = asyncio.create_task(server.serve(sockets=[listener]))
         try:
