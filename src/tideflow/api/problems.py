@@ -202,7 +202,11 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     phrase = HTTPStatus(exc.status_code).phrase
     kind = phrase.lower().replace(" ", "-")
     detail = None if exc.detail == phrase else str(exc.detail)
-    return problem_response(exc.status_code, kind, request.url.path, detail, headers=exc.headers)
+    # FastAPI's own 400 is a body it could not parse (JSON nested too deep, a bad form)
+    fields = [FieldError(field="body", message=str(exc.detail))] if exc.status_code == 400 else []
+    return problem_response(
+        exc.status_code, kind, request.url.path, detail, fields, headers=exc.headers
+    )
 
 
 def install(app: FastAPI, max_body: int) -> None:

@@ -253,6 +253,12 @@ async def test_malformed_json_is_400(api: httpx.AsyncClient) -> None:
     assert fields(body) == ["body"]
 
 
+async def test_a_body_too_deep_to_parse_is_400_naming_the_body(api: httpx.AsyncClient) -> None:
+    deep = b'{"workflow": "w", "input": ' + b"[" * 2000 + b"]" * 2000 + b"}"
+    response = await api.post("/runs", content=deep, headers={"content-type": "application/json"})
+    assert fields(problem(response, 400)) == ["body"]
+
+
 async def test_an_oversized_body_is_413_before_it_is_parsed(api: httpx.AsyncClient) -> None:
     big = {"workflow": "waiting", "input": {"order_id": "x" * MAX_BODY}}
     body = problem(await api.post("/runs", json=big), 413)

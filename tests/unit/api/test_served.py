@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import AsyncIterator
 
 import httpx
 import uvicorn
@@ -18,7 +19,9 @@ async def test_uvicorn_serves_the_api_over_tcp() -> None:
     listener.listen()  # connections wait in the backlog until uvicorn accepts them
     port = listener.getsockname()[1]
     async with Runtime(workers=1) as rt:
-        config = uvicorn.Config(create_app(rt.client), log_config=None, lifespan="off")
+        config = uvicorn.Config(
+            create_app(rt.client, max_body=16384), log_config=None, lifespan="off"
+        )
         server = uvicorn.Server(config)
         serving = asyncio.create_task(server.serve(sockets=[listener]))
         try:
@@ -40,6 +43,17 @@ async def test_uvicorn_serves_the_api_over_tcp() -> None:
                 missing = await api.get("/runs/nope")
                 assert missing.status_code == 404
                 assert missing.headers["content-type"] == "application/problem+json"
+                assert (await api.delete("/runs")).status_code == 405
+
+                async def chunks() -> AsyncIterator[bytes]:
+                    for _ in range(64):
+                        yield b" " * 1024
+
+                big = await api.post(
+                    "/runs", content=chunks(), headers={"content-type": "application/json"}
+                )
+                assert big.status_code == 413
+                assert (await api.get("/health")).status_code == 200
         finally:
             server.should_exit = True
             await serving
