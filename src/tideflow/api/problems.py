@@ -32,7 +32,8 @@ TYPE_PREFIX = "urn:tideflow:problem:"
 
 class FieldError(BaseModel):
     """One problem with one field of the request: ``field`` is its path (``body.input``,
-    ``query.limit``, a definition's ``steps[0].type``, a run input's ``$.order_id``)."""
+    ``query.limit``, a definition's ``body.steps[0].type``, a run input's
+    ``body.input.order_id``)."""
 
     field: str
     message: str
@@ -129,9 +130,11 @@ def row_of(error: type[TideflowError]) -> tuple[int, str]:
 
 
 def definition_fields(exc: DefinitionError) -> list[FieldError]:
+    """The definition is the request's body: ``body.steps[0].type``, or ``body`` for a
+    problem of the whole text (a YAML syntax error, with its line and column)."""
     return [
         FieldError(
-            field=d.path or "",
+            field=f"body.{d.path}" if d.path else "body",
             message=d.message,
             line=d.line,
             column=d.column,
