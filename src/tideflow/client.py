@@ -44,7 +44,15 @@ from tideflow.model.states import RunStatus
 from tideflow.runtime.catalog import started_event
 from tideflow.runtime.result import RunResult, result_of
 from tideflow.runtime.signals import refuse_undeclared_signal
-from tideflow.store.base import HistoryEntry, Lease, RunFilter, RunPage, RunSummary, Store
+from tideflow.store.base import (
+    DefinitionSummary,
+    HistoryEntry,
+    Lease,
+    RunFilter,
+    RunPage,
+    RunSummary,
+    Store,
+)
 from tideflow.worker.secrets import redact_fields
 
 Deliver = Callable[[Sequence[Event]], Awaitable[Lease | None]]
@@ -138,6 +146,21 @@ class Client:
         """Register a definition (Plan, Workflow builder, mapping, YAML text or file path)."""
         return await self._catalog.register(definition)
 
+    def compile(self, definition: Any) -> Plan:
+        """Compile a definition without registering it (what ``register`` accepts);
+        ``DefinitionError`` lists every problem."""
+        return self._catalog.compile(definition)
+
+    async def definitions(self, name: str | None = None) -> builtins.list[DefinitionSummary]:
+        """Registered definitions (of workflow ``name`` only, when given), by name then
+        version."""
+        return await self.store.list_definitions(name)
+
+    async def definition(self, name: str, version: str | None = None) -> Plan:
+        """A registered definition by name and version (the highest when no version is
+        given); ``NotFound``."""
+        return await self.store.get_definition(name, version)
+
     async def start(
         self,
         workflow: str | Plan | Any,
@@ -148,6 +171,22 @@ class Client:
         idempotency_key: str | None = None,
     ) -> str:
         """Start a run and return its id (the existing run's id for a reused idempotency key)."""
+        started, _ = await self.launch(
+            workflow, input, version=version, run_id=run_id, idempotency_key=idempotency_key
+        )
+        return started
+
+    async def launch(
+        self,
+        workflow: str | Plan | Any,
+        input: Any = None,
+        *,
+        version: str | None = None,
+        run_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> tuple[str, bool]:
+        """``start``, saying whether a run was created: ``(run_id, True)``; for an
+        idempotency key already used nothing starts: ``(the existing run's id, False)``."""
         catalog = self._catalog
         plan = await catalog.resolve(workflow, version)
         catalog.check_input(plan, input)
@@ -156,7 +195,7 @@ class Client:
         )
         if state is not None:
             await self._link.start_run(state, started_event(state, self._clock.now()))
-        return stored_id
+        return stored_id, state is not None
 
     async def signal(
         self, run_id: str, name: str, payload: Any = None, *, signal_id: str | None = None

@@ -41,6 +41,7 @@ rather than raised to the caller of the runtime.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,6 +116,13 @@ class ExpressionError(DefinitionError):
 
 class InputValidationError(TideflowError):
     """The run input does not match the definition's input schema."""
+
+    def __init__(
+        self, message: str | None = None, *, fields: Sequence[tuple[str, str]] = ()
+    ) -> None:
+        super().__init__(message)
+        self.fields = tuple(fields)
+        """``(JSON path in the input, what is wrong there)`` for each schema error."""
 
 
 class IllegalTransition(TideflowError):

@@ -11,7 +11,7 @@ import pytest
 
 from tideflow.client import Client
 from tideflow.dsl import compile_definition
-from tideflow.errors import RunNotRetryable, UnknownSignal
+from tideflow.errors import DefinitionError, NotFound, RunNotRetryable, UnknownSignal
 from tideflow.runtime.runtime import Runtime
 from tideflow.store.base import RunFilter
 from tideflow.testing.waiting import step_is, wait_until
@@ -69,3 +69,30 @@ async def test_a_recording_client_commits_before_it_returns(tmp_path: Path) -> N
         result = await rt.wait(run_id, 10)
     assert result.status == "succeeded"
     assert result.output == {"by": "tool"}
+
+
+async def test_a_client_compiles_without_registering_and_reads_definitions() -> None:
+    async with Runtime(workers=0) as rt:
+        client = rt.client
+        plan = client.compile(dict(WAITING.source))
+        assert (plan.name, plan.version, plan.hash) == ("waiting", "1", WAITING.hash)
+        assert await client.definitions() == []
+        with pytest.raises(DefinitionError):
+            client.compile({"name": "broken", "version": "1", "steps": [{"id": "a"}]})
+        await client.register(WAITING)
+        assert [(d.name, d.version) for d in await client.definitions("waiting")] == [
+            ("waiting", "1")
+        ]
+        assert await client.definitions("other") == []
+        assert (await client.definition("waiting", "1")).hash == WAITING.hash
+        with pytest.raises(NotFound):
+            await client.definition("waiting", "2")
+
+
+async def test_launch_says_whether_the_idempotency_key_made_a_run() -> None:
+    async with Runtime(workers=0) as rt:
+        first = await rt.client.launch(WAITING, idempotency_key="k")
+        again = await rt.client.launch(WAITING, idempotency_key="k")
+        assert first[1] is True
+        assert again == (first[0], False)
+        assert await rt.client.start(WAITING, idempotency_key="k") == first[0]

@@ -5,6 +5,7 @@ runtime/remote.py hold the logic; this module only parses options)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -29,6 +30,7 @@ from tideflow.errors import BusError, EngineAlreadyRunning, TideflowError
 
 if TYPE_CHECKING:
     from tideflow.client import Client
+    from tideflow.runtime.server import Service
 
 BUS_ENV = "TIDEFLOW_BUS"
 
@@ -116,6 +118,15 @@ def server_cmd(
             help="Seconds between two reconciliation sweeps (due timers, unrelayed outbox rows, runs never started: what a lost notification leaves); 0 turns the sweep off.",
         ),
     ] = 30.0,
+    http: Annotated[
+        str | None,
+        typer.Option(
+            "--http",
+            envvar="TIDEFLOW_HTTP",
+            metavar="HOST:PORT",
+            help="Also serve the REST API (docs/api.md) on this loopback address (127.0.0.1:8080; port 0 picks a free one). It has no authentication yet: any other host is refused.",
+        ),
+    ] = None,
     verbose: VerboseOption = False,
 ) -> None:
     """Run one of a cluster's engines: scheduler, relay, timers and recovery, no workers.
@@ -129,10 +140,12 @@ def server_cmd(
     --sweep-interval seconds (30) it repairs what a lost notification left,
     with one indexed query per kind. SIGTERM or Ctrl-C:
     finish the batch in progress, release the partitions, exit 0. Logs go to
-    stderr. See docs/deployment.md.
+    stderr. --http 127.0.0.1:8080 serves the REST API beside it (no
+    authentication yet: loopback only). See docs/deployment.md and docs/api.md.
 
     Examples:
       tideflow server --store postgresql://tideflow@db/tideflow --bus redis://mq:6379/0
+      tideflow server --bus redis://mq:6379/0 --http 127.0.0.1:8080
       TIDEFLOW_STORE=postgresql://… TIDEFLOW_BUS=nats://mq:4222 tideflow server
     """
     from tideflow.runtime.clock import clock_from_environment
@@ -149,6 +162,7 @@ def server_cmd(
         sweep_interval = check_interval(sweep_interval)
     except (ValueError, TideflowError) as exc:
         raise fail_usage(str(exc)) from None
+    services = (_http_service(http),) if http else ()
     _log_level(verbose)
     if standby:
         logging.getLogger("tideflow.server").warning(
@@ -166,9 +180,29 @@ def server_cmd(
             "max_run_input": limits.run_input,
             "sweep_interval": sweep_interval,
         },
+        services=services,
     )
     code = run_async(_serve(options, serve))
     raise typer.Exit(code)
+
+
+def _http_service(address: str) -> Service:
+    """The REST API on ``address``, a listening socket already (a refused address or a
+    port in use is an exit 2 before the server starts)."""
+    try:
+        from tideflow.api.serving import AddressRefused, http_api, listen, parse_address
+    except ImportError as exc:
+        raise fail_usage(
+            f"--http needs the API's packages ({exc.name} is missing): pip install 'tideflow[api]'"
+        ) from None
+    try:
+        host, port = parse_address(address)
+        sock = listen(host, port)
+    except AddressRefused as exc:
+        raise fail_usage(str(exc)) from None
+    except OSError as exc:
+        raise fail_usage(f"--http {address}: cannot listen there: {exc.strerror or exc}") from None
+    return functools.partial(http_api, sock=sock)
 
 
 async def _serve(options: Any, serve: Any) -> int:

@@ -50,10 +50,11 @@ def validate_input(plan: Plan, value: Any) -> None:
         return
     errors = sorted(_input_validator(plan).iter_errors(value), key=_relevance)
     if errors:
-        lines = [f"  {_json_path(error.absolute_path)}: {error.message}" for error in errors]
+        fields = [(_json_path(error.absolute_path), error.message) for error in errors]
         raise InputValidationError(
             f"run input of {plan.name} {plan.version} does not match its input schema:\n"
-            + "\n".join(lines)
+            + "\n".join(f"  {path}: {message}" for path, message in fields),
+            fields=fields,
         )
 
 

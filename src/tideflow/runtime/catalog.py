@@ -42,9 +42,14 @@ class Catalog:
     def compile_stored(self, source: Any) -> Plan:
         return coerce_plan(dict(source), self._executors)
 
+    def compile(self, definition: Any) -> Plan:
+        """Compile a definition without registering it; ``DefinitionError`` lists every
+        problem."""
+        return coerce_plan(definition, self._executors)
+
     async def register(self, definition: Any) -> Plan:
         """Register a definition (Plan, Workflow builder, mapping, YAML text or file path)."""
-        plan = coerce_plan(definition, self._executors)
+        plan = self.compile(definition)
         await self._store.save_definition(plan)
         self.plans.add(plan)
         return plan

@@ -42,9 +42,12 @@ import logging
 import math
 import os
 import socket
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
+from tideflow.client import Client
 from tideflow.errors import BusError, StoreError
 from tideflow.lifecycle import Stop, shown
 from tideflow.runtime.lease import DEFAULT_TTL
@@ -54,6 +57,11 @@ from tideflow.runtime.runtime import Runtime
 log = logging.getLogger("tideflow.server")
 
 STOPPED = 0
+
+
+Service = Callable[[Client, Stop], AbstractAsyncContextManager[None]]
+"""Entered once the server serves, left before the engine stops; ``Stop`` lets it stop
+the server when it cannot go on."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,6 +74,9 @@ class ServerOptions:
     lease_ttl: float = DEFAULT_TTL
     runtime: dict[str, Any] = field(default_factory=dict)
     """More ``Runtime`` options (clock, limits, batch size)."""
+    services: tuple[Service, ...] = ()
+    """What runs beside the engine over its client once it serves, until it stops (the
+    HTTP API of ``--http``: api/serving.py)."""
 
 
 def check_urls(store: str, bus: str) -> None:
@@ -136,7 +147,10 @@ async def serve(options: ServerOptions, stop: Stop | None = None) -> int:
             shown_partitions(rt.partitions.ownership.applied),
             rt.bus.partitions,
         )
-        await stop.wait()
+        async with contextlib.AsyncExitStack() as services:
+            for service in options.services:
+                await services.enter_async_context(service(rt.client, stop))
+            await stop.wait()
     finally:
         log.info("stopping: finishing the batch in progress, releasing the partitions")
         await rt.close()
@@ -172,4 +186,4 @@ async def _started(rt: Runtime, options: ServerOptions, stop: Stop) -> bool:
     return True
 
 
-__all__ = ["STOPPED", "ServerOptions", "check_urls", "serve"]
+__all__ = ["STOPPED", "ServerOptions", "Service", "check_urls", "serve"]

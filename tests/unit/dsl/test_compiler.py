@@ -839,6 +839,8 @@ def test_validate_input_reports_every_error_best_first() -> None:
     assert lines[1] == "  $: 'order_id' is a required property"
     assert "  $.amount: '3' is not of type 'number'" in lines
     assert "  $.items[1]: 2 is not of type 'string'" in lines
+    assert info.value.fields[0] == ("$", "'order_id' is a required property")
+    assert ("$.amount", "'3' is not of type 'number'") in info.value.fields
 
 
 def test_validate_input_without_schema_accepts_anything() -> None:

@@ -1,0 +1,209 @@
+"""The REST API: an ASGI app over a `Client` (everything goes through the client).
+
+::
+
+    app = create_app(runtime.client)        # serve with uvicorn, or call with httpx
+
+Routes (docs/api.md): ``/health``, ``/ready``; ``/definitions`` (validate, register,
+list, get by name and version); ``/runs`` (start, list, get, history, cancel, retry,
+signals). Bodies are JSON, a definition may also be YAML (``application/yaml``); every
+error is a problem (api/problems.py). There is no authentication yet: serve it on
+loopback only.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import orjson
+from fastapi import FastAPI, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+
+from tideflow.api import problems
+from tideflow.api.models import (
+    CompiledDefinition,
+    DefinitionList,
+    DefinitionRow,
+    Health,
+    History,
+    Ready,
+    Reason,
+    RunList,
+    RunStatusView,
+    RunView,
+    SendSignal,
+    SignalSent,
+    StartedRun,
+    StartRun,
+    StoredDefinition,
+)
+from tideflow.api.problems import Problem
+from tideflow.client import Client
+from tideflow.model.states import RunStatus
+from tideflow.store.base import RunFilter
+
+__all__ = ["create_app"]
+
+DEFAULT_MAX_BODY = 1 << 20
+YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": Problem, "description": description}
+    for status, description in {
+        400: "Malformed JSON",
+        404: "Not found",
+        409: "Conflict with what is stored",
+        413: "Body too large",
+        422: "A field of the request is wrong (named in `errors`)",
+        503: "The store, bus or engine cannot be reached",
+    }.items()
+}
+
+_DEFINITION_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"type": "object", "title": "Definition"}},
+            "application/yaml": {"schema": {"type": "string", "title": "Definition (YAML)"}},
+        },
+    }
+}
+
+
+def create_app(client: Client, *, max_body: int = DEFAULT_MAX_BODY) -> FastAPI:
+    """The API over ``client``; request bodies over ``max_body`` bytes are refused (413)."""
+    app = FastAPI(title="tideflow", version="1", responses=_ERRORS)
+    problems.install(app, max_body)
+    _service_routes(app, client)
+    _definition_routes(app, client)
+    _run_routes(app, client)
+    return app
+
+
+def _service_routes(app: FastAPI, client: Client) -> None:
+    @app.get("/health", tags=["service"])
+    async def health() -> Health:
+        """The process is alive."""
+        return Health()
+
+    @app.get("/ready", tags=["service"])
+    async def ready() -> Ready:
+        """The store answers (one page of one run read through the client)."""
+        await client.list(limit=1)
+        return Ready()
+
+
+async def _definition_of(request: Request) -> Any:
+    """The definition a request carries: a JSON object, or YAML text."""
+    body = await request.body()
+    media = request.headers.get("content-type", "application/json").split(";")[0].strip()
+    if media.lower() in YAML_TYPES:
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            raise RequestValidationError(
+                [{"loc": ("body",), "msg": "YAML text must be UTF-8", "type": "value_error"}]
+            ) from None
+        # A single line naming a file would be read from the server's disk: a YAML
+        # document end marker keeps the text text (and changes neither its meaning
+        # nor its line numbers).
+        return text + "\n...\n"
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise RequestValidationError(
+            [{"loc": ("body",), "msg": f"malformed JSON: {exc}", "type": "json_invalid"}]
+        ) from None
+    if not isinstance(data, dict):
+        raise RequestValidationError(
+            [{"loc": ("body",), "msg": "a definition is a JSON object", "type": "dict_type"}]
+        )
+    return data
+
+
+def _definition_routes(app: FastAPI, client: Client) -> None:
+    @app.post("/definitions/validate", tags=["definitions"], openapi_extra=_DEFINITION_BODY)
+    async def validate_definition(request: Request) -> CompiledDefinition:
+        """Compile a definition without registering it: its name, version, hash and
+        steps, or a 422 listing every problem with its path."""
+        return CompiledDefinition.of(client.compile(await _definition_of(request)))
+
+    @app.post("/definitions", status_code=201, tags=["definitions"], openapi_extra=_DEFINITION_BODY)
+    async def register_definition(request: Request) -> CompiledDefinition:
+        """Register a definition; the same content again changes nothing, other content
+        under a registered (name, version) is a 409."""
+        return CompiledDefinition.of(await client.register(await _definition_of(request)))
+
+    @app.get("/definitions", tags=["definitions"])
+    async def list_definitions(
+        name: Annotated[str | None, Query(min_length=1)] = None,
+    ) -> DefinitionList:
+        """Registered definitions, by name then version."""
+        rows = await client.definitions(name)
+        return DefinitionList(definitions=[DefinitionRow.of(r) for r in rows])
+
+    @app.get("/definitions/{name}/{version}", tags=["definitions"])
+    async def get_definition(name: str, version: str) -> StoredDefinition:
+        """One registered definition, with its normalised source."""
+        return StoredDefinition.of(await client.definition(name, version))
+
+
+def _run_routes(app: FastAPI, client: Client) -> None:
+    @app.post("/runs", status_code=201, tags=["runs"])
+    async def start_run(body: StartRun, response: Response) -> StartedRun:
+        """Start a run (201); 200 with the existing run when ``idempotency_key`` was used."""
+        run_id, created = await client.launch(
+            body.workflow, body.input, version=body.version, idempotency_key=body.idempotency_key
+        )
+        response.status_code = 201 if created else 200
+        response.headers["Location"] = f"/runs/{run_id}"
+        return StartedRun(run_id=run_id, created=created)
+
+    @app.get("/runs", tags=["runs"])
+    async def list_runs(
+        status: RunStatus | None = None,
+        workflow: Annotated[str | None, Query(min_length=1)] = None,
+        created_after: float | None = None,
+        created_before: float | None = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        cursor: Annotated[str | None, Query(min_length=1)] = None,
+    ) -> RunList:
+        """Runs, newest first, one page at a time (``next_cursor`` for the next)."""
+        filter = RunFilter(
+            status=status.value if status else None,
+            workflow=workflow,
+            created_after=created_after,
+            created_before=created_before,
+        )
+        return RunList.of(await client.list(filter, limit=limit, cursor=cursor))
+
+    @app.get("/runs/{run_id}", tags=["runs"])
+    async def get_run(run_id: str) -> RunView:
+        """The run's current state, finished or not (sensitive fields masked)."""
+        return RunView.of(await client.get(run_id))
+
+    @app.get("/runs/{run_id}/history", tags=["runs"])
+    async def run_history(run_id: str) -> History:
+        """Everything that happened to the run, in order (sensitive fields masked)."""
+        return History.of(run_id, await client.history(run_id))
+
+    @app.post("/runs/{run_id}/cancel", status_code=202, tags=["runs"])
+    async def cancel_run(run_id: str, body: Reason | None = None) -> RunStatusView:
+        """Ask a pending or running run to stop: its status as it was asked (a run that
+        ended is left as it is)."""
+        reason = (body.reason if body else None) or "cancelled on request"
+        return RunStatusView(run_id=run_id, status=await client.cancel(run_id, reason))
+
+    @app.post("/runs/{run_id}/retry", tags=["runs"])
+    async def retry_run(run_id: str, body: Reason | None = None) -> RunStatusView:
+        """Re-open a failed or timed-out run (409 for any other): its status once that is
+        committed."""
+        reason = (body.reason if body else None) or "retried on request"
+        return RunStatusView(run_id=run_id, status=await client.retry(run_id, reason))
+
+    @app.post("/runs/{run_id}/signals", status_code=202, tags=["runs"])
+    async def signal_run(run_id: str, body: SendSignal) -> SignalSent:
+        """Send a signal; a `wait` for ``name`` whose `match` holds receives it. 422 when
+        no `wait` of the run's workflow waits for ``name``."""
+        await client.signal(run_id, body.name, body.payload, signal_id=body.signal_id)
+        return SignalSent(run_id=run_id, name=body.name, signal_id=body.signal_id)

@@ -1,0 +1,176 @@
+"""The bodies the API takes and returns (pydantic: the edge where untrusted data comes in,
+and where `/openapi.json` gets its schemas)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tideflow.model.plan import Plan
+from tideflow.runtime.result import RunResult
+from tideflow.store.base import DefinitionSummary, HistoryEntry, RunPage, RunSummary
+
+
+class Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class Ready(BaseModel):
+    status: Literal["ready"] = "ready"
+
+
+class CompiledDefinition(BaseModel):
+    name: str
+    version: str
+    hash: str
+    """The content hash runs pin."""
+    steps: list[str]
+    """The ids of the definition's steps."""
+
+    @classmethod
+    def of(cls, plan: Plan) -> CompiledDefinition:
+        return cls(name=plan.name, version=plan.version, hash=plan.hash, steps=list(plan.specs))
+
+
+class StoredDefinition(CompiledDefinition):
+    source: dict[str, Any]
+    """The definition in its normalised form."""
+
+    @classmethod
+    def of(cls, plan: Plan) -> StoredDefinition:
+        compiled = CompiledDefinition.of(plan)
+        return cls(**compiled.model_dump(), source=dict(plan.source))
+
+
+class DefinitionRow(BaseModel):
+    name: str
+    version: str
+    hash: str
+    created_at: float
+
+    @classmethod
+    def of(cls, row: DefinitionSummary) -> DefinitionRow:
+        return cls(name=row.name, version=row.version, hash=row.hash, created_at=row.created_at)
+
+
+class DefinitionList(BaseModel):
+    definitions: list[DefinitionRow]
+
+
+class StartRun(Request):
+    workflow: str = Field(min_length=1, description="A registered workflow's name.")
+    version: str | None = Field(None, min_length=1, description="Default: the highest.")
+    input: Any = None
+    idempotency_key: str | None = Field(
+        None, min_length=1, max_length=200, description="A second start with it starts nothing."
+    )
+
+
+class StartedRun(BaseModel):
+    run_id: str
+    created: bool
+    """False when the idempotency key named a run that exists already."""
+
+
+class RunRow(BaseModel):
+    run_id: str
+    workflow: str
+    version: str
+    status: str
+    created_at: float
+    updated_at: float
+    finished_at: float | None
+    parent_run_id: str | None
+    output: Any
+    error: dict[str, Any] | None
+
+    @classmethod
+    def of(cls, row: RunSummary) -> RunRow:
+        return cls(**row.to_dict())
+
+
+class RunList(BaseModel):
+    runs: list[RunRow]
+    next_cursor: str | None
+    """Pass as ``cursor`` for the next page; null on the last page."""
+
+    @classmethod
+    def of(cls, page: RunPage) -> RunList:
+        return cls(runs=[RunRow.of(r) for r in page.runs], next_cursor=page.next_cursor)
+
+
+class StepView(BaseModel):
+    status: str
+    attempts: int
+    output: Any
+    error: dict[str, Any] | None
+
+
+class RunView(BaseModel):
+    run_id: str
+    workflow: str
+    version: str
+    status: str
+    output: Any
+    error: dict[str, Any] | None
+    steps: dict[str, StepView]
+    """By step key: the step id, or ``loop@2/inner`` / ``map[3]`` for nested instances."""
+    compensation: dict[str, Any] | None
+
+    @classmethod
+    def of(cls, result: RunResult) -> RunView:
+        return cls(
+            run_id=result.run_id,
+            workflow=result.workflow,
+            version=result.version,
+            status=result.status,
+            output=result.output,
+            error=result.error,
+            steps={key: StepView(**step.to_dict()) for key, step in result.steps.items()},
+            compensation=result.compensation,
+        )
+
+
+class HistoryRow(BaseModel):
+    seq: int
+    time: float
+    kind: str
+    event: dict[str, Any]
+    transitions: list[dict[str, Any]]
+
+
+class History(BaseModel):
+    run_id: str
+    entries: list[HistoryRow]
+
+    @classmethod
+    def of(cls, run_id: str, entries: list[HistoryEntry]) -> History:
+        return cls(run_id=run_id, entries=[HistoryRow(**e.to_dict()) for e in entries])
+
+
+class Reason(Request):
+    reason: str | None = Field(None, min_length=1, max_length=1000)
+
+
+class RunStatusView(BaseModel):
+    run_id: str
+    status: str
+
+
+class SendSignal(Request):
+    name: str = Field(min_length=1, max_length=200)
+    payload: Any = None
+    signal_id: str | None = Field(
+        None, min_length=1, max_length=200, description="A redelivery with it is applied once."
+    )
+
+
+class SignalSent(BaseModel):
+    run_id: str
+    name: str
+    signal_id: str | None

@@ -1,0 +1,125 @@
+"""Serving the API with uvicorn beside a `tideflow server`'s engine (``--http HOST:PORT``).
+
+uvicorn runs as a task in the server's own event loop, over the server's client, and
+stops with the server: the server's SIGTERM handler stops it (uvicorn's own signal
+handling is turned off). There is no authentication yet, so the API listens on a
+loopback address only (`listen` refuses any other) and says so loudly when it starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import socket
+from collections.abc import AsyncIterator, Generator
+
+import uvicorn
+
+from tideflow.api.app import DEFAULT_MAX_BODY, create_app
+from tideflow.client import Client
+from tideflow.lifecycle import Stop
+
+log = logging.getLogger("tideflow.api")
+
+GRACE = 5
+"""Seconds open requests get to finish when the server stops."""
+
+
+class AddressRefused(ValueError):
+    """An ``--http`` address the API may not listen on."""
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) of a loopback host; port 0 picks a free one.
+    ``AddressRefused`` otherwise."""
+    host, sep, port = text.strip().rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise AddressRefused(f"--http {text}: give HOST:PORT, such as 127.0.0.1:8080")
+    if not _loopback(host):
+        raise AddressRefused(
+            f"--http {text}: the API has no authentication yet, so it listens on a loopback "
+            "address only (127.0.0.1, ::1 or localhost); put an authenticating proxy in "
+            "front of it to reach it from other machines"
+        )
+    return host, int(port)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (bound now, so a port in use is known before
+    the server starts); ``OSError``."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    if host == "localhost":
+        host = "127.0.0.1"
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def address_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class _Embedded(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield  # the tideflow server's handlers stop it, and this with it
+
+
+@contextlib.asynccontextmanager
+async def http_api(
+    client: Client, stop: Stop, sock: socket.socket, max_body: int = DEFAULT_MAX_BODY
+) -> AsyncIterator[None]:
+    """Serve the API on ``sock`` while the block runs; when uvicorn ends on its own, the
+    server is stopped too."""
+    where = address_of(sock)
+    log.warning(
+        "the HTTP API on %s has NO AUTHENTICATION: anyone who can connect to it can "
+        "register definitions and start, cancel and signal runs (it listens on loopback only)",
+        where,
+    )
+    config = uvicorn.Config(
+        create_app(client, max_body=max_body),
+        log_config=None,
+        lifespan="off",
+        access_log=False,
+        timeout_graceful_shutdown=GRACE,
+    )
+    server = _Embedded(config)
+    serving = asyncio.create_task(server.serve(sockets=[sock]), name="tideflow-http")
+
+    def ended(task: asyncio.Task[None]) -> None:
+        if not server.should_exit:
+            error = None if task.cancelled() else task.exception()
+            log.error("the HTTP API on %s stopped: %s", where, error or "uvicorn exited")
+            stop.set("the HTTP API stopped")
+
+    serving.add_done_callback(ended)
+    log.info("HTTP API listening on %s", where)
+    try:
+        yield
+    finally:
+        server.should_exit = True
+        await asyncio.wait([serving])  # how it ended is logged by `ended`
+        sock.close()
+
+
+__all__ = ["AddressRefused", "address_of", "http_api", "listen", "parse_address"]

@@ -1,0 +1,75 @@
+"""`tideflow server --http`: the REST API served by a real server process on PostgreSQL
+and a real bus, called over TCP; it stops with the server on SIGTERM. Every wait is on a
+condition with a bound."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+from harness import Cluster, eventually  # noqa: E402
+
+pytestmark = [pytest.mark.timeout(120)]
+
+APPROVAL = {
+    "name": "http-approval",
+    "version": "1",
+    "steps": [
+        {"id": "ask", "type": "wait", "signal": "approve"},
+        {
+            "id": "done",
+            "type": "set",
+            "values": {"got": "{{ steps.ask.output }}"},
+            "depends_on": ["ask"],
+        },
+    ],
+    "output": "{{ steps.done.output }}",
+}
+
+
+@pytest.mark.slow
+def test_the_server_serves_the_api_and_stops_it_on_sigterm(cluster: Cluster) -> None:
+    server = cluster.server("--http", "127.0.0.1:0")
+    server.wait_log("HTTP API listening on")
+    assert "NO AUTHENTICATION" in server.text()
+    found = re.search(r"HTTP API listening on (http://127\.0\.0\.1:\d+)", server.text())
+    assert found, server.text()
+    base = found.group(1)
+    with httpx.Client(base_url=base, timeout=10) as api:
+        assert api.get("/ready").json() == {"status": "ready"}
+        assert api.post("/definitions", json=APPROVAL).status_code == 201
+        started = api.post("/runs", json={"workflow": "http-approval", "idempotency_key": "k"})
+        assert started.status_code == 201, started.text
+        run_id = started.json()["run_id"]
+        again = api.post("/runs", json={"workflow": "http-approval", "idempotency_key": "k"})
+        assert (again.status_code, again.json()["run_id"]) == (200, run_id)
+
+        def step(key: str) -> Any:
+            return api.get(f"/runs/{run_id}").json()["steps"].get(key, {}).get("status")
+
+        eventually(lambda: step("ask") == "waiting", "the run waits for approve")
+        unknown = api.post(f"/runs/{run_id}/signals", json={"name": "nope"})
+        assert unknown.status_code == 422
+        sent = api.post(f"/runs/{run_id}/signals", json={"name": "approve", "payload": {"ok": 1}})
+        assert sent.status_code == 202, sent.text
+
+        def finished() -> Any:
+            run = api.get(f"/runs/{run_id}").json()
+            return run if run["status"] == "succeeded" else None
+
+        assert eventually(finished, "the run succeeds")["output"] == {"got": {"ok": 1}}
+        kinds = [e["kind"] for e in api.get(f"/runs/{run_id}/history").json()["entries"]]
+        assert "signal_received" in kinds
+        assert api.get("/runs/nope").status_code == 404
+    assert server.term() == 0
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{base}/health", timeout=5)

@@ -1,0 +1,69 @@
+"""The curl examples of docs/api.md run as they are against a served API."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+
+from tideflow.api import create_app
+from tideflow.runtime.runtime import Runtime
+
+DOC = Path(__file__).resolve().parents[3] / "docs" / "api.md"
+
+
+def examples() -> str:
+    return DOC.read_text().split("## Examples", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+
+
+def responses(output: str) -> list[dict[str, Any]]:
+    decoder, found, at = json.JSONDecoder(), [], 0
+    while at < len(output):
+        if output[at].isspace():
+            at += 1
+            continue
+        value, at = decoder.raw_decode(output, at)
+        found.append(value)
+    return found
+
+
+@pytest.mark.skipif(not (shutil.which("curl") and shutil.which("jq")), reason="needs curl and jq")
+async def test_the_curl_examples_run() -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    script = examples().replace("API=http://127.0.0.1:8080", f"API=http://127.0.0.1:{port}")
+    assert script != examples()
+    async with Runtime(workers=1) as rt:
+        server = uvicorn.Server(uvicorn.Config(create_app(rt.client), log_config=None))
+        serving = asyncio.create_task(server.serve(sockets=[listener]))
+        try:
+            shell = await asyncio.create_subprocess_exec(
+                "bash", "-euo", "pipefail", "-c", script,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            out, err = await shell.communicate()
+            assert shell.returncode == 0, err.decode()
+            (run,) = (await rt.client.list()).runs
+            result = await rt.client.wait(run.run_id, 10)
+        finally:
+            server.should_exit = True
+            await serving
+            listener.close()
+    assert (result.status, result.output) == ("succeeded", {"approved": True})
+    bodies = responses(out.decode())
+    assert bodies[0] == {"status": "ok"}
+    problems = [b["type"] for b in bodies if str(b.get("type", "")).startswith("urn:")]
+    assert problems == [
+        "urn:tideflow:problem:run-not-retryable",
+        "urn:tideflow:problem:input-invalid",
+    ]
+    assert bodies[-1]["errors"][0]["field"] == "body.input"

@@ -1,0 +1,71 @@
+"""`/openapi.json` describes every route: a request-body schema for each that takes a
+body, a response schema for each, and the problem shape for its errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from tideflow.api import create_app
+from tideflow.runtime.runtime import Runtime
+
+PROBLEM = {"$ref": "#/components/schemas/Problem"}
+TAKES_A_BODY = {
+    ("post", "/definitions/validate"),
+    ("post", "/definitions"),
+    ("post", "/runs"),
+    ("post", "/runs/{run_id}/cancel"),
+    ("post", "/runs/{run_id}/retry"),
+    ("post", "/runs/{run_id}/signals"),
+}
+
+
+async def openapi() -> dict[str, Any]:
+    async with Runtime(workers=0) as rt:
+        transport = httpx.ASGITransport(app=create_app(rt.client))
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as api:
+            response = await api.get("/openapi.json")
+    assert response.status_code == 200
+    document: dict[str, Any] = response.json()
+    return document
+
+
+async def test_every_route_has_its_schemas() -> None:
+    document = await openapi()
+    operations = {
+        (method, path): operation
+        for path, item in document["paths"].items()
+        for method, operation in item.items()
+    }
+    assert {path for _, path in operations} == {
+        "/health",
+        "/ready",
+        "/definitions/validate",
+        "/definitions",
+        "/definitions/{name}/{version}",
+        "/runs",
+        "/runs/{run_id}",
+        "/runs/{run_id}/history",
+        "/runs/{run_id}/cancel",
+        "/runs/{run_id}/retry",
+        "/runs/{run_id}/signals",
+    }
+    assert {key for key, op in operations.items() if "requestBody" in op} == TAKES_A_BODY
+    for key, operation in operations.items():
+        if key in TAKES_A_BODY:
+            content = operation["requestBody"]["content"]
+            assert all("schema" in media for media in content.values()), key
+        ok = [code for code in operation["responses"] if code.startswith("2")]
+        assert len(ok) == 1, key
+        success = operation["responses"][ok[0]]["content"]["application/json"]["schema"]
+        assert "$ref" in success, key
+        for code in ("404", "422", "503"):
+            error = operation["responses"][code]["content"]
+            assert error == {"application/problem+json": {"schema": PROBLEM}}, (key, code)
+
+
+async def test_a_definition_may_be_json_or_yaml() -> None:
+    document = await openapi()
+    body = document["paths"]["/definitions"]["post"]["requestBody"]["content"]
+    assert set(body) == {"application/json", "application/yaml"}

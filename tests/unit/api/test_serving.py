@@ -1,0 +1,57 @@
+"""`--http HOST:PORT`: a loopback address only (there is no authentication yet), bound
+before the server starts."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from typer.testing import CliRunner
+
+from tideflow.api.serving import AddressRefused, listen, parse_address
+from tideflow.cli.main import app
+
+
+def test_a_loopback_address_is_parsed() -> None:
+    assert parse_address("127.0.0.1:8080") == ("127.0.0.1", 8080)
+    assert parse_address("localhost:0") == ("localhost", 0)
+    assert parse_address("[::1]:9000") == ("::1", 9000)
+    assert parse_address("127.1.2.3:80") == ("127.1.2.3", 80)
+
+
+@pytest.mark.parametrize("address", ["0.0.0.0:8080", "10.0.0.5:80", "example.com:80", "[::]:80"])
+def test_any_other_host_is_refused_saying_there_is_no_auth(address: str) -> None:
+    with pytest.raises(AddressRefused, match="no authentication yet"):
+        parse_address(address)
+
+
+@pytest.mark.parametrize(
+    "address", ["8080", "127.0.0.1", "127.0.0.1:http", ":80", "127.0.0.1:70000"]
+)
+def test_a_malformed_address_is_refused(address: str) -> None:
+    with pytest.raises(AddressRefused, match="HOST:PORT"):
+        parse_address(address)
+
+
+def test_the_server_command_refuses_a_public_address_before_it_starts() -> None:
+    result = CliRunner().invoke(
+        app, ["server", "--bus", "redis://127.0.0.1:1/0", "--http", "0.0.0.0:8080"]
+    )
+    assert result.exit_code == 2
+    assert "no authentication yet" in result.output
+
+
+def test_a_port_in_use_is_an_error_before_the_server_starts() -> None:
+    taken = listen("127.0.0.1", 0)
+    try:
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError):
+            listen("127.0.0.1", port)
+        result = CliRunner().invoke(
+            app, ["server", "--bus", "redis://127.0.0.1:1/0", "--http", f"127.0.0.1:{port}"]
+        )
+        assert result.exit_code == 2
+        assert "cannot listen there" in result.output
+    finally:
+        taken.close()
+    assert isinstance(taken, socket.socket)
