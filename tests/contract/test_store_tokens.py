@@ -78,6 +78,20 @@ async def test_revoking_an_unknown_token_is_false(store: Store) -> None:
     assert await store.list_tokens() == []
 
 
+async def test_a_tokens_use_is_recorded_and_only_ever_moves_on(store: Store) -> None:
+    created = token("aaaaaaaaaaaaaaaa")
+    other = token("bbbbbbbbbbbbbbbb")
+    await store.create_token(created)
+    await store.create_token(other)
+    await store.record_token_use("aaaaaaaaaaaaaaaa", T0 + 60)
+    used = dataclasses.replace(created, last_used_at=T0 + 60)
+    assert await store.get_token("aaaaaaaaaaaaaaaa") == used
+    await store.record_token_use("aaaaaaaaaaaaaaaa", T0 + 30)  # a slower request, older
+    assert await store.get_token("aaaaaaaaaaaaaaaa") == used
+    await store.record_token_use("cccccccccccccccc", T0)  # unknown: nothing happens
+    assert await store.list_tokens() == [used, other]
+
+
 async def test_tokens_outlive_the_process_that_created_them(sql_backend: Backend) -> None:
     first = await sql_backend.open()
     await first.create_token(token("aaaaaaaaaaaaaaaa", role=Role.ADMIN))

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import re
 import secrets
+import time
 import unicodedata
 from dataclasses import dataclass
 
@@ -34,6 +36,7 @@ from tideflow.errors import (
     MalformedToken,
     MissingToken,
     RevokedToken,
+    StoreError,
     UnknownToken,
     WrongSecret,
 )
@@ -52,6 +55,11 @@ __all__ = [
     "require",
 ]
 
+log = logging.getLogger("tideflow.api.auth")
+
+USE_RECORDED_EVERY = 60.0
+"""Seconds: a token's ``last_used_at`` is written at most this often (one write a minute
+per token, not one per request)."""
 PREFIX = "tf_"
 HASH_SCHEME = "sha256:"
 MAX_NAME_LENGTH = 200
@@ -123,9 +131,10 @@ def parse_authorization(header: str | None) -> tuple[str, str]:
     return match["id"], match["secret"]
 
 
-async def authenticate(store: Store, header: str | None) -> Principal:
+async def authenticate(store: Store, header: str | None, *, now: float | None = None) -> Principal:
     """Who the ``Authorization`` header value says the caller is; an ``Unauthenticated``
-    subclass saying why not."""
+    subclass saying why not. The token's use is recorded at ``now`` (default: the time),
+    at most every ``USE_RECORDED_EVERY`` seconds."""
     token_id, secret = parse_authorization(header)
     token = await store.get_token(token_id)
     if token is None:
@@ -137,7 +146,19 @@ async def authenticate(store: Store, header: str | None) -> Principal:
             f"API token {token_id} ({token.name}) was revoked: create another with "
             "`tideflow tokens create`"
         )
+    await _record_use(store, token, time.time() if now is None else now)
     return Principal(token_id=token.token_id, name=token.name, role=token.role)
+
+
+async def _record_use(store: Store, token: ApiToken, now: float) -> None:
+    """Bookkeeping: a store that cannot take the write does not refuse the request (the
+    token was read and checked), the failure is logged."""
+    if token.last_used_at is not None and now - token.last_used_at < USE_RECORDED_EVERY:
+        return
+    try:
+        await store.record_token_use(token.token_id, now)
+    except StoreError as exc:
+        log.warning("cannot record the use of API token %s: %s", token.token_id, exc.message)
 
 
 def require(principal: Principal, action: Action) -> None:

@@ -33,6 +33,8 @@ tokens_app = typer.Typer(
     no_args_is_help=True,
 )
 ROLES = ", ".join(role.value for role in Role)
+COLUMNS = ("id", "name", "role", "created_at", "revoked_at", "last_used_at")
+"""What ``list`` shows of a token, in its order (``_shown``'s keys)."""
 
 
 @tokens_app.command("create")
@@ -51,7 +53,8 @@ def create_cmd(
     the store keeps only a hash of its secret, so a lost token cannot be shown
     again: revoke it and create another. Roles: viewer (read), operator (start,
     cancel, signal, retry, and read), admin (definitions and tokens, and all an
-    operator may do). --json prints {"token", "id", "name", "role", "created_at"}.
+    operator may do). --json prints {"token", "id", "name", "role", "created_at",
+    "revoked_at", "last_used_at"}.
 
     Examples:
       tideflow tokens create --name ci --role operator
@@ -86,10 +89,11 @@ async def _create(url: str, name: str, role: Role) -> IssuedToken:
 
 @tokens_app.command("list")
 def list_cmd(as_json: JsonOption = False, store: StoreOption = DEFAULT_STORE) -> None:
-    """List API tokens, revoked ones too: id, name, role, when created and revoked.
+    """List API tokens, revoked ones too: id, name, role, when created, revoked, last used.
 
     Secrets and their hashes are never shown. --json prints {"tokens": [{"id",
-    "name", "role", "created_at", "revoked_at"}]}.
+    "name", "role", "created_at", "revoked_at", "last_used_at"}]}; a token's use
+    is recorded to the minute.
 
     Examples:
       tideflow tokens list
@@ -99,9 +103,9 @@ def list_cmd(as_json: JsonOption = False, store: StoreOption = DEFAULT_STORE) ->
     if as_json:
         write_json({"tokens": tokens})
         return
-    table = Table("id", "name", "role", "created", "revoked")
+    table = Table("id", "name", "role", "created", "revoked", "last used")
     for row in tokens:
-        table.add_row(row["id"], row["name"], row["role"], row["created_at"], row["revoked_at"])
+        table.add_row(*(row[key] for key in COLUMNS))
     table_console().print(table)
 
 
@@ -121,8 +125,8 @@ def revoke_cmd(
     """Revoke an API token: requests with it are refused from now on.
 
     Revoking a revoked token changes nothing (its first revocation time stays);
-    an id the store has no token for is an error (exit 2). --json prints {"id",
-    "name", "role", "created_at", "revoked_at", "revoked_now"}.
+    an id the store has no token for is an error (exit 2). --json prints the
+    token as `tokens list` does, and "revoked_now" (false when it was already).
 
     Examples:
       tideflow tokens revoke 3f9c2a7b1d4e8f60
@@ -157,4 +161,5 @@ def _shown(token: ApiToken) -> dict[str, Any]:
         "role": token.role.value,
         "created_at": iso(token.created_at),
         "revoked_at": iso(token.revoked_at),
+        "last_used_at": iso(token.last_used_at),
     }

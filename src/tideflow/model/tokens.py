@@ -85,6 +85,9 @@ class ApiToken:
     created_at: float
     revoked_at: float | None = None
     """When it was revoked (epoch seconds); None while it is live."""
+    last_used_at: float | None = None
+    """When it last authenticated a request, to the minute (``Store.record_token_use``);
+    None while it never has."""
 
     @property
     def revoked(self) -> bool:

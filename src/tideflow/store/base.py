@@ -408,6 +408,11 @@ class Store(ABC):
         """Every token, revoked ones too, oldest first (then by id)."""
 
     @abstractmethod
+    async def record_token_use(self, token_id: str, at: float) -> None:
+        """Set the token's ``last_used_at`` to ``at`` unless it is already later (nothing
+        happens for an unknown id)."""
+
+    @abstractmethod
     async def revoke_token(self, token_id: str, at: float) -> bool:
         """Mark the token revoked at ``at``: True when it was live, False when there is no
         such token or it was revoked already (its ``revoked_at`` is kept)."""

@@ -266,13 +266,14 @@ def token_row(token: ApiToken) -> tuple[Any, ...]:
         token.secret_hash,
         token.created_at,
         token.revoked_at,
+        token.last_used_at,
     )
 
 
 def token_from_row(row: Sequence[Any] | None) -> ApiToken | None:
     if row is None:
         return None
-    token_id, name, role, secret_hash, created_at, revoked_at = row
+    token_id, name, role, secret_hash, created_at, revoked_at, last_used_at = row
     return ApiToken(
         token_id=str(token_id),
         name=str(name),
@@ -280,6 +281,7 @@ def token_from_row(row: Sequence[Any] | None) -> ApiToken | None:
         secret_hash=str(secret_hash),
         created_at=float(created_at),
         revoked_at=None if revoked_at is None else float(revoked_at),
+        last_used_at=None if last_used_at is None else float(last_used_at),
     )
 
 

@@ -13,6 +13,8 @@ from tideflow.store.backends.sqlite import SqliteStore
 
 from .conftest import Workdir, invoke, stdout_json
 
+SHOWN = {"id", "name", "role", "created_at", "revoked_at", "last_used_at"}
+
 
 def create(workdir: Workdir, name: str, role: str, *extra: str) -> dict[str, str]:
     done = invoke("tokens", "create", "--name", name, "--role", role, "--json", *extra,
@@ -44,7 +46,7 @@ def test_create_prints_the_token_once_and_it_authenticates(workdir: Workdir) -> 
     assert check(workdir.store, token) == "operator"
 
     created = create(workdir, "dashboard", "viewer")
-    assert set(created) == {"token", "id", "name", "role", "created_at", "revoked_at"}
+    assert set(created) == {"token", *SHOWN}
     assert created["token"].startswith(f"tf_{created['id']}_")
     assert (created["name"], created["role"], created["revoked_at"]) == (
         "dashboard",
@@ -63,12 +65,24 @@ def test_neither_the_store_nor_list_holds_a_secret(workdir: Workdir) -> None:
     listed = invoke("tokens", "list", "--json", "--store", workdir.store)
     assert listed.exit_code == 0, listed.stderr
     (row,) = stdout_json(listed)["tokens"]
-    assert set(row) == {"id", "name", "role", "created_at", "revoked_at"}
+    assert set(row) == SHOWN
     assert (row["id"], row["name"], row["role"]) == (created["id"], "ci", "admin")
     table = invoke("tokens", "list", "--store", workdir.store)
     assert created["id"] in table.stdout and "admin" in table.stdout
     for output in (listed.stdout, table.stdout):
         assert secret not in output and "sha256" not in output
+
+
+def test_list_shows_when_a_token_last_authenticated(workdir: Workdir) -> None:
+    used = create(workdir, "ci", "operator")
+    idle = create(workdir, "idle", "viewer")
+    check(workdir.store, used["token"])
+    rows = stdout_json(invoke("tokens", "list", "--json", "--store", workdir.store))["tokens"]
+    by_id = {row["id"]: row for row in rows}
+    assert by_id[used["id"]]["last_used_at"] >= used["created_at"]  # ISO-8601 in UTC
+    assert by_id[idle["id"]]["last_used_at"] is None
+    table = invoke("tokens", "list", "--store", workdir.store).stdout
+    assert "last used" in table and by_id[used["id"]]["last_used_at"] in table
 
 
 def test_revoke_refuses_the_token_from_then_on(workdir: Workdir) -> None:

@@ -23,6 +23,7 @@ from tideflow.errors import (
     MalformedToken,
     MissingToken,
     RevokedToken,
+    StoreUnavailable,
     Unauthenticated,
     UnknownToken,
     WrongSecret,
@@ -156,6 +157,44 @@ async def test_the_secret_is_compared_in_constant_time(monkeypatch: pytest.Monke
     await authenticate(store, f"Bearer {value}")
     (stored,) = await store.list_tokens()
     assert calls == [(stored.secret_hash, auth.hash_secret(value.split("_", 2)[2]))]
+
+
+async def test_a_use_is_recorded_at_most_once_a_minute() -> None:
+    store, value = await issued()
+    header = f"Bearer {value}"
+    await authenticate(store, header, now=T0 + 10)
+    (token,) = await store.list_tokens()
+    assert token.last_used_at == T0 + 10
+    await authenticate(store, header, now=T0 + 10 + auth.USE_RECORDED_EVERY - 1)
+    assert (await store.list_tokens())[0].last_used_at == T0 + 10
+    await authenticate(store, header, now=T0 + 10 + auth.USE_RECORDED_EVERY)
+    assert (await store.list_tokens())[0].last_used_at == T0 + 10 + auth.USE_RECORDED_EVERY
+
+
+async def test_a_refused_token_records_no_use() -> None:
+    store, value = await issued()
+    token_id = value.split("_")[1]
+    with pytest.raises(WrongSecret):
+        await authenticate(store, f"Bearer tf_{token_id}_{'A' * 43}", now=T0 + 10)
+    await store.revoke_token(token_id, T0 + 20)
+    with pytest.raises(RevokedToken):
+        await authenticate(store, f"Bearer {value}", now=T0 + 30)
+    assert (await store.list_tokens())[0].last_used_at is None
+
+
+class NoWrites(MemoryStore):
+    async def record_token_use(self, token_id: str, at: float) -> None:
+        raise StoreUnavailable("the store is busy")
+
+
+async def test_a_use_that_cannot_be_recorded_is_logged_and_the_caller_let_in(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = NoWrites()
+    value = (await issue_token(store, name="ci", role=Role.VIEWER, now=T0)).value
+    assert (await authenticate(store, f"Bearer {value}", now=T0)).role is Role.VIEWER
+    token_id = value.split("_")[1]
+    assert f"cannot record the use of API token {token_id}: the store is busy" in caplog.text
 
 
 @pytest.mark.parametrize(

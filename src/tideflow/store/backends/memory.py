@@ -426,6 +426,11 @@ class MemoryStore(Store):
     async def list_tokens(self) -> list[ApiToken]:
         return sorted(self._tokens.values(), key=lambda t: (t.created_at, t.token_id))
 
+    async def record_token_use(self, token_id: str, at: float) -> None:
+        token = self._tokens.get(token_id)
+        if token is not None and (token.last_used_at is None or token.last_used_at < at):
+            self._tokens[token_id] = replace(token, last_used_at=at)
+
     async def revoke_token(self, token_id: str, at: float) -> bool:
         token = self._tokens.get(token_id)
         if token is None or token.revoked:

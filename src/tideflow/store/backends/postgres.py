@@ -457,6 +457,10 @@ class PostgresStore(LeaseAndInbox, Store):
             rows = await conn.fetch(Q["list_tokens"])
         return sb.tokens_from_rows([tuple(row) for row in rows])
 
+    async def record_token_use(self, token_id: str, at: float) -> None:
+        async with self._connection() as conn:
+            await conn.execute(Q["record_token_use"], at, token_id)
+
     async def revoke_token(self, token_id: str, at: float) -> bool:
         async with self._connection() as conn:
             return await conn.fetchval(Q["revoke_token"], at, token_id) is not None

@@ -573,6 +573,10 @@ class SqliteStore(Store):
         rows = await self._run(lambda: self.conn.execute(Q["list_tokens"]).fetchall())
         return sb.tokens_from_rows(rows)
 
+    async def record_token_use(self, token_id: str, at: float) -> None:
+        params = (at, token_id, at)
+        await self._run(self._transaction, lambda c: c.execute(Q["record_token_use"], params))
+
     async def revoke_token(self, token_id: str, at: float) -> bool:
         params = (at, token_id)
         return await self._run(self._transaction, lambda c: _changed(c, "revoke_token", params))
