@@ -257,11 +257,11 @@ class Unauthenticated(TideflowError):
 
 
 class MissingToken(Unauthenticated):
-    """No API token: send the header ``Authorization: Bearer tf_<id>_<secret>``."""
+    """No API token: send the header `Authorization: Bearer tf_<id>_<secret>`."""
 
 
 class MalformedToken(Unauthenticated):
-    """The credentials are not ``Bearer tf_<id>_<secret>``, as `tideflow tokens create`
+    """The credentials are not `Bearer tf_<id>_<secret>`, as `tideflow tokens create`
     prints them."""
 
 

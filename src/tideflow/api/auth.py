@@ -65,6 +65,8 @@ HASH_SCHEME = "sha256:"
 MAX_NAME_LENGTH = 200
 _TOKEN = re.compile(r"tf_(?P<id>[0-9a-f]{16})_(?P<secret>[A-Za-z0-9_-]{43})")
 """``secrets.token_urlsafe(32)`` is 43 characters of the URL-safe base64 alphabet."""
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9-]{0,19}")
+"""What is named back as the scheme a request used: a word, never a bare token."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,8 +123,9 @@ def parse_authorization(header: str | None) -> tuple[str, str]:
         raise MissingToken()
     scheme, _, credentials = header.strip().partition(" ")
     if scheme.lower() != "bearer":  # schemes are case-insensitive (RFC 9110, 11.1)
+        named = f"is {scheme!r}" if _SCHEME.fullmatch(scheme) else "is missing"
         raise MalformedToken(
-            f"the Authorization scheme is {scheme[:20]!r}, not Bearer: send "
+            f"the Authorization scheme {named}, not Bearer: send "
             "`Authorization: Bearer tf_<id>_<secret>`"
         )
     match = _TOKEN.fullmatch(credentials.strip())

@@ -81,6 +81,22 @@ async def test_no_token(header: str | None) -> None:
 
 
 @pytest.mark.parametrize(
+    ("header", "said"),
+    [
+        ("Basic dXNlcjpwYXNz", "the Authorization scheme is 'Basic', not Bearer"),
+        ("tf_0123456789abcdef_" + "A" * 43, "the Authorization scheme is missing, not Bearer"),
+        ("Bearer tf_0123", "not `Bearer tf_<id>_<secret>`"),
+    ],
+)
+async def test_a_malformed_token_says_what_is_wrong(header: str, said: str) -> None:
+    store, _ = await issued()
+    with pytest.raises(MalformedToken) as caught:
+        await authenticate(store, header)
+    assert said in caught.value.message
+    assert "A" * 10 not in caught.value.message
+
+
+@pytest.mark.parametrize(
     "mangle",
     [
         lambda v: v,  # no scheme at all

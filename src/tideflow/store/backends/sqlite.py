@@ -560,9 +560,7 @@ class SqliteStore(Store):
 
     async def create_token(self, token: ApiToken) -> None:
         row = sb.token_row(token)
-        if not await self._run(
-            self._transaction, lambda c: c.execute(Q["insert_token"], row).rowcount
-        ):
+        if not await self._run(self._transaction, lambda c: _changed(c, "insert_token", row)):
             raise sb.token_taken(token.token_id)
 
     async def get_token(self, token_id: str) -> ApiToken | None:
