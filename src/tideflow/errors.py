@@ -23,6 +23,13 @@
     │   ├── UnstorableData         a value the store cannot hold: writing it again fails again
     │   └── ConcurrencyConflict    another applier advanced the run first: reload and apply again
     ├── BusError                   a bus option, URL or partition claim is wrong, or the bus is down
+    ├── Unauthenticated            a request's credentials name no live API token (HTTP 401)
+    │   ├── MissingToken           no credentials at all
+    │   ├── MalformedToken         not ``Bearer tf_<id>_<secret>``
+    │   ├── UnknownToken           no token has the id
+    │   ├── RevokedToken           the token was revoked
+    │   └── WrongSecret            the id is a token's, the secret is not its secret
+    ├── Forbidden                  the token's role does not allow the action (HTTP 403)
     └── StepError                  raised *inside* a step; recorded in the run, not thrown out
         ├── ExpressionEvaluationError   an expression failed at run time
         ├── StepTimeout                 an attempt exceeded its `timeout` (type name `TimeoutError`)
@@ -243,6 +250,35 @@ class ConcurrencyConflict(StoreError):
 
 class BusError(TideflowError):
     """The bus refused a request (a bad option, a partition held elsewhere) or is not available."""
+
+
+class Unauthenticated(TideflowError):
+    """The request carries no valid API token."""
+
+
+class MissingToken(Unauthenticated):
+    """No API token: send the header `Authorization: Bearer tf_<id>_<secret>`."""
+
+
+class MalformedToken(Unauthenticated):
+    """The credentials are not `Bearer tf_<id>_<secret>`, as `tideflow tokens create`
+    prints them."""
+
+
+class UnknownToken(Unauthenticated):
+    """No API token has this id."""
+
+
+class RevokedToken(Unauthenticated):
+    """The API token was revoked: create another with `tideflow tokens create`."""
+
+
+class WrongSecret(Unauthenticated):
+    """The API token's secret does not match."""
+
+
+class Forbidden(TideflowError):
+    """The API token's role does not allow this action."""
 
 
 class EngineAlreadyRunning(TideflowError):

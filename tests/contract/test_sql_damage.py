@@ -107,8 +107,11 @@ async def test_older_schema_upgrades_only_when_allowed(
     assert (await upgraded.load_run("kept")).last_seq == 2  # run_started, task_started
 
 
-SCHEMA_4_ONLY = {"sqlite": [], "postgres": ["DROP FUNCTION tideflow_commit"]}
-"""What migration 4 added, per dialect (SQLite: nothing)."""
+AFTER_SCHEMA_3 = {
+    "sqlite": ["DROP TABLE api_tokens"],
+    "postgres": ["DROP FUNCTION tideflow_commit", "DROP TABLE api_tokens"],
+}
+"""What migrations 4 and 5 added, per dialect (migration 4 on SQLite: nothing)."""
 
 
 async def test_a_store_written_at_schema_3_upgrades_mid_run(sql_backend: Backend) -> None:
@@ -121,7 +124,7 @@ async def test_a_store_written_at_schema_3_upgrades_mid_run(sql_backend: Backend
     script = order_script(h)
     await driver.play(script[:4])
     await store.close()
-    for statement in SCHEMA_4_ONLY[sql_backend.name]:
+    for statement in AFTER_SCHEMA_3[sql_backend.name]:
         await sql_backend.raw(statement)
     await sql_backend.raw("DELETE FROM schema_version WHERE version > 3")
 

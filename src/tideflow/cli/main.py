@@ -6,7 +6,7 @@ run input that is not valid JSON or does not fit the input schema, a store that
 cannot be opened, or a run that is not in the store; 130 interrupted (Ctrl-C).
 
 Commands: `run`, `validate`, `graph`, `executors list`, `resume`, `runs …`
-(cli/runs.py, cli/resume.py) and `db …` (cli/db.py).
+(cli/runs.py, cli/resume.py), `db …` (cli/db.py) and `tokens …` (cli/tokens.py).
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from tideflow.cli.queues import queues_cmd
 from tideflow.cli.render import print_result
 from tideflow.cli.resume import resume_cmd
 from tideflow.cli.runs import runs_app
+from tideflow.cli.tokens import tokens_app
 from tideflow.cli.validate import definition_directory, graph_cmd, load_definition, validate_cmd
 from tideflow.errors import DefinitionConflict, InputValidationError, TideflowError
 from tideflow.model import storable
@@ -76,6 +77,7 @@ app.add_typer(executors_app, name="executors")
 app.add_typer(runs_app, name="runs")
 app.add_typer(db_app, name="db")
 app.add_typer(definitions_app, name="definitions")
+app.add_typer(tokens_app, name="tokens")
 app.command("resume")(resume_cmd)
 app.command("server")(server_cmd)
 app.command("worker")(worker_cmd)

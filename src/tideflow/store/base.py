@@ -48,6 +48,7 @@ from tideflow.model.commands import (
 from tideflow.model.events import Event, Transition
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
+from tideflow.model.tokens import ApiToken
 
 OUTBOX_COMMANDS = (RunFinished, StartChildRun, CancelChildRun, EmitEvent)
 """Commands kept in the outbox until relayed. The others (tasks, timers, task
@@ -390,6 +391,31 @@ class Store(ABC):
         when the backend has none (the runtime then listens on a socket of its own).
         Closing the store stops listening."""
         return None
+
+    # -- API tokens (their secrets' hashes only: model/tokens.py) ---------------------
+
+    @abstractmethod
+    async def create_token(self, token: ApiToken) -> None:
+        """Store a new token; StoreError when its id is taken (ids are random: never
+        in practice), and the row there is left as it is."""
+
+    @abstractmethod
+    async def get_token(self, token_id: str) -> ApiToken | None:
+        """The token with this id, revoked or not; None when there is none."""
+
+    @abstractmethod
+    async def list_tokens(self) -> list[ApiToken]:
+        """Every token, revoked ones too, oldest first (then by id)."""
+
+    @abstractmethod
+    async def record_token_use(self, token_id: str, at: float) -> None:
+        """Set the token's ``last_used_at`` to ``at`` unless it is already later (nothing
+        happens for an unknown id)."""
+
+    @abstractmethod
+    async def revoke_token(self, token_id: str, at: float) -> bool:
+        """Mark the token revoked at ``at``: True when it was live, False when there is no
+        such token or it was revoked already (its ``revoked_at`` is kept)."""
 
     @abstractmethod
     async def prune(

@@ -18,6 +18,7 @@ from tideflow.model import codec
 from tideflow.model.events import Event
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
+from tideflow.model.tokens import ApiToken, stored_role
 from tideflow.store.base import (
     AppliedEvent,
     HistoryEntry,
@@ -26,6 +27,7 @@ from tideflow.store.base import (
     RunFilter,
     RunPage,
     RunSummary,
+    StoreError,
     TaskLease,
     UnstorableData,
 )
@@ -254,6 +256,41 @@ def inbox_event(row: Sequence[Any]) -> Event:
     if not isinstance(data, dict):
         raise codec.StateFormatError(f"inbox event {event_id!r} is not a JSON object")
     return codec.event_from_data(data, run_id=run_id)
+
+
+def token_row(token: ApiToken) -> tuple[Any, ...]:
+    return (
+        token.token_id,
+        token.name,
+        token.role.value,
+        token.secret_hash,
+        token.created_at,
+        token.revoked_at,
+        token.last_used_at,
+    )
+
+
+def token_from_row(row: Sequence[Any] | None) -> ApiToken | None:
+    if row is None:
+        return None
+    token_id, name, role, secret_hash, created_at, revoked_at, last_used_at = row
+    return ApiToken(
+        token_id=str(token_id),
+        name=str(name),
+        role=stored_role(str(token_id), str(role)),
+        secret_hash=str(secret_hash),
+        created_at=float(created_at),
+        revoked_at=None if revoked_at is None else float(revoked_at),
+        last_used_at=None if last_used_at is None else float(last_used_at),
+    )
+
+
+def tokens_from_rows(rows: Sequence[Sequence[Any]]) -> list[ApiToken]:
+    return [token for token in map(token_from_row, rows) if token is not None]
+
+
+def token_taken(token_id: str) -> StoreError:
+    return StoreError(f"token id {token_id!r} is taken")
 
 
 def plan_label(plan_hash: str, name: str | None, version: str | None) -> str:

@@ -28,6 +28,7 @@ from tideflow.model.events import ErrorInfo, Event, Transition
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
 from tideflow.model.states import RUN_TERMINAL
+from tideflow.model.tokens import ApiToken
 from tideflow.model.versions import latest
 from tideflow.store import sqlbase as sb
 from tideflow.store.base import (
@@ -121,6 +122,7 @@ class MemoryStore(Store):
         self._leases: dict[str, Lease] = {}
         self._inbox: dict[str, Event] = {}
         self._inbox_listeners: list[InboxListener] = []
+        self._tokens: dict[str, ApiToken] = {}
 
     async def save_definition(self, plan: Plan) -> bool:
         key = (plan.name, plan.version)
@@ -412,6 +414,29 @@ class MemoryStore(Store):
     async def listen_inbox(self, listener: InboxListener) -> str | None:
         self._inbox_listeners.append(listener)
         return "memory:"
+
+    async def create_token(self, token: ApiToken) -> None:
+        if token.token_id in self._tokens:
+            raise sb.token_taken(token.token_id)
+        self._tokens[token.token_id] = token
+
+    async def get_token(self, token_id: str) -> ApiToken | None:
+        return self._tokens.get(token_id)
+
+    async def list_tokens(self) -> list[ApiToken]:
+        return sorted(self._tokens.values(), key=lambda t: (t.created_at, t.token_id))
+
+    async def record_token_use(self, token_id: str, at: float) -> None:
+        token = self._tokens.get(token_id)
+        if token is not None and (token.last_used_at is None or token.last_used_at < at):
+            self._tokens[token_id] = replace(token, last_used_at=at)
+
+    async def revoke_token(self, token_id: str, at: float) -> bool:
+        token = self._tokens.get(token_id)
+        if token is None or token.revoked:
+            return False
+        self._tokens[token_id] = replace(token, revoked_at=at)
+        return True
 
     async def prune(
         self, older_than: float, *, batch_size: int = 500, archive: Archive | None = None

@@ -29,6 +29,7 @@ import asyncpg  # type: ignore[import-untyped]
 from tideflow.errors import NotFound
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
+from tideflow.model.tokens import ApiToken
 from tideflow.model.versions import latest
 from tideflow.store import sqlbase as sb
 from tideflow.store.backends.postgres_inbox import DRIVER_ERRORS, LeaseAndInbox
@@ -437,6 +438,32 @@ class PostgresStore(LeaseAndInbox, Store):
         async with self._connection() as conn:
             rows = await conn.fetch(Q["expired_tasks"], before, limit)
         return [sb.task_lease(tuple(row)) for row in rows]
+
+    # -- API tokens ------------------------------------------------------------------
+
+    async def create_token(self, token: ApiToken) -> None:
+        async with self._connection() as conn:
+            inserted = await conn.fetchval(Q["insert_token"], *sb.token_row(token))
+        if inserted is None:
+            raise sb.token_taken(token.token_id)
+
+    async def get_token(self, token_id: str) -> ApiToken | None:
+        async with self._connection() as conn:
+            row = await conn.fetchrow(Q["get_token"], token_id)
+        return sb.token_from_row(None if row is None else tuple(row))
+
+    async def list_tokens(self) -> list[ApiToken]:
+        async with self._connection() as conn:
+            rows = await conn.fetch(Q["list_tokens"])
+        return sb.tokens_from_rows([tuple(row) for row in rows])
+
+    async def record_token_use(self, token_id: str, at: float) -> None:
+        async with self._connection() as conn:
+            await conn.execute(Q["record_token_use"], at, token_id)
+
+    async def revoke_token(self, token_id: str, at: float) -> bool:
+        async with self._connection() as conn:
+            return await conn.fetchval(Q["revoke_token"], at, token_id) is not None
 
     async def prune(
         self, older_than: float, *, batch_size: int = 500, archive: Archive | None = None

@@ -35,6 +35,7 @@ from tideflow.errors import NotFound
 from tideflow.model.events import Event
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
+from tideflow.model.tokens import ApiToken
 from tideflow.model.versions import latest
 from tideflow.store import sqlbase as sb
 from tideflow.store.backends.sqlite_checkpoints import WRITER_PAGES, Checkpointer
@@ -554,6 +555,29 @@ class SqliteStore(Store):
     async def remove_from_inbox(self, event_ids: Sequence[str]) -> None:
         params = [(event_id,) for event_id in event_ids]
         await self._run(self._transaction, lambda c: c.executemany(Q["delete_inbox"], params))
+
+    # -- API tokens ------------------------------------------------------------------
+
+    async def create_token(self, token: ApiToken) -> None:
+        row = sb.token_row(token)
+        if not await self._run(self._transaction, lambda c: _changed(c, "insert_token", row)):
+            raise sb.token_taken(token.token_id)
+
+    async def get_token(self, token_id: str) -> ApiToken | None:
+        row = await self._run(lambda: self.conn.execute(Q["get_token"], (token_id,)).fetchone())
+        return sb.token_from_row(row)
+
+    async def list_tokens(self) -> list[ApiToken]:
+        rows = await self._run(lambda: self.conn.execute(Q["list_tokens"]).fetchall())
+        return sb.tokens_from_rows(rows)
+
+    async def record_token_use(self, token_id: str, at: float) -> None:
+        params = (at, token_id, at)
+        await self._run(self._transaction, lambda c: c.execute(Q["record_token_use"], params))
+
+    async def revoke_token(self, token_id: str, at: float) -> bool:
+        params = (at, token_id)
+        return await self._run(self._transaction, lambda c: _changed(c, "revoke_token", params))
 
     async def prune(
         self, older_than: float, *, batch_size: int = 500, archive: Archive | None = None

@@ -238,3 +238,23 @@ DELETE FROM inbox WHERE event_id = ANY($1::text[]);
 -- name: commit_batch
 -- A whole batch in one statement (tideflow_commit, migration 0004): one round trip.
 SELECT tideflow_commit($1::jsonb);
+
+-- name: insert_token
+INSERT INTO api_tokens (token_id, name, role, secret_hash, created_at, revoked_at, last_used_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (token_id) DO NOTHING RETURNING token_id;
+
+-- name: get_token
+SELECT token_id, name, role, secret_hash, created_at, revoked_at, last_used_at
+FROM api_tokens WHERE token_id = $1;
+
+-- name: list_tokens
+SELECT token_id, name, role, secret_hash, created_at, revoked_at, last_used_at
+FROM api_tokens ORDER BY created_at, token_id;
+
+-- name: revoke_token
+UPDATE api_tokens SET revoked_at = $1 WHERE token_id = $2 AND revoked_at IS NULL
+RETURNING token_id;
+
+-- name: record_token_use
+UPDATE api_tokens SET last_used_at = $1
+WHERE token_id = $2 AND (last_used_at IS NULL OR last_used_at < $1);

@@ -181,3 +181,22 @@ SELECT event_id, run_id, event FROM inbox ORDER BY created_at, event_id LIMIT ?;
 
 -- name: delete_inbox
 DELETE FROM inbox WHERE event_id = ?;
+
+-- name: insert_token
+INSERT INTO api_tokens (token_id, name, role, secret_hash, created_at, revoked_at, last_used_at)
+VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (token_id) DO NOTHING;
+
+-- name: get_token
+SELECT token_id, name, role, secret_hash, created_at, revoked_at, last_used_at
+FROM api_tokens WHERE token_id = ?;
+
+-- name: list_tokens
+SELECT token_id, name, role, secret_hash, created_at, revoked_at, last_used_at
+FROM api_tokens ORDER BY created_at, token_id;
+
+-- name: revoke_token
+UPDATE api_tokens SET revoked_at = ? WHERE token_id = ? AND revoked_at IS NULL;
+
+-- name: record_token_use
+UPDATE api_tokens SET last_used_at = ?
+WHERE token_id = ? AND (last_used_at IS NULL OR last_used_at < ?);
