@@ -66,6 +66,15 @@ ERRORS: Mapping[type[TideflowError], tuple[int, str]] = {
     errors.BadCursor: (422, "bad-cursor"),
     errors.UnstorableData: (422, "unstorable-data"),
     errors.NotFound: (404, "not-found"),
+    # credentials: every way a token can fail is one 401 (which way is for the log: telling
+    # a caller that an id exists helps an attacker); a role short of the action is 403
+    errors.Unauthenticated: (401, "unauthenticated"),
+    errors.MissingToken: (401, "unauthenticated"),
+    errors.MalformedToken: (401, "unauthenticated"),
+    errors.UnknownToken: (401, "unauthenticated"),
+    errors.RevokedToken: (401, "unauthenticated"),
+    errors.WrongSecret: (401, "unauthenticated"),
+    errors.Forbidden: (403, "forbidden"),
     # the request conflicts with what is stored
     errors.DefinitionConflict: (409, "definition-conflict"),
     errors.RunNotRetryable: (409, "run-not-retryable"),
