@@ -40,7 +40,7 @@ from tideflow.model import storable
 from tideflow.model.events import CancelRequested, Event, RunRetried, RunStarted, SignalReceived
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
-from tideflow.model.states import RunStatus
+from tideflow.model.states import RunStatus, SignalOutcome
 from tideflow.runtime.catalog import started_event
 from tideflow.runtime.result import RunResult, result_of
 from tideflow.runtime.signals import refuse_undeclared_signal
@@ -199,8 +199,10 @@ class Client:
 
     async def signal(
         self, run_id: str, name: str, payload: Any = None, *, signal_id: str | None = None
-    ) -> None:
-        """Send a signal to a run; a `wait` for ``name`` whose `match` holds receives it.
+    ) -> SignalOutcome:
+        """Send a signal to a run; a `wait` for ``name`` whose `match` holds receives it,
+        now or, if it comes later, within its ``buffer``. A ``signal_id`` sent again is
+        applied once. ``UNMATCHED`` (nothing sent) when the run has ended.
 
         ``UnknownSignal`` when no `wait` step of the run's plan waits for ``name``;
         ``InputValidationError`` for a payload that cannot be stored."""
@@ -210,6 +212,8 @@ class Client:
             raise InputValidationError(exc.message) from None
         state = await self._link.state(run_id)
         refuse_undeclared_signal(await self._catalog.plans.get(state.plan_hash), run_id, name)
+        if state.is_terminal:
+            return SignalOutcome.UNMATCHED
         event = SignalReceived(
             event_id=signal_id or self._new_id(),
             run_id=run_id,
@@ -218,6 +222,7 @@ class Client:
             payload=payload,
         )
         await self._link.deliver([event])
+        return SignalOutcome.DELIVERED
 
     async def cancel(self, run_id: str, reason: str = "cancelled on request") -> RunStatus:
         """Ask a pending or running run to stop; return its status as it was asked (a run

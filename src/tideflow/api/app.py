@@ -39,7 +39,7 @@ from tideflow.api.models import (
 )
 from tideflow.api.problems import Problem
 from tideflow.client import Client
-from tideflow.model.states import RunStatus
+from tideflow.model.states import RunStatus, SignalOutcome
 from tideflow.store.base import RunFilter
 
 __all__ = ["create_app"]
@@ -202,8 +202,11 @@ def _run_routes(app: FastAPI, client: Client) -> None:
         return RunStatusView(run_id=run_id, status=await client.retry(run_id, reason))
 
     @app.post("/runs/{run_id}/signals", status_code=202, tags=["runs"])
-    async def signal_run(run_id: str, body: SendSignal) -> SignalSent:
-        """Send a signal; a `wait` for ``name`` whose `match` holds receives it. 422 when
-        no `wait` of the run's workflow waits for ``name``."""
-        await client.signal(run_id, body.name, body.payload, signal_id=body.signal_id)
-        return SignalSent(run_id=run_id, name=body.name, signal_id=body.signal_id)
+    async def signal_run(run_id: str, body: SendSignal, response: Response) -> SignalSent:
+        """Send a signal (202); a `wait` for ``name`` whose `match` holds receives it, now
+        or within its ``buffer``. 200 with status `unmatched`, changing nothing, when the
+        run has ended; 422 when no `wait` of the run's workflow waits for ``name``."""
+        outcome = await client.signal(run_id, body.name, body.payload, signal_id=body.signal_id)
+        if outcome is SignalOutcome.UNMATCHED:
+            response.status_code = 200
+        return SignalSent(run_id=run_id, name=body.name, signal_id=body.signal_id, status=outcome)

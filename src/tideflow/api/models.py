@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tideflow.model.plan import Plan
+from tideflow.model.states import SignalOutcome
 from tideflow.runtime.result import RunResult
 from tideflow.store.base import DefinitionSummary, HistoryEntry, RunPage, RunSummary
 
@@ -174,3 +175,6 @@ class SignalSent(BaseModel):
     run_id: str
     name: str
     signal_id: str | None
+    status: SignalOutcome = Field(
+        description="`delivered`, or `unmatched` when the run has ended (nothing changed)"
+    )

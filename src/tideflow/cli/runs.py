@@ -250,13 +250,23 @@ def signal_cmd(
         str | None,
         typer.Option("--payload", "-p", help="The signal's payload: JSON text, or @file.json."),
     ] = None,
+    signal_id: Annotated[
+        str | None,
+        typer.Option(
+            "--signal-id",
+            help="An id for this signal (such as the event id of the webhook it comes "
+            "from): the same id sent again is applied once. Default: a new id.",
+            show_default=False,
+        ),
+    ] = None,
     store: StoreOption = DEFAULT_STORE,
     bus: BusOption = None,
 ) -> None:
     """Send a signal to a run.
 
     A `wait` for NAME whose `match` holds takes it (else it is kept for a later
-    wait). When an engine runs on the store (`tideflow run` or `resume` in
+    wait, for as long as that wait's `buffer` says). With --signal-id, a second
+    send of the same id (a retried delivery) changes nothing. When an engine runs on the store (`tideflow run` or `resume` in
     another shell), the signal goes to it and the steps it unlocks run at once;
     otherwise it is recorded in the store and they run on the next
     `tideflow resume` or `tideflow runs resume RUN`. Exit 1 when the run had already ended; exit 2
@@ -266,14 +276,17 @@ def signal_cmd(
     Examples:
       tideflow runs signal 3f2a9c... approval --payload '{"approved": true, "by": "kim"}'
       tideflow runs signal 3f2a9c... approval -p @answer.json
+      tideflow runs signal 3f2a9c... paid -p @event.json --signal-id evt_1Nx2
     """
     value = parse_json_option(payload, "--payload")
+    if signal_id is not None and not signal_id.strip():
+        raise fail_usage("--signal-id cannot be empty: leave it out for a new id")
     applied = run_async(
         _apply(
             store,
             bus,
             run_id,
-            lambda client: client.signal(run_id, name, value),
+            lambda client: client.signal(run_id, name, value, signal_id=signal_id),
             "signal",
             SIGNALLABLE,
         )

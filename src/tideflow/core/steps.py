@@ -6,7 +6,9 @@ sleep, map, loop, subflow, emit) are decided here without a worker.
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +23,7 @@ from tideflow.model import storable
 from tideflow.model.commands import EmitEvent
 from tideflow.model.events import ChildRunFinished, SignalReceived
 from tideflow.model.expressions import Expression
-from tideflow.model.plan import StepSpec
+from tideflow.model.plan import Plan, StepSpec
 from tideflow.model.run import BufferedSignal, ScopeState, StepState
 from tideflow.model.states import STEP_TERMINAL, RunStatus, StepStatus
 
@@ -98,6 +100,8 @@ def _start_wait(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, Any]
     assert wait is not None
     d.set_step(st, _WAITING, f"waiting for signal '{wait.signal}'")
     state = d.state
+    if state.signals:
+        _drop_expired_signals(d)
     for buffered in state.signals:
         if buffered.name == wait.signal and _matches(d, st, buffered.payload):
             state.signals.remove(buffered)
@@ -131,12 +135,38 @@ def on_signal(d: Decider, event: SignalReceived) -> None:
         return
     state.seen_signals.add(event.event_id)
     d.touched = True
-    if not deliver_signal(d, event.name, event.payload) and event.buffer:
+    if state.signals:
+        _drop_expired_signals(d)
+    if deliver_signal(d, event.name, event.payload) or not event.buffer:
+        return
+    if signal_buffers(d.plan).get(event.name, 0.0) > 0:
         state.signals.append(
             BufferedSignal(
                 event_id=event.event_id, name=event.name, payload=event.payload, time=d.now
             )
         )
+
+
+@functools.lru_cache(maxsize=256)
+def signal_buffers(plan: Plan) -> Mapping[str, float]:
+    """Seconds a signal no wait takes is kept, by name: the longest ``buffer`` of the
+    plan's waits for that name (0: dropped)."""
+    buffers: dict[str, float] = {}
+    for spec in plan.specs.values():
+        if spec.wait is not None:
+            name = spec.wait.signal
+            buffers[name] = max(buffers.get(name, 0.0), spec.wait.buffer)
+    return buffers
+
+
+def _drop_expired_signals(d: Decider) -> None:
+    """Forget the buffered signals kept longer than their ``buffer`` (the run's clock is
+    the event's time, so this is as deterministic as the rest of ``decide``)."""
+    buffers = signal_buffers(d.plan)
+    now = d.now
+    d.state.signals[:] = [
+        kept for kept in d.state.signals if now - kept.time <= buffers.get(kept.name, 0.0)
+    ]
 
 
 def deliver_signal(d: Decider, name: str, payload: Any) -> bool:

@@ -246,6 +246,11 @@ class _Normaliser:
         if "match" in raw:
             out["match"] = canonical_expression(raw["match"])
         out["timeout_action"] = raw.get("timeout_action", "fail")
+        if "buffer" in raw:
+            out["buffer"] = _buffer(raw["buffer"])
+        elif "buffer" in self.defaults:
+            out["buffer"] = _buffer(self.defaults["buffer"])
+            self.links[(*path, "buffer")] = ("defaults", "buffer")
 
     def engine_sleep(self, raw: Mapping[str, Any], path: DataPath, out: dict[str, Any]) -> None:
         if "duration" in raw:
@@ -312,6 +317,11 @@ def _canonical_retry(merged: Mapping[str, Any]) -> dict[str, Any] | None:
     policy["multiplier"] = float(policy["multiplier"])
     policy["retry_on"] = sorted(set(policy["retry_on"]))
     return {key: value for key, value in policy.items() if _RETRY_DEFAULTS.get(key, ...) != value}
+
+
+def _buffer(value: Any) -> float:
+    """A `wait`'s ``buffer`` in seconds: ``false`` drops early signals (0)."""
+    return 0.0 if value is False else parse_duration(value)
 
 
 def _drop_defaults(step: dict[str, Any]) -> dict[str, Any]:

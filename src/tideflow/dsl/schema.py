@@ -28,6 +28,7 @@ from tideflow.dsl.schema_values import (
     anything,
     article,
     boolean,
+    buffer_duration,
     check_keys,
     describe,
     enum,
@@ -412,7 +413,8 @@ ACTION_ONLY_KEYS: Mapping[str, str] = {
 _DEFAULTS_FIELDS: Mapping[str, Validator] = {
     key: {**_COMMON_FIELDS, **_ACTION_FIELDS}[key]
     for key in ("retry", "timeout", "schedule_to_start", "queue", "priority")
-}
+} | {"buffer": buffer_duration}
+"""``buffer`` applies to `wait` steps only; the others to action steps."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -436,6 +438,7 @@ ENGINE_KINDS: Mapping[str, EngineKind] = {
             "signal": nonempty_string,
             "match": expression,
             "timeout_action": enum("fail", "continue"),
+            "buffer": buffer_duration,
         },
         ("signal",),
     ),

@@ -170,6 +170,27 @@ def duration(*, allow_zero: bool) -> Validator:
 positive_duration = duration(allow_zero=False)
 any_duration = duration(allow_zero=True)
 
+BUFFER_HINT = (
+    "give how long a signal that arrives before its wait is kept, such as 10m or 1h, "
+    "or false to drop it"
+)
+
+
+def buffer_duration(check: Check, value: Any, path: DataPath) -> None:
+    """A `wait`'s ``buffer``: a duration (zero or more), or ``false``."""
+    if value is False:
+        return
+    if value is True:
+        check.error(path, "buffer: true is not a duration", BUFFER_HINT)
+        return
+    try:
+        seconds = parse_duration(value)
+    except ValueError:
+        check.error(path, f"buffer is not a valid duration: {value!r}", BUFFER_HINT)
+        return
+    if seconds < 0:
+        check.error(path, f"buffer must be zero or more, got {value!r}", BUFFER_HINT)
+
 
 def string_list(what: str) -> Validator:
     def validate(check: Check, value: Any, path: DataPath) -> None:

@@ -13,6 +13,7 @@ from tideflow.dsl.graph import TOP, StepEntry, StepIndex, build_graph
 from tideflow.dsl.loader import Reporter
 from tideflow.model.expressions import Template
 from tideflow.model.plan import (
+    DEFAULT_SIGNAL_BUFFER,
     NO_RETRY,
     Backoff,
     Compensation,
@@ -158,6 +159,7 @@ def _wait(data: Mapping[str, Any], parts: Mapping[str, Any], index: StepIndex) -
         match=parts.get("match"),
         timeout=data.get("timeout"),
         timeout_action=data.get("timeout_action", "fail"),
+        buffer=data.get("buffer", DEFAULT_SIGNAL_BUFFER),
     )
 
 

@@ -16,6 +16,9 @@ from typing import Any, Literal
 
 from tideflow.model.expressions import Expression, Template
 
+DEFAULT_SIGNAL_BUFFER = 24 * 3600.0
+"""Seconds a `wait` without ``buffer`` keeps a signal that arrives before it starts."""
+
 ENGINE_TYPES = frozenset({"set", "switch", "wait", "sleep", "map", "loop", "subflow", "emit"})
 
 
@@ -99,6 +102,9 @@ class WaitSpec:
     match: Expression | None = None
     timeout: float | None = None
     timeout_action: Literal["fail", "continue"] = "fail"
+    buffer: float = DEFAULT_SIGNAL_BUFFER
+    """Seconds a signal for ``signal`` that arrives while no wait takes it is kept for a
+    wait that starts later (0: dropped)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

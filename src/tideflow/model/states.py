@@ -54,6 +54,15 @@ class StepStatus(StrEnum):
     CANCELLED = "cancelled"
 
 
+class SignalOutcome(StrEnum):
+    """What became of a signal sent to one run."""
+
+    DELIVERED = "delivered"
+    """Sent to the run: a wait whose match holds takes it, now or (buffered) later."""
+    UNMATCHED = "unmatched"
+    """The run has ended: nothing was sent and nothing changed."""
+
+
 RUN_TERMINAL = frozenset(
     {
         RunStatus.SUCCEEDED,

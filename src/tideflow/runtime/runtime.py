@@ -32,7 +32,7 @@ from tideflow.model import storable
 from tideflow.model.events import Event, TaskStarted
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
-from tideflow.model.states import RunStatus
+from tideflow.model.states import RunStatus, SignalOutcome
 from tideflow.runtime.catalog import Catalog
 from tideflow.runtime.clock import Clock, SystemClock
 from tideflow.runtime.delivery import deliver
@@ -316,13 +316,14 @@ class Runtime:
 
     async def signal(
         self, run_id: str, name: str, payload: Any = None, *, signal_id: str | None = None
-    ) -> None:
-        """Send a signal to a run; a `wait` for ``name`` whose `match` holds receives it.
+    ) -> SignalOutcome:
+        """Send a signal to a run; a `wait` for ``name`` whose `match` holds receives it
+        (``UNMATCHED``, changing nothing, when the run has ended).
 
         ``UnknownSignal`` when no `wait` step of the run's plan waits for ``name``
         (runtime/signals.py); ``InputValidationError`` for a payload that cannot be stored."""
         self._require_started()
-        await self.client.signal(run_id, name, payload, signal_id=signal_id)
+        return await self.client.signal(run_id, name, payload, signal_id=signal_id)
 
     async def cancel(self, run_id: str, reason: str = "cancelled on request") -> RunStatus:
         """Ask a pending or running run to stop; return its status as it was asked.

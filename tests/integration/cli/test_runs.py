@@ -254,3 +254,44 @@ def test_a_signal_no_wait_of_the_run_takes_is_refused_with_exit_2(workdir: Workd
     )
     after = stdout_json(invoke("runs", "history", run_id, "--json", "--store", workdir.store))
     assert after == before
+
+
+TWO_WAITS = """
+name: twice
+version: "1"
+steps:
+  - {id: ask, type: wait, signal: approve}
+  - {id: confirm, type: wait, signal: approve, depends_on: [ask]}
+"""
+
+
+def test_a_signal_sent_again_with_its_signal_id_is_applied_once(workdir: Workdir) -> None:
+    flow = workdir.path / "twice.yaml"
+    flow.write_text(TWO_WAITS, encoding="utf-8")
+    (run_id,) = waiting_runs(workdir.store, 1, flow)
+
+    def signal(signal_id: str, n: int) -> None:
+        sent = invoke(
+            "runs", "signal", run_id, "approve", "-p", json.dumps({"n": n}),
+            "--signal-id", signal_id, "--store", workdir.store,
+        )  # fmt: skip
+        assert sent.exit_code == 0, sent.stderr
+
+    signal("evt-1", 1)
+    signal("evt-1", 2)  # a redelivery: changes nothing
+    resumed = invoke("resume", "--json", "--timeout", "0.5", "--store", workdir.store)
+    (run,) = stdout_json(resumed)["runs"]
+    assert run["steps"]["ask"]["output"] == {"n": 1}
+    assert run["steps"]["confirm"]["status"] == "waiting"
+
+    signal("evt-2", 3)
+    resumed = invoke("runs", "resume", run_id, "--json", "--store", workdir.store)
+    assert resumed.exit_code == 0, resumed.stderr
+    assert stdout_json(resumed)["steps"]["confirm"]["output"] == {"n": 3}
+
+
+def test_an_empty_signal_id_is_refused(workdir: Workdir) -> None:
+    (run_id,) = waiting_runs(workdir.store, 1, workdir.path / "wait.yaml")
+    sent = invoke("runs", "signal", run_id, "approve", "--signal-id", " ", "--store", workdir.store)
+    assert sent.exit_code == 2
+    assert "--signal-id cannot be empty" in sent.stderr

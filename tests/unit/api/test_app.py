@@ -195,9 +195,13 @@ async def test_start_a_run_signal_it_and_read_it(rt: Runtime, api: httpx.AsyncCl
         f"/runs/{run_id}/signals", json={"name": "go", "payload": {"ok": 1}, "signal_id": "s1"}
     )
     assert sent.status_code == 202, sent.text
-    assert sent.json() == {"run_id": run_id, "name": "go", "signal_id": "s1"}
+    assert sent.json() == {"run_id": run_id, "name": "go", "signal_id": "s1", "status": "delivered"}
     result = await rt.client.wait(run_id, 10)
     assert result.output == {"ok": 1}
+    late = await api.post(f"/runs/{run_id}/signals", json={"name": "go", "payload": {"ok": 2}})
+    assert late.status_code == 200, late.text
+    assert late.json()["status"] == "unmatched"
+    assert (await rt.client.wait(run_id, 10)).output == {"ok": 1}
     history = (await api.get(f"/runs/{run_id}/history")).json()
     kinds = [e["kind"] for e in history["entries"]]
     assert history["run_id"] == run_id
