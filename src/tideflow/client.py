@@ -29,21 +29,23 @@ import asyncio
 import builtins
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from tideflow.core.reopen import RETRYABLE
-from tideflow.errors import InputValidationError, RunNotRetryable, StepError
+from tideflow.errors import DefinitionInactive, InputValidationError, RunNotRetryable, StepError
 from tideflow.model import storable
 from tideflow.model.events import CancelRequested, Event, RunRetried, RunStarted, SignalReceived
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
 from tideflow.model.states import RunStatus, SignalOutcome
+from tideflow.model.versions import version_key
 from tideflow.runtime.catalog import started_event
 from tideflow.runtime.result import RunResult, result_of
 from tideflow.runtime.signals import refuse_undeclared_signal
+from tideflow.runtime.triggers import Triggered, start_triggered
 from tideflow.store.base import (
     DefinitionSummary,
     HistoryEntry,
@@ -157,9 +159,20 @@ class Client:
         return await self.store.list_definitions(name)
 
     async def definition(self, name: str, version: str | None = None) -> Plan:
-        """A registered definition by name and version (the highest when no version is
-        given); ``NotFound``."""
-        return await self.store.get_definition(name, version)
+        """A registered definition by name and version (the highest active one when no
+        version is given, or the highest of all when every version is deactivated);
+        ``NotFound``."""
+        try:
+            return await self.store.get_definition(name, version)
+        except DefinitionInactive:
+            versions = [d.version for d in await self.store.list_definitions(name)]
+            return await self.store.get_definition(name, max(versions, key=version_key))
+
+    async def activate(self, name: str, version: str, active: bool = True) -> bool:
+        """Activate (or, with ``active=False``, deactivate) a registered version: whether
+        that changed anything; ``NotFound``. A deactivated version starts no new run (by
+        name, by version, or from an event); its runs go on."""
+        return await self.store.set_definition_active(name, version, active)
 
     async def start(
         self,
@@ -196,6 +209,12 @@ class Client:
         if state is not None:
             await self._link.start_run(state, started_event(state, self._clock.now()))
         return stored_id, state is not None
+
+    async def trigger(self, event: Mapping[str, Any], *, key: str) -> builtins.list[Triggered]:
+        """Start a run of each workflow whose active version has a trigger on the event's
+        ``type`` that matches it (runtime/triggers.py); ``key`` identifies the event, so
+        the same key again starts nothing new. What became of each such workflow."""
+        return await start_triggered(self, event, key)
 
     async def signal(
         self, run_id: str, name: str, payload: Any = None, *, signal_id: str | None = None

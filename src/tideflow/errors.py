@@ -11,6 +11,7 @@
     ├── NotFound                   an unknown run, definition or step
     ├── RunNotRetryable            a retry of a run that is not failed or timed out
     ├── DefinitionConflict         (name, version) already registered with other content
+    ├── DefinitionInactive         the version asked for is deactivated: it starts no run
     ├── RuntimeNotStarted          a Runtime used before ``start()`` / ``async with``
     ├── EngineError                a run's event could not be applied or stored: the run failed
     ├── EngineAlreadyRunning       another live engine holds the store's lease
@@ -146,6 +147,10 @@ class RunNotRetryable(TideflowError):
 
 class DefinitionConflict(TideflowError):
     """A definition with this name and version is already registered with other content."""
+
+
+class DefinitionInactive(TideflowError):
+    """The definition version asked for is deactivated: it starts no new run."""
 
 
 class UnknownSignal(TideflowError):

@@ -151,3 +151,8 @@ async def loaded_state(store: Store, plan: Plan, run_id: str) -> RunState:
 
 def same_state(a: RunState, b: RunState) -> bool:
     return codec.state_to_data(a) == codec.state_to_data(b)
+
+
+UNDO_SCHEMA_6 = ("DROP TABLE definition_triggers", "ALTER TABLE definitions DROP COLUMN active")
+"""What migration 6 added (the same on SQLite and PostgreSQL), to make a store as an older
+tideflow left it."""

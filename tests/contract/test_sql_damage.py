@@ -16,7 +16,15 @@ from tideflow.store.sqlfiles import Migration, migrations
 
 from .conftest import Backend
 from .conftest import sqlite_backend as make_sqlite_backend
-from .scenarios import Driver, loaded_state, order_plan, order_script, same_state, short_plan
+from .scenarios import (
+    UNDO_SCHEMA_6,
+    Driver,
+    loaded_state,
+    order_plan,
+    order_script,
+    same_state,
+    short_plan,
+)
 
 MODULES = {"sqlite": sqlite_backend, "postgres": postgres_backend}
 
@@ -108,10 +116,10 @@ async def test_older_schema_upgrades_only_when_allowed(
 
 
 AFTER_SCHEMA_3 = {
-    "sqlite": ["DROP TABLE api_tokens"],
-    "postgres": ["DROP FUNCTION tideflow_commit", "DROP TABLE api_tokens"],
+    "sqlite": [*UNDO_SCHEMA_6, "DROP TABLE api_tokens"],
+    "postgres": [*UNDO_SCHEMA_6, "DROP FUNCTION tideflow_commit", "DROP TABLE api_tokens"],
 }
-"""What migrations 4 and 5 added, per dialect (migration 4 on SQLite: nothing)."""
+"""What migrations 4 to 6 added, per dialect (migration 4 on SQLite: nothing)."""
 
 
 async def test_a_store_written_at_schema_3_upgrades_mid_run(sql_backend: Backend) -> None:

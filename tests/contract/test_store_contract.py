@@ -7,9 +7,10 @@ from typing import Any
 import pytest
 
 from tideflow.dsl import compile_definition
-from tideflow.errors import DefinitionConflict, NotFound
+from tideflow.errors import DefinitionConflict, DefinitionInactive, NotFound
 from tideflow.model import codec
 from tideflow.model.events import SignalReceived
+from tideflow.model.plan import Plan
 from tideflow.model.run import new_run_state
 from tideflow.model.states import RunStatus
 from tideflow.store.base import (
@@ -78,6 +79,57 @@ async def test_list_definitions(store: Store) -> None:
     assert names == sorted(names)
     assert all(d.created_at > 0 for d in listed)
     assert [d.version for d in await store.list_definitions("greet")] == ["1", "2"]
+
+
+async def test_a_deactivated_version_is_passed_over_by_name_and_kept_by_version(
+    store: Store,
+) -> None:
+    plans = {v: versioned(v) for v in ("1", "2", "3")}
+    for plan in plans.values():
+        await store.save_definition(plan)
+    assert await store.set_definition_active("greet", "3", False) is True
+    assert await store.set_definition_active("greet", "3", False) is False
+    assert (await store.get_definition("greet")).hash == plans["2"].hash
+    assert (await store.get_definition("greet", "3")).hash == plans["3"].hash
+    active = {d.version: d.active for d in await store.list_definitions("greet")}
+    assert active == {"1": True, "2": True, "3": False}
+    for version in ("1", "2"):
+        await store.set_definition_active("greet", version, False)
+    with pytest.raises(DefinitionInactive, match=r"every version of 'greet' is deactivated"):
+        await store.get_definition("greet")
+    assert await store.set_definition_active("greet", "1", True) is True
+    assert (await store.get_definition("greet")).hash == plans["1"].hash
+    with pytest.raises(NotFound, match="greet"):
+        await store.set_definition_active("greet", "9", True)
+
+
+def triggered(version: str, *events: str) -> Plan:
+    return compile_definition(
+        {
+            "name": "on-event",
+            "version": version,
+            "triggers": [{"event": e} for e in events],
+            "steps": [{"id": "a", "type": "noop"}],
+        }
+    )
+
+
+async def test_definitions_are_found_by_the_event_types_they_are_triggered_by(
+    store: Store,
+) -> None:
+    await store.save_definition(triggered("1", "order.paid", "order.paid", "order.refunded"))
+    await store.save_definition(triggered("2", "order.paid"))
+    await store.save_definition(versioned("1"))
+    paid = await store.triggered_by("order.paid")
+    assert [(d.name, d.version, d.active) for d in paid] == [
+        ("on-event", "1", True),
+        ("on-event", "2", True),
+    ]
+    assert [d.version for d in await store.triggered_by("order.refunded")] == ["1"]
+    assert await store.triggered_by("order.shipped") == []
+    await store.set_definition_active("on-event", "1", False)
+    assert [d.version for d in await store.triggered_by("order.paid")] == ["2"]
+    assert await store.triggered_by("order.refunded") == []
 
 
 async def test_plan_comes_back_by_hash(store: Store) -> None:

@@ -22,6 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from tideflow.api import problems
 from tideflow.api.models import (
     CompiledDefinition,
+    DefinitionActivity,
     DefinitionList,
     DefinitionRow,
     Health,
@@ -146,6 +147,19 @@ def _definition_routes(app: FastAPI, client: Client) -> None:
     async def get_definition(name: str, version: str) -> StoredDefinition:
         """One registered definition, with its normalised source."""
         return StoredDefinition.of(await client.definition(name, version))
+
+    @app.post("/definitions/{name}/{version}/activate", tags=["definitions"])
+    async def activate_definition(name: str, version: str) -> DefinitionActivity:
+        """Activate a version: it starts runs again (by name, by version, from events)."""
+        changed = await client.activate(name, version, True)
+        return DefinitionActivity(name=name, version=version, active=True, changed=changed)
+
+    @app.post("/definitions/{name}/{version}/deactivate", tags=["definitions"])
+    async def deactivate_definition(name: str, version: str) -> DefinitionActivity:
+        """Deactivate a version: it starts no new run (a start by name takes the highest
+        active version instead); its runs go on."""
+        changed = await client.activate(name, version, False)
+        return DefinitionActivity(name=name, version=version, active=False, changed=changed)
 
 
 def _run_routes(app: FastAPI, client: Client) -> None:

@@ -53,10 +53,24 @@ class DefinitionRow(BaseModel):
     version: str
     hash: str
     created_at: float
+    active: bool = Field(description="Whether the version starts new runs")
 
     @classmethod
     def of(cls, row: DefinitionSummary) -> DefinitionRow:
-        return cls(name=row.name, version=row.version, hash=row.hash, created_at=row.created_at)
+        return cls(
+            name=row.name,
+            version=row.version,
+            hash=row.hash,
+            created_at=row.created_at,
+            active=row.active,
+        )
+
+
+class DefinitionActivity(BaseModel):
+    name: str
+    version: str
+    active: bool
+    changed: bool = Field(description="False when the version already was so")
 
 
 class DefinitionList(BaseModel):

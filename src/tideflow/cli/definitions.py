@@ -72,7 +72,8 @@ def list_cmd(
     store: StoreOption = DEFAULT_STORE,
     bus: BusOption = None,
 ) -> None:
-    """List registered definitions: name, version, content hash, when registered.
+    """List registered definitions: name, version, content hash, when registered, and
+    whether the version is active (starts new runs).
 
     Examples:
       tideflow definitions list
@@ -82,9 +83,10 @@ def list_cmd(
     if as_json:
         write_json({"definitions": rows})
         return
-    table = Table("name", "version", "hash", "registered")
+    table = Table("name", "version", "hash", "registered", "active")
     for row in rows:
-        table.add_row(row["name"], row["version"], row["hash"][:12], row["created_at"])
+        active = "yes" if row["active"] else "no"
+        table.add_row(row["name"], row["version"], row["hash"][:12], row["created_at"], active)
     table_console().print(table)
 
 
@@ -92,16 +94,73 @@ async def _list(url: str, name: str | None) -> list[dict[str, Any]]:
     async with opened_store(url) as store:
         found = await store.list_definitions(name)
     return [
-        {"name": d.name, "version": d.version, "hash": d.hash, "created_at": iso(d.created_at)}
+        {
+            "name": d.name,
+            "version": d.version,
+            "hash": d.hash,
+            "created_at": iso(d.created_at),
+            "active": d.active,
+        }
         for d in found
     ]
+
+
+VersionArgument = Annotated[
+    str, typer.Argument(metavar="VERSION", help="The version.", show_default=False)
+]
+NameArgument = Annotated[str, typer.Argument(help="The workflow name.", show_default=False)]
+
+
+@definitions_app.command("activate")
+def activate_cmd(
+    name: NameArgument,
+    version: VersionArgument,
+    store: StoreOption = DEFAULT_STORE,
+    bus: BusOption = None,
+) -> None:
+    """Activate a registered version: it starts runs again (by name, by version, from
+    an event). Every version is active when registered.
+
+    Examples:
+      tideflow definitions activate order-fulfillment 1.2.0
+    """
+    _report_activity(name, version, run_async(_set_active(store, name, version, True)), True)
+
+
+@definitions_app.command("deactivate")
+def deactivate_cmd(
+    name: NameArgument,
+    version: VersionArgument,
+    store: StoreOption = DEFAULT_STORE,
+    bus: BusOption = None,
+) -> None:
+    """Deactivate a registered version: it starts no new run; its runs go on.
+
+    Starting the workflow by name then starts its highest active version; starting
+    this version by number, or by an event its triggers take, is refused.
+
+    Examples:
+      tideflow definitions deactivate order-fulfillment 1.1.0
+    """
+    _report_activity(name, version, run_async(_set_active(store, name, version, False)), False)
+
+
+async def _set_active(url: str, name: str, version: str, active: bool) -> bool:
+    async with opened_store(url) as store:
+        return await store.set_definition_active(name, version, active)
+
+
+def _report_activity(name: str, version: str, changed: bool, active: bool) -> None:
+    state = "active" if active else "deactivated"
+    out.print(f"{name} {version}: {state}" + ("" if changed else " (it was already)"), markup=False)
 
 
 @definitions_app.command("show")
 def show_cmd(
     name: Annotated[str, typer.Argument(help="The workflow name.", show_default=False)],
     version: Annotated[
-        str | None, typer.Option("--version", help="A version (default: the highest).")
+        str | None,
+        typer.Option("--version", help="A version (default: the highest active one)."),
     ] = None,
     as_json: JsonOption = False,
     store: StoreOption = DEFAULT_STORE,
@@ -124,5 +183,5 @@ def show_cmd(
 
 async def _show(url: str, name: str, version: str | None) -> dict[str, Any]:
     async with opened_runtime(url, recover=False, workers=0, executors=registry()) as rt:
-        plan = await rt.store.get_definition(name, version)
+        plan = await rt.client.definition(name, version)
     return dict(plan.source)

@@ -39,7 +39,7 @@ from tideflow.dsl.schema import check_definition
 from tideflow.dsl.specs import build_plan, plan_hash
 from tideflow.errors import DefinitionError, Diagnostic, ExpressionError
 from tideflow.model.expressions import Expression, Template
-from tideflow.model.plan import ENGINE_TYPES, Plan
+from tideflow.model.plan import ENGINE_TYPES, Plan, TriggerSpec
 
 __all__ = [
     "PlanCheck",
@@ -128,15 +128,42 @@ def _compile(
     output = None
     if "output" in normal:
         output = compiler.template(normal["output"], ("output",), _Reader(None, "output", True))
+    triggers = _compile_triggers(compiler, normal, report)
     _check_reads(index, compiler.reads, report, normal.get("input"))
     if acyclic:
         _warn_never_running(index, parts, report)
     if report.has_errors:
         return None, report.diagnostics
-    plan = build_plan(normal, index, parts, output, report)
+    plan = build_plan(normal, index, parts, output, report, triggers)
     for check in checks:
         check(plan, StepReporter(report, index))
     return plan, report.diagnostics
+
+
+def _compile_triggers(
+    compiler: _Expressions, normal: Mapping[str, Any], report: Reporter
+) -> tuple[TriggerSpec, ...]:
+    """The definition's ``triggers``: their ``match`` and ``input`` read ``event`` only."""
+    reader = _Reader(None, "trigger", True)
+    triggers = []
+    for i, raw in enumerate(normal.get("triggers", ())):
+        path: DataPath = ("triggers", i)
+        match = input = None
+        if "match" in raw:
+            match = compiler.expression(raw["match"], (*path, "match"), reader)
+        if "input" in raw:
+            input = compiler.template(raw["input"], (*path, "input"), reader)
+        for key, compiled in (("match", match), ("input", input)):
+            if compiled is not None and (compiled.step_references() or compiled.input_references()):
+                report.error(
+                    (*path, key),
+                    "a trigger reads only `event`, the event that starts the run: there is "
+                    "no run yet, so no `inputs` or `steps`",
+                    hint="read the event's attributes, such as event.data.order_id",
+                )
+        triggers.append(TriggerSpec(event=raw["event"], match=match, input=input))
+    compiler.reads = [read for read in compiler.reads if read.reader is not reader]
+    return tuple(triggers)
 
 
 # --- expressions and templates ------------------------------------------------------

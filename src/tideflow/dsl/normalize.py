@@ -78,6 +78,8 @@ def normalize(
             out[key] = data[key]
     if "timeout" in data:
         out["timeout"] = parse_duration(data["timeout"])
+    if "triggers" in data:
+        out["triggers"] = [_trigger(t) for t in data["triggers"]]
     if data.get("on_failure", "fail") != "fail":
         out["on_failure"] = data["on_failure"]
     out["steps"] = normaliser.steps(data["steps"], ("steps",))
@@ -317,6 +319,15 @@ def _canonical_retry(merged: Mapping[str, Any]) -> dict[str, Any] | None:
     policy["multiplier"] = float(policy["multiplier"])
     policy["retry_on"] = sorted(set(policy["retry_on"]))
     return {key: value for key, value in policy.items() if _RETRY_DEFAULTS.get(key, ...) != value}
+
+
+def _trigger(raw: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"event": raw["event"]}
+    if "match" in raw:
+        out["match"] = canonical_expression(raw["match"])
+    if "input" in raw:
+        out["input"] = raw["input"]
+    return out
 
 
 def _buffer(value: Any) -> float:

@@ -22,6 +22,7 @@ from tideflow.dsl.schema_values import (
     CASE_KEYS,
     EVENT_KEYS,
     REQUIRED_HINTS,
+    TRIGGER_KEYS,
     Check,
     Validator,
     any_duration,
@@ -350,6 +351,37 @@ def _event(check: Check, value: Any, path: DataPath) -> None:
         _check_fields(check, value, path, fields)
 
 
+MAX_TRIGGERS = 20
+
+
+def _triggers(check: Check, value: Any, path: DataPath) -> None:
+    hint = "write triggers: [{event: <event type>, match: <expr>?, input: <template>?}]"
+    if not isinstance(value, list) or not value:
+        check.error(path, f"expected a non-empty list of triggers, got {describe(value)}", hint)
+        return
+    if len(value) > MAX_TRIGGERS:
+        check.error(path, f"at most {MAX_TRIGGERS} triggers, got {len(value)}", hint)
+    for i, trigger in enumerate(value):
+        at = (*path, i)
+        if expect(check, trigger, at, dict, "a trigger mapping {event, match?, input?}"):
+            check_keys(check, trigger, at, TRIGGER_KEYS, "in a trigger", ("event",))
+            _check_fields(
+                check,
+                trigger,
+                at,
+                {"event": _trigger_event, "match": expression, "input": anything},
+            )
+
+
+def _trigger_event(check: Check, value: Any, path: DataPath) -> None:
+    if not isinstance(value, str) or not value.strip():
+        check.error(
+            path,
+            f"a trigger's event must be an event type, got {describe(value)}",
+            "write the CloudEvents `type` that starts a run, such as event: order.paid",
+        )
+
+
 def _workflow(check: Check, value: Any, path: DataPath) -> None:
     if not is_template(value):
         workflow_name(check, value, path)
@@ -367,6 +399,7 @@ _TOP_FIELDS: Mapping[str, Validator] = {
     "on_failure": enum("fail", "compensate"),
     "output": anything,
     "steps": _steps,
+    "triggers": _triggers,
 }
 _RETRY_FIELDS: Mapping[str, Validator] = {
     "max_attempts": int_at_least(1),

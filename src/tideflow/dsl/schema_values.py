@@ -20,6 +20,7 @@ STEP_ID_RE = re.compile(r"[a-z_][a-z0-9_]*")
 
 CASE_KEYS = frozenset({"when", "next"})
 EVENT_KEYS = frozenset({"type", "source", "subject", "data"})
+TRIGGER_KEYS = frozenset({"event", "match", "input"})
 BACKOFFS = ("fixed", "linear", "exponential")
 
 REQUIRED_HINTS = {

@@ -29,6 +29,7 @@ from tideflow.model.plan import (
     SubflowSpec,
     SwitchCase,
     SwitchSpec,
+    TriggerSpec,
     WaitSpec,
 )
 
@@ -49,6 +50,7 @@ def build_plan(
     parts: Mapping[str, Mapping[str, Any]],
     output: Template | None,
     report: Reporter,
+    triggers: tuple[TriggerSpec, ...] = (),
 ) -> Plan:
     specs = {
         step_id: _spec(entry, parts[step_id], index, report)
@@ -65,6 +67,7 @@ def build_plan(
         timeout=normal.get("timeout"),
         on_failure=OnError(normal.get("on_failure", "fail")),
         output=output,
+        triggers=triggers,
         source=normal,
         owners={s: e.owner for s, e in index.entries.items() if e.owner is not None},
     )

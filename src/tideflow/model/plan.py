@@ -108,6 +108,18 @@ class WaitSpec:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TriggerSpec:
+    """An event type that starts a run: ``triggers: [{event, match?, input?}]``."""
+
+    event: str
+    """The event type (a CloudEvent's ``type``)."""
+    match: Expression | None = None
+    """Over ``event`` (the whole event: ``event.data.…``); every event of the type when None."""
+    input: Template | None = None
+    """The run's input, over ``event``; the event's ``data`` when None."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SleepSpec:
     duration: float | None = None
     until: Template | None = None
@@ -203,6 +215,8 @@ class Plan:
     timeout: float | None = None
     on_failure: OnError = OnError.FAIL
     output: Template | None = None
+    triggers: tuple[TriggerSpec, ...] = ()
+    """Events that start a run of this definition (``triggers:``)."""
     source: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """The normalised definition the plan was compiled from (JSON-compatible)."""
     owners: Mapping[str, str] = field(default_factory=dict)

@@ -19,6 +19,7 @@ from tideflow.runtime.clock import Clock
 from tideflow.runtime.definitions import DefinitionSource, coerce_plan
 from tideflow.runtime.runs import Plans
 from tideflow.store.base import Store
+from tideflow.store.sqlbase import inactive_version
 from tideflow.worker.executors.registry import ExecutorRegistry
 
 
@@ -59,13 +60,20 @@ class Catalog:
         definition ``register`` accepts."""
         if isinstance(workflow, str) and not self._definitions.looks_like_path(workflow):
             try:
-                return await self._store.get_definition(workflow, version)
+                plan = await self._store.get_definition(workflow, version)
             except NotFound:
-                plan = self._definitions.find(workflow, version)
-                if plan is None:
+                found = self._definitions.find(workflow, version)
+                if found is None:
                     raise
-                return await self.register(plan)
+                return await self.register(found)
+            if version is not None and not await self._active(workflow, version):
+                raise inactive_version(workflow, version)
+            return plan
         return await self.register(workflow)
+
+    async def _active(self, name: str, version: str) -> bool:
+        summaries = await self._store.list_definitions(name)
+        return any(s.version == version and s.active for s in summaries)
 
     def check_input(self, plan: Plan, input: Any) -> None:
         """Refuse an input that does not fit the plan or cannot be stored (no run is made)."""

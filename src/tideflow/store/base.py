@@ -148,6 +148,8 @@ class DefinitionSummary:
     version: str
     hash: str
     created_at: float
+    active: bool = True
+    """An inactive version starts no new run (``Store.set_definition_active``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -247,7 +249,18 @@ class Store(ABC):
 
     @abstractmethod
     async def get_definition(self, name: str, version: str | None = None) -> Plan:
-        """The plan by (name, version), or the highest registered version; NotFound."""
+        """The plan by (name, version), or the highest *active* version; NotFound, or
+        ``DefinitionInactive`` when every version of ``name`` is deactivated."""
+
+    @abstractmethod
+    async def set_definition_active(self, name: str, version: str, active: bool) -> bool:
+        """Activate or deactivate a registered version: whether that changed anything;
+        ``NotFound``. Runs of a deactivated version go on; it starts no new one."""
+
+    @abstractmethod
+    async def triggered_by(self, event: str) -> list[DefinitionSummary]:
+        """The active definition versions with a trigger on the event type ``event``, by
+        name then version (``Plan.triggers``, indexed when the definition is saved)."""
 
     @abstractmethod
     async def get_plan(self, plan_hash: str) -> Plan:

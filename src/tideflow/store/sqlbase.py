@@ -7,20 +7,22 @@ database; the row shapes, JSON encoding, plan decoding and error wording live he
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from tideflow.errors import DefinitionConflict, NotFound, TideflowError
+from tideflow.errors import DefinitionConflict, DefinitionInactive, NotFound, TideflowError
 from tideflow.model import codec
 from tideflow.model.events import Event
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
 from tideflow.model.tokens import ApiToken, stored_role
+from tideflow.model.versions import latest, version_key
 from tideflow.store.base import (
     AppliedEvent,
+    DefinitionSummary,
     HistoryEntry,
     Lease,
     OutboxItem,
@@ -356,6 +358,56 @@ def definition_conflict(name: str, version: str) -> DefinitionConflict:
     return DefinitionConflict(
         f"{name} {version} is already registered with different content; "
         "give the changed definition a new version"
+    )
+
+
+def chosen_definition(
+    name: str, version: str | None, rows: Iterable[tuple[str, str, Any]]
+) -> str | None:
+    """The hash of ``name`` at ``version``, or at its highest active version when
+    ``version`` is None, from (version, hash, active) rows; None when there is no such
+    version; ``DefinitionInactive`` when every version of ``name`` is deactivated."""
+    by_version = {str(v): (str(h), bool(a)) for v, h, a in rows}
+    if version is not None:
+        found = by_version.get(version)
+        return None if found is None else found[0]
+    chosen = latest(v for v, (_, active) in by_version.items() if active)
+    if chosen is None:
+        if by_version:
+            raise every_version_inactive(name, by_version)
+        return None
+    return by_version[chosen][0]
+
+
+def definition_summary(row: Sequence[Any]) -> DefinitionSummary:
+    """A ``DefinitionSummary`` of a (name, version, hash, created_at, active) row."""
+    name, version, plan_hash, created_at, active = row
+    return DefinitionSummary(
+        name=name,
+        version=version,
+        hash=plan_hash,
+        created_at=float(created_at),
+        active=bool(active),
+    )
+
+
+def trigger_rows(plan: Plan) -> list[tuple[str, str, str]]:
+    """(event, name, version) rows of the plan's triggers, one per event type."""
+    return [(event, plan.name, plan.version) for event in sorted({t.event for t in plan.triggers})]
+
+
+def every_version_inactive(name: str, versions: Iterable[str]) -> DefinitionInactive:
+    listed = ", ".join(sorted(versions, key=version_key))
+    return DefinitionInactive(
+        f"every version of {name!r} is deactivated ({listed}): activate one with "
+        f"`tideflow definitions activate {name} VERSION`"
+    )
+
+
+def inactive_version(name: str, version: str) -> DefinitionInactive:
+    return DefinitionInactive(
+        f"{name} {version} is deactivated and starts no new run: activate it with "
+        f"`tideflow definitions activate {name} {version}`, or start another version"
     )
 
 

@@ -37,3 +37,28 @@ def test_register_list_show_and_the_immutability_of_a_version(workdir: Workdir) 
     missing = invoke("definitions", "show", "nope", "--store", workdir.store)
     assert missing.exit_code == 2
     assert "no definition 'nope'" in missing.stderr
+
+
+def test_deactivate_and_activate_a_version(workdir: Workdir) -> None:
+    assert invoke("definitions", "register", "quick.yaml", "--store", workdir.store).exit_code == 0
+    off = invoke("definitions", "deactivate", "quick", "1", "--store", workdir.store)
+    assert off.exit_code == 0, off.stderr
+    assert off.stdout.strip() == "quick 1: deactivated"
+    again = invoke("definitions", "deactivate", "quick", "1", "--store", workdir.store)
+    assert "(it was already)" in again.stdout
+    listed = stdout_json(invoke("definitions", "list", "--json", "--store", workdir.store))
+    assert [d["active"] for d in listed["definitions"]] == [False]
+    assert "no" in invoke("definitions", "list", "--store", workdir.store).stdout
+
+    refused = invoke("runs", "start", "quick", "--store", workdir.store)
+    assert refused.exit_code == 2
+    assert "tideflow definitions activate quick VERSION" in refused.stderr
+    shown = invoke("definitions", "show", "quick", "--json", "--store", workdir.store)
+    assert shown.exit_code == 0 and stdout_json(shown)["name"] == "quick"
+
+    on = invoke("definitions", "activate", "quick", "1", "--store", workdir.store)
+    assert on.stdout.strip() == "quick 1: active"
+    assert invoke("runs", "start", "quick", "--store", workdir.store).exit_code == 0
+    missing = invoke("definitions", "activate", "quick", "9", "--store", workdir.store)
+    assert missing.exit_code == 2
+    assert "no definition 'quick' version 9" in missing.stderr

@@ -180,6 +180,29 @@ async def test_register_list_and_get_definitions(api: httpx.AsyncClient) -> None
     assert problem(conflict, 409)["type"] == "urn:tideflow:problem:definition-conflict"
 
 
+async def test_a_deactivated_version_starts_no_run_until_it_is_activated(
+    api: httpx.AsyncClient,
+) -> None:
+    await register_waiting(api)
+    off = await api.post("/definitions/waiting/1/deactivate")
+    assert off.status_code == 200, off.text
+    assert off.json() == {"name": "waiting", "version": "1", "active": False, "changed": True}
+    assert (await api.get("/definitions")).json()["definitions"][0]["active"] is False
+    refused = problem(await api.post("/runs", json={"workflow": "waiting", "version": "1"}), 409)
+    assert refused["type"] == "urn:tideflow:problem:definition-inactive"
+    assert "tideflow definitions activate waiting 1" in refused["detail"]
+    by_name = problem(await api.post("/runs", json={"workflow": "waiting"}), 409)
+    assert "every version of 'waiting' is deactivated" in by_name["detail"]
+    assert (await api.get("/runs")).json()["runs"] == []
+    assert (await api.get("/definitions/waiting/1")).status_code == 200  # still readable
+    on = await api.post("/definitions/waiting/1/activate")
+    assert on.json()["changed"] is True
+    assert (await api.post("/definitions/waiting/1/activate")).json()["changed"] is False
+    started = await api.post("/runs", json={"workflow": "waiting", "input": {"order_id": "A1"}})
+    assert started.status_code == 201, started.text
+    problem(await api.post("/definitions/waiting/9/deactivate"), 404)
+
+
 async def test_start_a_run_signal_it_and_read_it(rt: Runtime, api: httpx.AsyncClient) -> None:
     await register_waiting(api)
     started = await api.post("/runs", json={"workflow": "waiting", "input": {"order_id": "A1"}})

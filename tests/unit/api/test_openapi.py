@@ -44,6 +44,8 @@ async def test_every_route_has_its_schemas() -> None:
         "/definitions/validate",
         "/definitions",
         "/definitions/{name}/{version}",
+        "/definitions/{name}/{version}/activate",
+        "/definitions/{name}/{version}/deactivate",
         "/runs",
         "/runs/{run_id}",
         "/runs/{run_id}/history",

@@ -29,7 +29,6 @@ from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
 from tideflow.model.states import RUN_TERMINAL
 from tideflow.model.tokens import ApiToken
-from tideflow.model.versions import latest
 from tideflow.store import sqlbase as sb
 from tideflow.store.base import (
     ENGINE_LEASE,
@@ -123,6 +122,8 @@ class MemoryStore(Store):
         self._inbox: dict[str, Event] = {}
         self._inbox_listeners: list[InboxListener] = []
         self._tokens: dict[str, ApiToken] = {}
+        self._inactive: set[tuple[str, str]] = set()
+        """(name, version) of the deactivated definition versions."""
 
     async def save_definition(self, plan: Plan) -> bool:
         key = (plan.name, plan.version)
@@ -139,13 +140,38 @@ class MemoryStore(Store):
         return True
 
     async def get_definition(self, name: str, version: str | None = None) -> Plan:
-        version = version or latest(v for n, v in self._definitions if n == name)
-        found = self._definitions.get((name, version or ""))
-        if found is None:
-            known = ", ".join(sorted({n for n, _ in self._definitions})) or "none"
-            which = f"{name!r} version {version}" if version else repr(name)
-            raise NotFound(f"no definition {which} (registered: {known})")
-        return found[0]
+        rows = [
+            (v, plan.hash, (n, v) not in self._inactive)
+            for (n, v), (plan, _) in self._definitions.items()
+            if n == name
+        ]
+        plan_hash = sb.chosen_definition(name, version, rows)
+        if plan_hash is None:
+            raise sb.no_definition(name, version, sorted({n for n, _ in self._definitions}))
+        return self._plans[plan_hash]
+
+    async def set_definition_active(self, name: str, version: str, active: bool) -> bool:
+        key = (name, version)
+        if key not in self._definitions:
+            raise sb.no_definition(name, version, sorted({n for n, _ in self._definitions}))
+        if active == (key not in self._inactive):
+            return False
+        if active:
+            self._inactive.discard(key)
+        else:
+            self._inactive.add(key)
+        return True
+
+    async def triggered_by(self, event: str) -> list[DefinitionSummary]:
+        return [
+            summary
+            for summary in await self.list_definitions()
+            if summary.active
+            and any(
+                t.event == event
+                for t in self._definitions[summary.name, summary.version][0].triggers
+            )
+        ]
 
     async def get_plan(self, plan_hash: str) -> Plan:
         try:
@@ -155,7 +181,13 @@ class MemoryStore(Store):
 
     async def list_definitions(self, name: str | None = None) -> list[DefinitionSummary]:
         return [
-            DefinitionSummary(name=n, version=v, hash=plan.hash, created_at=at)
+            DefinitionSummary(
+                name=n,
+                version=v,
+                hash=plan.hash,
+                created_at=at,
+                active=(n, v) not in self._inactive,
+            )
             for (n, v), (plan, at) in sorted(self._definitions.items())
             if name is None or n == name
         ]

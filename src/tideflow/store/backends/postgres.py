@@ -30,7 +30,6 @@ from tideflow.errors import NotFound
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
 from tideflow.model.tokens import ApiToken
-from tideflow.model.versions import latest
 from tideflow.store import sqlbase as sb
 from tideflow.store.backends.postgres_inbox import DRIVER_ERRORS, LeaseAndInbox
 from tideflow.store.backends.postgres_rows import (
@@ -284,6 +283,7 @@ class PostgresStore(LeaseAndInbox, Store):
                 Q["insert_definition"], plan.name, plan.version, plan.hash, time.time()
             )
             if inserted is not None:
+                await conn.executemany(Q["insert_trigger"], sb.trigger_rows(plan))
                 return None
             existing = await conn.fetchval(Q["definition_hash"], plan.name, plan.version)
             if existing != plan.hash:
@@ -293,12 +293,28 @@ class PostgresStore(LeaseAndInbox, Store):
     async def get_definition(self, name: str, version: str | None = None) -> Plan:
         async with self._connection() as conn:
             rows = await conn.fetch(Q["definition_versions"], name)
-            by_version = {str(v): str(h) for v, h in rows}
-            chosen = version or latest(by_version)
-            if chosen is None or chosen not in by_version:
+            plan_hash = sb.chosen_definition(name, version, rows)
+            if plan_hash is None:
                 known = [str(r[0]) for r in await conn.fetch(Q["definition_names"])]
                 raise sb.no_definition(name, version, known)
-        return await self._plan(by_version[chosen])
+        return await self._plan(plan_hash)
+
+    async def set_definition_active(self, name: str, version: str, active: bool) -> bool:
+        async with self._connection() as conn, conn.transaction():
+            rows = await conn.fetch(Q["definition_versions"], name)
+            was = next((bool(a) for v, _, a in rows if v == version), None)
+            if was is None:
+                known = [str(r[0]) for r in await conn.fetch(Q["definition_names"])]
+                raise sb.no_definition(name, version, known)
+            if was == active:
+                return False
+            await conn.execute(Q["set_definition_active"], active, name, version)
+            return True
+
+    async def triggered_by(self, event: str) -> list[DefinitionSummary]:
+        async with self._connection() as conn:
+            rows = await conn.fetch(Q["triggered_by"], event)
+        return [sb.definition_summary(row) for row in rows]
 
     async def get_plan(self, plan_hash: str) -> Plan:
         return await self._plan(plan_hash)
@@ -319,11 +335,7 @@ class PostgresStore(LeaseAndInbox, Store):
     async def list_definitions(self, name: str | None = None) -> list[DefinitionSummary]:
         async with self._connection() as conn:
             rows = await conn.fetch(Q["list_definitions"])
-        return [
-            DefinitionSummary(name=n, version=v, hash=h, created_at=float(at))
-            for n, v, h, at in rows
-            if name is None or n == name
-        ]
+        return [sb.definition_summary(row) for row in rows if name is None or row[0] == name]
 
     # -- runs -------------------------------------------------------------------
 

@@ -36,7 +36,6 @@ from tideflow.model.events import Event
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
 from tideflow.model.tokens import ApiToken
-from tideflow.model.versions import latest
 from tideflow.store import sqlbase as sb
 from tideflow.store.backends.sqlite_checkpoints import WRITER_PAGES, Checkpointer
 from tideflow.store.base import (
@@ -323,15 +322,10 @@ class SqliteStore(Store):
     async def get_definition(self, name: str, version: str | None = None) -> Plan:
         def find(conn: sqlite3.Connection) -> str:
             rows = conn.execute(Q["definition_versions"], (name,)).fetchall()
-            by_version: dict[str, str] = dict(rows)
-            chosen = version or latest(by_version)
-            if chosen is None or chosen not in by_version:
-                known = [
-                    r[0]
-                    for r in conn.execute("SELECT DISTINCT name FROM definitions ORDER BY name")
-                ]
-                raise sb.no_definition(name, version, known)
-            return str(by_version[chosen])
+            plan_hash = sb.chosen_definition(name, version, rows)
+            if plan_hash is None:
+                raise sb.no_definition(name, version, _definition_names(conn))
+            return plan_hash
 
         plan_hash = await self._run(lambda: find(self.conn))
         return await self._plan(plan_hash)
@@ -355,11 +349,25 @@ class SqliteStore(Store):
 
     async def list_definitions(self, name: str | None = None) -> list[DefinitionSummary]:
         rows = await self._run(lambda: self.conn.execute(Q["list_definitions"]).fetchall())
-        return [
-            DefinitionSummary(name=n, version=v, hash=h, created_at=float(at))
-            for n, v, h, at in rows
-            if name is None or n == name
-        ]
+        return [sb.definition_summary(row) for row in rows if name is None or row[0] == name]
+
+    async def set_definition_active(self, name: str, version: str, active: bool) -> bool:
+        def update(conn: sqlite3.Connection) -> bool:
+            known = conn.execute(Q["definition_versions"], (name,)).fetchall()
+            was = next((bool(a) for v, _, a in known if v == version), None)
+            if was is None:
+                raise sb.no_definition(name, version, _definition_names(conn))
+            if was == active:
+                return False
+            conn.execute(Q["set_definition_active"], (active, name, version))
+            return True
+
+        changed: bool = await self._run(self._transaction, update)
+        return changed
+
+    async def triggered_by(self, event: str) -> list[DefinitionSummary]:
+        rows = await self._run(lambda: self.conn.execute(Q["triggered_by"], (event,)).fetchall())
+        return [sb.definition_summary(row) for row in rows]
 
     # -- runs -------------------------------------------------------------------
 
@@ -659,7 +667,12 @@ def _save_definition(conn: sqlite3.Connection, plan: Plan) -> bool:
         return False
     conn.execute(Q["insert_plan"], (plan.hash, sb.dumps(dict(plan.source))))
     conn.execute(Q["insert_definition"], (plan.name, plan.version, plan.hash, time.time()))
+    conn.executemany(Q["insert_trigger"], sb.trigger_rows(plan))
     return True
+
+
+def _definition_names(conn: sqlite3.Connection) -> list[str]:
+    return [r[0] for r in conn.execute("SELECT DISTINCT name FROM definitions ORDER BY name")]
 
 
 def _changed(conn: sqlite3.Connection, query: str, params: tuple[Any, ...]) -> bool:

@@ -36,7 +36,21 @@ ON CONFLICT (name, version) DO NOTHING
 RETURNING hash;
 
 -- name: definition_versions
-SELECT version, hash FROM definitions WHERE name = $1;
+SELECT version, hash, active FROM definitions WHERE name = $1;
+
+-- name: insert_trigger
+INSERT INTO definition_triggers (event, name, version) VALUES ($1, $2, $3)
+ON CONFLICT DO NOTHING;
+
+-- name: triggered_by
+SELECT d.name, d.version, d.hash, d.created_at, d.active
+FROM definition_triggers AS t
+JOIN definitions AS d ON d.name = t.name AND d.version = t.version
+WHERE t.event = $1 AND d.active
+ORDER BY d.name, d.version;
+
+-- name: set_definition_active
+UPDATE definitions SET active = $1 WHERE name = $2 AND version = $3;
 
 -- name: definition_names
 SELECT DISTINCT name FROM definitions ORDER BY name;
@@ -49,7 +63,7 @@ ORDER BY d.created_at
 LIMIT 1;
 
 -- name: list_definitions
-SELECT name, version, hash, created_at FROM definitions
+SELECT name, version, hash, created_at, active FROM definitions
 ORDER BY name, version;
 
 -- name: insert_run

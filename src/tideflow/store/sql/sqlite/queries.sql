@@ -13,7 +13,21 @@ SELECT hash FROM definitions WHERE name = ? AND version = ?;
 INSERT INTO definitions (name, version, hash, created_at) VALUES (?, ?, ?, ?);
 
 -- name: definition_versions
-SELECT version, hash FROM definitions WHERE name = ?;
+SELECT version, hash, active FROM definitions WHERE name = ?;
+
+-- name: insert_trigger
+INSERT INTO definition_triggers (event, name, version) VALUES (?, ?, ?)
+ON CONFLICT DO NOTHING;
+
+-- name: triggered_by
+SELECT d.name, d.version, d.hash, d.created_at, d.active
+FROM definition_triggers AS t
+JOIN definitions AS d ON d.name = t.name AND d.version = t.version
+WHERE t.event = ? AND d.active
+ORDER BY d.name, d.version;
+
+-- name: set_definition_active
+UPDATE definitions SET active = ? WHERE name = ? AND version = ?;
 
 -- name: plan_source
 SELECT p.source, d.name, d.version
@@ -23,7 +37,7 @@ ORDER BY d.created_at
 LIMIT 1;
 
 -- name: list_definitions
-SELECT name, version, hash, created_at FROM definitions ORDER BY name, version;
+SELECT name, version, hash, created_at, active FROM definitions ORDER BY name, version;
 
 -- name: insert_run
 INSERT INTO runs (run_id, workflow, version, plan_hash, status, created_at, updated_at,

@@ -1,0 +1,13 @@
+-- tideflow schema version 6 (PostgreSQL): a definition version can be deactivated (it
+-- starts no new run; runs of it go on), and the event types that start runs of a
+-- definition (its `triggers:`) are indexed, so an event finds the definitions it starts
+-- without reading every plan. Every version registered before is active and has no
+-- trigger.
+ALTER TABLE definitions ADD COLUMN active BOOLEAN NOT NULL DEFAULT TRUE;
+
+CREATE TABLE definition_triggers (
+    event    TEXT COLLATE "C" NOT NULL,
+    name     TEXT COLLATE "C" NOT NULL,
+    version  TEXT COLLATE "C" NOT NULL,
+    PRIMARY KEY (event, name, version)
+);
