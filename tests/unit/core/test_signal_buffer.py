@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from tests.unit.core.conftest import plan_of
 
 from tideflow.errors import DefinitionError
 from tideflow.model.plan import DEFAULT_SIGNAL_BUFFER
-from tests.unit.core.conftest import plan_of
 
 HEAD = """
 name: t
