@@ -43,6 +43,7 @@ from tideflow.model.run import RunState
 from tideflow.model.states import RunStatus, SignalOutcome
 from tideflow.model.versions import version_key
 from tideflow.runtime.catalog import started_event
+from tideflow.runtime.correlate import Correlator
 from tideflow.runtime.result import RunResult, result_of
 from tideflow.runtime.signals import refuse_undeclared_signal
 from tideflow.runtime.triggers import Triggered, start_triggered
@@ -111,6 +112,7 @@ class Client:
         self._clock = clock
         self._new_id = new_event_id
         self._max_step_output = max_step_output
+        self._correlator = Correlator(store)
 
     @classmethod
     def connect(
@@ -209,6 +211,35 @@ class Client:
         if state is not None:
             await self._link.start_run(state, started_event(state, self._clock.now()))
         return stored_id, state is not None
+
+    async def deliver_event(self, name: str, payload: Any, *, event_id: str) -> builtins.list[str]:
+        """Send a signal to every run waiting for ``name`` whose wait could take this
+        payload, found by correlation (runtime/correlate.py), not by reading every waiting
+        run: the run ids it went to ([] when none waits for it: unmatched). Each run's
+        `match` decides; nothing is kept for a later wait; ``event_id`` sent again is
+        applied once in each run (its id there is ``<event_id>><run id>``, as for
+        `emit`). ``InputValidationError`` for a payload that cannot be
+        stored."""
+        try:
+            storable.check(payload, f"the payload of signal {name!r}", self._max_step_output)
+        except StepError as exc:
+            raise InputValidationError(exc.message) from None
+        run_ids = await self._correlator.candidates(name, payload)
+        now = self._clock.now()
+        events: builtins.list[Event] = [
+            SignalReceived(
+                event_id=f"{event_id}>{run_id}",  # event ids are unique across runs
+                run_id=run_id,
+                time=now,
+                name=name,
+                payload=payload,
+                buffer=False,
+            )
+            for run_id in run_ids
+        ]
+        if events:
+            await self._link.deliver(events)
+        return run_ids
 
     async def trigger(self, event: Mapping[str, Any], *, key: str) -> builtins.list[Triggered]:
         """Start a run of each workflow whose active version has a trigger on the event's

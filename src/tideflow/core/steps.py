@@ -23,7 +23,7 @@ from tideflow.model import storable
 from tideflow.model.commands import EmitEvent
 from tideflow.model.events import ChildRunFinished, SignalReceived
 from tideflow.model.expressions import Expression
-from tideflow.model.plan import Plan, StepSpec
+from tideflow.model.plan import Correlation, Plan, StepSpec, correlation_row
 from tideflow.model.run import BufferedSignal, ScopeState, StepState
 from tideflow.model.states import STEP_TERMINAL, RunStatus, StepStatus
 
@@ -108,8 +108,24 @@ def _start_wait(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, Any]
             d.succeed(st, buffered.payload, f"signal '{wait.signal}' (received earlier)")
             return
     state.waiting.setdefault(wait.signal, []).append(st.key)
+    if wait.correlation is not None:
+        _correlate(d, st, wait.signal, wait.correlation, scope)
     if wait.timeout is not None:
         arm(d, "wait_timeout", st, d.now + wait.timeout)
+
+
+def _correlate(
+    d: Decider, st: StepState, name: str, correlation: Correlation, scope: dict[str, Any]
+) -> None:
+    """Index the wait under its correlation row; a key that cannot be evaluated (or
+    held) leaves it found by name."""
+    try:
+        value = correlation.key.evaluate(scope)
+    except ExpressionEvaluationError:
+        return
+    row = correlation_row(name, correlation.path, value)
+    if row is not None:
+        d.state.correlated[st.key] = row
 
 
 def _matches(d: Decider, st: StepState, payload: Any) -> bool:
@@ -185,6 +201,7 @@ def deliver_signal(d: Decider, name: str, payload: Any) -> bool:
 
 
 def unwait(d: Decider, st: StepState, name: str) -> None:
+    d.state.correlated.pop(st.key, None)
     waiting = d.state.waiting.get(name)
     if waiting and st.key in waiting:
         waiting.remove(st.key)

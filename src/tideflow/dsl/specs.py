@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 
+from tideflow.dsl.correlation import correlation_of
 from tideflow.dsl.expr import compile_template
 from tideflow.dsl.graph import TOP, StepEntry, StepIndex, build_graph
 from tideflow.dsl.loader import Reporter
@@ -160,6 +161,7 @@ def _wait(data: Mapping[str, Any], parts: Mapping[str, Any], index: StepIndex) -
     return WaitSpec(
         signal=data["signal"],
         match=parts.get("match"),
+        correlation=correlation_of(parts.get("match")),
         timeout=data.get("timeout"),
         timeout_action=data.get("timeout_action", "fail"),
         buffer=data.get("buffer", DEFAULT_SIGNAL_BUFFER),

@@ -128,6 +128,7 @@ def state_to_data(state: RunState) -> dict[str, Any]:
         "scopes": [_shallow(scope) for scope in state.scopes.values()],
         "timers": {tid: _shallow(ref) for tid, ref in state.timers.items()},
         "waiting": state.waiting,
+        "correlated": state.correlated,
         "signals": [_shallow(sig) for sig in state.signals],
         "seen_signals": sorted(state.seen_signals),
         "completed_seq": state.completed_seq,
@@ -174,6 +175,7 @@ def _build(data: dict[str, Any]) -> RunState:
         scopes={s["prefix"]: ScopeState(**s) for s in data["scopes"]},
         timers={tid: TimerRef(**ref) for tid, ref in data["timers"].items()},
         waiting={k: list(v) for k, v in data["waiting"].items()},
+        correlated=dict(data.get("correlated") or {}),  # absent before correlation rows
         signals=[BufferedSignal(**s) for s in data["signals"]],
         seen_signals=set(data["seen_signals"]),
         completed_seq=data["completed_seq"],

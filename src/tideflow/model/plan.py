@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
 
+import orjson
+
 from tideflow.model.expressions import Expression, Template
 
 DEFAULT_SIGNAL_BUFFER = 24 * 3600.0
@@ -96,12 +98,42 @@ class SwitchSpec:
         return frozenset(out)
 
 
+MAX_CORRELATION_KEY = 512
+"""Characters of a correlation row name at most; a longer key is not indexed."""
+
+
+def correlation_row(name: str, path: tuple[str, ...], value: Any) -> str | None:
+    """The wait row a correlated wait (or a signal) is found under: the signal name, the
+    path and the value's canonical JSON (an integral float as the integer, so 7 == 7.0;
+    7 and "7" differ). None for a value JSON cannot hold or a key that is too long."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    try:
+        text = orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    except TypeError:
+        return None
+    row = f"{name}\x1f{'.'.join(path)}\x1f{text}"
+    return row if len(row) <= MAX_CORRELATION_KEY else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Correlation:
+    """A `wait`'s ``match`` reads ``signal.<path> == <key>`` (dsl/correlation.py)."""
+
+    path: tuple[str, ...]
+    """Where in the signal's payload the value is (``("data", "order_id")``)."""
+    key: Expression
+    """The value for this run, evaluated in the wait's scope when it starts."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WaitSpec:
     signal: str
     match: Expression | None = None
     timeout: float | None = None
     timeout_action: Literal["fail", "continue"] = "fail"
+    correlation: Correlation | None = None
+    """How a signal for this wait is found among many runs (None: by name only)."""
     buffer: float = DEFAULT_SIGNAL_BUFFER
     """Seconds a signal for ``signal`` that arrives while no wait takes it is kept for a
     wait that starts later (0: dropped)."""

@@ -153,6 +153,9 @@ class RunState:
     timers: dict[str, TimerRef] = field(default_factory=dict)
     waiting: dict[str, list[str]] = field(default_factory=dict)
     """Signal name -> keys of ``wait`` steps waiting for it, in the order they started."""
+    correlated: dict[str, str] = field(default_factory=dict)
+    """Key of a waiting step whose ``match`` is indexed -> its wait row
+    (``plan.correlation_row``): the store finds it by that row, not by its signal name."""
     signals: list[BufferedSignal] = field(default_factory=list)
     """Signals that arrived while no wait matched them, oldest first."""
     seen_signals: set[str] = field(default_factory=set)

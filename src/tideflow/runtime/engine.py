@@ -20,6 +20,7 @@ from tideflow.model.events import Event, RunStarted, TaskStarted
 from tideflow.model.run import RunState
 from tideflow.runtime.catalog import Catalog
 from tideflow.runtime.clock import Clock
+from tideflow.runtime.correlate import Correlator
 from tideflow.runtime.partitions import Ownership
 from tideflow.runtime.recovery import Owns, every_run, recover
 from tideflow.runtime.relay import EventSink, Listener, Relay, Runs, start_key
@@ -74,7 +75,7 @@ class Engine(EngineLink, Runs):
             bus=bus,
             timers=self.timers,
             runs=self,
-            waiting_for=store.runs_waiting_for,
+            waiting_for=Correlator(store).candidates,
             clock=clock,
             new_event_id=new_event_id,
             listeners=self.listeners,

@@ -109,7 +109,9 @@ class Relay:
         bus: Bus,
         timers: TimerWheel,
         runs: Runs,
-        waiting_for: Callable[[str], Awaitable[list[str]]],
+        waiting_for: Callable[
+            [str, Any], Awaitable[list[str]]
+        ],  # (name, payload) -> runs (Correlator.candidates)
         clock: Clock,
         new_event_id: Callable[[], str],
         listeners: list[Listener],
@@ -387,7 +389,7 @@ class Relay:
                     payload=event,
                     buffer=False,
                 )
-                for run_id in await self._waiting_for(name)
+                for run_id in await self._waiting_for(name, event)
                 if run_id != command.run_id
             ]
             if deliveries:

@@ -95,6 +95,19 @@ class IndexRows:
         return [(name, run_id) for run_id, names in self.waits.items() for name in sorted(names)]
 
 
+def wait_names(state: RunState) -> frozenset[str]:
+    """The names a run's wait rows are under: a correlated wait's row
+    (``RunState.correlated``), and the signal name for the others."""
+    correlated = state.correlated
+    if not correlated:
+        return frozenset(state.waiting)
+    names = {
+        name for name, keys in state.waiting.items() if any(key not in correlated for key in keys)
+    }
+    names.update(correlated.values())
+    return frozenset(names)
+
+
 def state_rows(state: RunState, in_flight: Sequence[TaskLease]) -> IndexRows:
     """Every row of one run, from its state (its old rows are deleted first)."""
     rows = IndexRows()
@@ -105,7 +118,7 @@ def state_rows(state: RunState, in_flight: Sequence[TaskLease]) -> IndexRows:
     rows.tasks = {
         (run_id, t.step_key): TaskRow(t.attempt, t.dispatched_at, t.started_at) for t in in_flight
     }
-    rows.waits[run_id] = frozenset(state.waiting)
+    rows.waits[run_id] = wait_names(state)
     return rows
 
 
@@ -125,7 +138,7 @@ def index_rows(batch: Sequence[AppliedEvent]) -> IndexRows:
             rows.ended.append(run_id)
             rows.waits.pop(run_id, None)
         elif run_id in waits_changed:
-            rows.waits[run_id] = frozenset(state.waiting)
+            rows.waits[run_id] = wait_names(state)
     if rows.ended:
         ended = set(rows.ended)
         rows.timers = {k: v for k, v in rows.timers.items() if k[0] not in ended}
