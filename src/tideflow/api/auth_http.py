@@ -31,14 +31,13 @@ from tideflow.errors import Forbidden
 from tideflow.model.tokens import Action
 from tideflow.store.base import Store
 
-__all__ = ["SCHEME", "allow", "document", "enable", "principal_of"]
+__all__ = ["SCHEME", "action_of", "allow", "document", "enable"]
 
 log = logging.getLogger("tideflow.api.auth")
 
 SCHEME = "bearer"
 """The name of the security scheme in the OpenAPI document."""
 _STORE = "tideflow_token_store"
-_PRINCIPAL = "tideflow_principal"
 _UNAUTHENTICATED = "No live API token: missing, malformed, unknown, revoked or a wrong secret"
 _FORBIDDEN = "The token's role does not allow this action (the detail names the role needed)"
 _CHALLENGE = {
@@ -82,7 +81,13 @@ class _Allow:
     async def __call__(
         self, request: Request, header: str | None = Depends(_BEARER)
     ) -> Principal | None:
-        store: Store | None = getattr(request.app.state, _STORE, None)
+        try:
+            store: Store | None = getattr(request.app.state, _STORE)
+        except AttributeError:  # fail closed: an app nobody said how to check lets none in
+            raise RuntimeError(
+                "a route calls tideflow.api.auth_http.allow on an app without "
+                "tideflow.api.auth_http.enable(app, store) (None: no authentication)"
+            ) from None
         if store is None:
             return None
         principal = await authenticate(store, header)
@@ -91,14 +96,15 @@ class _Allow:
         except Forbidden as exc:
             log.info("403 %s %s: %s", request.method, request.url.path, exc.message)
             raise
-        setattr(request.state, _PRINCIPAL, principal)
         return principal
 
 
 def allow(action: Action) -> Any:
     """A dependency (``dependencies=[allow(Action.START)]``) that lets a request through
     only with a live token whose role allows ``action``: 401 without one, 403 when the
-    role falls short. It returns the ``Principal`` (None when authentication is off)."""
+    role falls short. Its value is the ``Principal`` (None when authentication is off):
+    ``principal: Annotated[Principal | None, allow(Action.SIGNAL)]`` in a route's
+    parameters hands it to the route."""
     return Depends(_Allow(action))
 
 
@@ -109,13 +115,6 @@ def action_of(route: Any) -> Action | None:
         if isinstance(dependency.call, _Allow):
             return dependency.call.action
     return None
-
-
-def principal_of(request: Request) -> Principal | None:
-    """Who made the request, once ``allow`` let it through (None on an open route or
-    with authentication off)."""
-    principal: Principal | None = getattr(request.state, _PRINCIPAL, None)
-    return principal
 
 
 def document(app: FastAPI, schema: dict[str, Any], problem: dict[str, Any]) -> None:

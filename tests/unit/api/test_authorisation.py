@@ -187,3 +187,21 @@ async def test_a_viewer_never_runs_work_and_an_operator_never_registers(world: W
     (run,) = (await world.rt.client.list()).runs
     assert (run.run_id, run.status) == (world.run_id, "running")
     assert [d.name for d in await world.rt.client.definitions()] == ["waiting"]
+
+
+async def test_an_app_never_told_how_to_check_tokens_lets_nobody_in() -> None:
+    from tideflow.api.auth_http import allow
+    from tideflow.api.problems import install
+
+    app = FastAPI()
+    install(app, 1024)
+
+    @app.get("/guarded", dependencies=[allow(Action.READ)])
+    async def guarded() -> dict[str, str]:
+        return {"in": "yes"}
+
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://api") as api:
+        response = await api.get("/guarded")
+    assert response.status_code == 500
+    assert "yes" not in response.text
