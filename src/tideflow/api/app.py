@@ -7,8 +7,9 @@
 Routes (docs/api.md): ``/health``, ``/ready``; ``/definitions`` (validate, register,
 list, get by name and version); ``/runs`` (start, list, get, history, cancel, retry,
 signals). Bodies are JSON, a definition may also be YAML (``application/yaml``); every
-error is a problem (api/problems.py). There is no authentication yet: serve it on
-loopback only.
+error is a problem (api/problems.py). Every route but ``/health`` and ``/ready`` (and the
+OpenAPI document) needs an API token whose role allows its action (``allow`` on the route,
+api/auth_http.py); ``auth=False`` serves without (loopback only, `--no-auth`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import orjson
 from fastapi import FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 
-from tideflow.api import problems
+from tideflow.api import auth_http, problems
+from tideflow.api.auth_http import allow
 from tideflow.api.models import (
     CompiledDefinition,
     DefinitionActivity,
@@ -40,7 +42,8 @@ from tideflow.api.models import (
 )
 from tideflow.api.problems import Problem
 from tideflow.client import Client
-from tideflow.model.states import RunStatus, SignalOutcome
+from tideflow.model.states import RunStatus
+from tideflow.model.tokens import Action
 from tideflow.store.base import RunFilter
 
 __all__ = ["create_app"]
@@ -71,10 +74,28 @@ _DEFINITION_BODY = {
 }
 
 
-def create_app(client: Client, *, max_body: int = DEFAULT_MAX_BODY) -> FastAPI:
-    """The API over ``client``; request bodies over ``max_body`` bytes are refused (413)."""
+_PROBLEM = {
+    "content": {problems.PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}
+}
+READ, START, CANCEL = allow(Action.READ), allow(Action.START), allow(Action.CANCEL)
+SIGNAL, RETRY, DEFINITIONS = allow(Action.SIGNAL), allow(Action.RETRY), allow(Action.DEFINITIONS)
+
+
+def create_app(client: Client, *, auth: bool = True, max_body: int = DEFAULT_MAX_BODY) -> FastAPI:
+    """The API over ``client``; request bodies over ``max_body`` bytes are refused (413).
+    With ``auth`` (the default) a request needs an API token of ``client.store`` whose
+    role allows the route's action; ``auth=False`` checks none (serve it on loopback)."""
     app = FastAPI(title="tideflow", version="1", responses=_ERRORS)
+    auth_http.enable(app, client.store if auth else None)
     problems.install(app, max_body)
+    document = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        schema = document()
+        auth_http.document(app, schema, _PROBLEM)
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     _service_routes(app, client)
     _definition_routes(app, client)
     _run_routes(app, client)
@@ -123,19 +144,30 @@ async def _definition_of(request: Request) -> Any:
 
 
 def _definition_routes(app: FastAPI, client: Client) -> None:
-    @app.post("/definitions/validate", tags=["definitions"], openapi_extra=_DEFINITION_BODY)
+    @app.post(
+        "/definitions/validate",
+        tags=["definitions"],
+        openapi_extra=_DEFINITION_BODY,
+        dependencies=[READ],
+    )
     async def validate_definition(request: Request) -> CompiledDefinition:
         """Compile a definition without registering it: its name, version, hash and
         steps, or a 422 listing every problem with its path."""
         return CompiledDefinition.of(client.compile(await _definition_of(request)))
 
-    @app.post("/definitions", status_code=201, tags=["definitions"], openapi_extra=_DEFINITION_BODY)
+    @app.post(
+        "/definitions",
+        status_code=201,
+        tags=["definitions"],
+        openapi_extra=_DEFINITION_BODY,
+        dependencies=[DEFINITIONS],
+    )
     async def register_definition(request: Request) -> CompiledDefinition:
         """Register a definition; the same content again changes nothing, other content
         under a registered (name, version) is a 409."""
         return CompiledDefinition.of(await client.register(await _definition_of(request)))
 
-    @app.get("/definitions", tags=["definitions"])
+    @app.get("/definitions", tags=["definitions"], dependencies=[READ])
     async def list_definitions(
         name: Annotated[str | None, Query(min_length=1)] = None,
     ) -> DefinitionList:
@@ -143,18 +175,22 @@ def _definition_routes(app: FastAPI, client: Client) -> None:
         rows = await client.definitions(name)
         return DefinitionList(definitions=[DefinitionRow.of(r) for r in rows])
 
-    @app.get("/definitions/{name}/{version}", tags=["definitions"])
+    @app.get("/definitions/{name}/{version}", tags=["definitions"], dependencies=[READ])
     async def get_definition(name: str, version: str) -> StoredDefinition:
         """One registered definition, with its normalised source."""
         return StoredDefinition.of(await client.definition(name, version))
 
-    @app.post("/definitions/{name}/{version}/activate", tags=["definitions"])
+    @app.post(
+        "/definitions/{name}/{version}/activate", tags=["definitions"], dependencies=[DEFINITIONS]
+    )
     async def activate_definition(name: str, version: str) -> DefinitionActivity:
         """Activate a version: it starts runs again (by name, by version, from events)."""
         changed = await client.activate(name, version, True)
         return DefinitionActivity(name=name, version=version, active=True, changed=changed)
 
-    @app.post("/definitions/{name}/{version}/deactivate", tags=["definitions"])
+    @app.post(
+        "/definitions/{name}/{version}/deactivate", tags=["definitions"], dependencies=[DEFINITIONS]
+    )
     async def deactivate_definition(name: str, version: str) -> DefinitionActivity:
         """Deactivate a version: it starts no new run (a start by name takes the highest
         active version instead); its runs go on."""
@@ -163,7 +199,7 @@ def _definition_routes(app: FastAPI, client: Client) -> None:
 
 
 def _run_routes(app: FastAPI, client: Client) -> None:
-    @app.post("/runs", status_code=201, tags=["runs"])
+    @app.post("/runs", status_code=201, tags=["runs"], dependencies=[START])
     async def start_run(body: StartRun, response: Response) -> StartedRun:
         """Start a run (201); 200 with the existing run when ``idempotency_key`` was used."""
         run_id, created = await client.launch(
@@ -173,7 +209,7 @@ def _run_routes(app: FastAPI, client: Client) -> None:
         response.headers["Location"] = f"/runs/{run_id}"
         return StartedRun(run_id=run_id, created=created)
 
-    @app.get("/runs", tags=["runs"])
+    @app.get("/runs", tags=["runs"], dependencies=[READ])
     async def list_runs(
         status: RunStatus | None = None,
         workflow: Annotated[str | None, Query(min_length=1)] = None,
@@ -191,36 +227,34 @@ def _run_routes(app: FastAPI, client: Client) -> None:
         )
         return RunList.of(await client.list(filter, limit=limit, cursor=cursor))
 
-    @app.get("/runs/{run_id}", tags=["runs"])
+    @app.get("/runs/{run_id}", tags=["runs"], dependencies=[READ])
     async def get_run(run_id: str) -> RunView:
         """The run's current state, finished or not (sensitive fields masked)."""
         return RunView.of(await client.get(run_id))
 
-    @app.get("/runs/{run_id}/history", tags=["runs"])
+    @app.get("/runs/{run_id}/history", tags=["runs"], dependencies=[READ])
     async def run_history(run_id: str) -> History:
         """Everything that happened to the run, in order (sensitive fields masked)."""
         return History.of(run_id, await client.history(run_id))
 
-    @app.post("/runs/{run_id}/cancel", status_code=202, tags=["runs"])
+    @app.post("/runs/{run_id}/cancel", status_code=202, tags=["runs"], dependencies=[CANCEL])
     async def cancel_run(run_id: str, body: Reason | None = None) -> RunStatusView:
         """Ask a pending or running run to stop: its status as it was asked (a run that
         ended is left as it is)."""
         reason = (body.reason if body else None) or "cancelled on request"
         return RunStatusView(run_id=run_id, status=await client.cancel(run_id, reason))
 
-    @app.post("/runs/{run_id}/retry", tags=["runs"])
+    @app.post("/runs/{run_id}/retry", tags=["runs"], dependencies=[RETRY])
     async def retry_run(run_id: str, body: Reason | None = None) -> RunStatusView:
         """Re-open a failed or timed-out run (409 for any other): its status once that is
         committed."""
         reason = (body.reason if body else None) or "retried on request"
         return RunStatusView(run_id=run_id, status=await client.retry(run_id, reason))
 
-    @app.post("/runs/{run_id}/signals", status_code=202, tags=["runs"])
-    async def signal_run(run_id: str, body: SendSignal, response: Response) -> SignalSent:
-        """Send a signal (202); a `wait` for ``name`` whose `match` holds receives it, now
-        or within its ``buffer``. 200 with status `unmatched`, changing nothing, when the
+    @app.post("/runs/{run_id}/signals", status_code=202, tags=["runs"], dependencies=[SIGNAL])
+    async def signal_run(run_id: str, body: SendSignal) -> SignalSent:
+        """Send a signal; a `wait` for ``name`` whose `match` holds receives it, now or
+        within its ``buffer``. ``status`` is `unmatched`, and nothing changed, when the
         run has ended; 422 when no `wait` of the run's workflow waits for ``name``."""
         outcome = await client.signal(run_id, body.name, body.payload, signal_id=body.signal_id)
-        if outcome is SignalOutcome.UNMATCHED:
-            response.status_code = 200
         return SignalSent(run_id=run_id, name=body.name, signal_id=body.signal_id, status=outcome)

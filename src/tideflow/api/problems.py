@@ -106,6 +106,12 @@ ERRORS: Mapping[type[TideflowError], tuple[int, str]] = {
 nearest listed base's row."""
 
 GENERIC_DETAIL = "the server could not handle this request; the error is in its log"
+UNAUTHENTICATED_DETAIL = (
+    "this request needs a live API token: send `Authorization: Bearer tf_<id>_<secret>`, "
+    "as `tideflow tokens create` prints it"
+)
+"""The one detail of every 401, whatever the reason (which is logged): telling a caller
+that a token id exists, or was revoked, helps an attacker."""
 
 
 def problem_response(
@@ -178,11 +184,40 @@ def _error_fields(exc: TideflowError) -> list[FieldError]:
 
 async def _tideflow_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, TideflowError)
+    if isinstance(exc, errors.Unauthenticated):
+        return _unauthenticated(request, exc)
     status, kind = row_of(type(exc))
     if status >= 500:
         log.error("%s %s: %s", request.method, request.url.path, exc, exc_info=exc)
     detail = exc.message if status < 500 else _service_detail(type(exc), status)
     return problem_response(status, kind, request.url.path, detail, _error_fields(exc))
+
+
+def _unauthenticated(request: Request, exc: errors.Unauthenticated) -> JSONResponse:
+    """401 with the one generic detail and a ``WWW-Authenticate`` challenge (RFC 6750: no
+    error code when no token came, ``invalid_request`` for one of the wrong form,
+    ``invalid_token`` for one that is not live); the reason, with the token id, is logged."""
+    quiet = isinstance(exc, errors.MissingToken | errors.MalformedToken)
+    log.log(
+        logging.INFO if quiet else logging.WARNING,
+        "401 %s %s: %s",
+        request.method,
+        request.url.path,
+        exc.message,
+    )
+    challenge = 'Bearer realm="tideflow"'
+    if isinstance(exc, errors.MalformedToken):
+        challenge += ', error="invalid_request"'
+    elif not isinstance(exc, errors.MissingToken):
+        challenge += ', error="invalid_token"'
+    status, kind = row_of(type(exc))
+    return problem_response(
+        status,
+        kind,
+        request.url.path,
+        UNAUTHENTICATED_DETAIL,
+        headers={"WWW-Authenticate": challenge},
+    )
 
 
 def _location(loc: Iterable[Any]) -> str:

@@ -2,8 +2,10 @@
 
 uvicorn runs as a task in the server's own event loop, over the server's client, and
 stops with the server: the server's SIGTERM handler stops it (uvicorn's own signal
-handling is turned off). There is no authentication yet, so the API listens on a
-loopback address only (`listen` refuses any other) and says so loudly when it starts.
+handling is turned off). Every request needs an API token of the server's store
+(api/auth_http.py), so the API may listen on any address. Served without
+authentication (``--no-auth``) it listens on a loopback address only (`parse_address`
+refuses any other) and says so loudly when it starts.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import uvicorn
 
 from tideflow.api.app import DEFAULT_MAX_BODY, create_app
 from tideflow.client import Client
+from tideflow.errors import StoreError
 from tideflow.lifecycle import Stop
 
 log = logging.getLogger("tideflow.api")
@@ -31,18 +34,18 @@ class AddressRefused(ValueError):
     """An ``--http`` address the API may not listen on."""
 
 
-def parse_address(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) of a loopback host; port 0 picks a free one.
-    ``AddressRefused`` otherwise."""
+def parse_address(text: str, *, auth: bool = True) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6); port 0 picks a free one. Without ``auth``
+    a loopback host only. ``AddressRefused`` otherwise."""
     host, sep, port = text.strip().rpartition(":")
     host = host.removeprefix("[").removesuffix("]")
     if not sep or not host or not port.isdigit() or int(port) > 65535:
         raise AddressRefused(f"--http {text}: give HOST:PORT, such as 127.0.0.1:8080")
-    if not _loopback(host):
+    if not auth and not _loopback(host):
         raise AddressRefused(
-            f"--http {text}: the API has no authentication yet, so it listens on a loopback "
-            "address only (127.0.0.1, ::1 or localhost); put an authenticating proxy in "
-            "front of it to reach it from other machines"
+            f"--http {text} --no-auth: an API without authentication listens on a loopback "
+            "address only (127.0.0.1, ::1 or localhost); drop --no-auth to serve it to "
+            "other machines with API tokens (`tideflow tokens create`)"
         )
     return host, int(port)
 
@@ -84,20 +87,43 @@ class _Embedded(uvicorn.Server):
         yield  # the tideflow server's handlers stop it, and this with it
 
 
+async def _say_how_it_is_guarded(client: Client, where: str, auth: bool) -> None:
+    if not auth:
+        log.warning(
+            "the HTTP API on %s has NO AUTHENTICATION (--no-auth): anyone who can connect "
+            "to it can register definitions and start, cancel and signal runs (it listens "
+            "on loopback only)",
+            where,
+        )
+        return
+    try:
+        tokens = await client.store.list_tokens()
+    except StoreError as exc:  # the requests will say it too; the server still starts
+        log.warning("cannot list the API tokens of the store: %s", exc.message)
+        return
+    if not any(not token.revoked for token in tokens):
+        log.warning(
+            "the HTTP API on %s needs an API token on every request but /health and "
+            "/ready, and the store has no live one: create one with "
+            "`tideflow tokens create --name NAME --role admin` (on this server's --store)",
+            where,
+        )
+
+
 @contextlib.asynccontextmanager
 async def http_api(
-    client: Client, stop: Stop, sock: socket.socket, max_body: int = DEFAULT_MAX_BODY
+    client: Client,
+    stop: Stop,
+    sock: socket.socket,
+    max_body: int = DEFAULT_MAX_BODY,
+    auth: bool = True,
 ) -> AsyncIterator[None]:
-    """Serve the API on ``sock`` while the block runs; when uvicorn ends on its own, the
-    server is stopped too."""
+    """Serve the API on ``sock`` while the block runs, with API tokens unless ``auth`` is
+    False; when uvicorn ends on its own, the server is stopped too."""
     where = address_of(sock)
-    log.warning(
-        "the HTTP API on %s has NO AUTHENTICATION: anyone who can connect to it can "
-        "register definitions and start, cancel and signal runs (it listens on loopback only)",
-        where,
-    )
+    await _say_how_it_is_guarded(client, where, auth)
     config = uvicorn.Config(
-        create_app(client, max_body=max_body),
+        create_app(client, auth=auth, max_body=max_body),
         log_config=None,
         lifespan="off",
         access_log=False,
@@ -113,7 +139,7 @@ async def http_api(
             stop.set("the HTTP API stopped")
 
     serving.add_done_callback(ended)
-    log.info("HTTP API listening on %s", where)
+    log.info("HTTP API listening on %s (%s)", where, "API tokens" if auth else "no authentication")
     try:
         yield
     finally:

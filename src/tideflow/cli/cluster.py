@@ -124,9 +124,16 @@ def server_cmd(
             "--http",
             envvar="TIDEFLOW_HTTP",
             metavar="HOST:PORT",
-            help="Also serve the REST API (docs/api.md) on this loopback address (127.0.0.1:8080; port 0 picks a free one). It has no authentication yet: any other host is refused.",
+            help="Also serve the REST API (docs/api.md) on this address (127.0.0.1:8080, 0.0.0.0:8080; port 0 picks a free one). Every request but /health and /ready needs an API token (tideflow tokens create).",
         ),
     ] = None,
+    no_auth: Annotated[
+        bool,
+        typer.Option(
+            "--no-auth",
+            help="Serve the REST API without API tokens: anyone who connects may do anything, so --http must be a loopback address.",
+        ),
+    ] = False,
     verbose: VerboseOption = False,
 ) -> None:
     """Run one of a cluster's engines: scheduler, relay, timers and recovery, no workers.
@@ -140,8 +147,10 @@ def server_cmd(
     --sweep-interval seconds (30) it repairs what a lost notification left,
     with one indexed query per kind. SIGTERM or Ctrl-C:
     finish the batch in progress, release the partitions, exit 0. Logs go to
-    stderr. --http 127.0.0.1:8080 serves the REST API beside it (no
-    authentication yet: loopback only). See docs/deployment.md and docs/api.md.
+    stderr. --http 127.0.0.1:8080 serves the REST API beside it, every
+    request but /health and /ready with an API token (`tideflow tokens
+    create`); --no-auth serves it without, on loopback only. See
+    docs/deployment.md, docs/api.md and docs/security.md.
 
     Examples:
       tideflow server --store postgresql://tideflow@db/tideflow --bus redis://mq:6379/0
@@ -162,7 +171,9 @@ def server_cmd(
         sweep_interval = check_interval(sweep_interval)
     except (ValueError, TideflowError) as exc:
         raise fail_usage(str(exc)) from None
-    services = (_http_service(http),) if http else ()
+    if no_auth and not http:
+        raise fail_usage("--no-auth is about the REST API: give --http HOST:PORT with it")
+    services = (_http_service(http, auth=not no_auth),) if http else ()
     _log_level(verbose)
     if standby:
         logging.getLogger("tideflow.server").warning(
@@ -186,9 +197,9 @@ def server_cmd(
     raise typer.Exit(code)
 
 
-def _http_service(address: str) -> Service:
+def _http_service(address: str, auth: bool) -> Service:
     """The REST API on ``address``, a listening socket already (a refused address or a
-    port in use is an exit 2 before the server starts)."""
+    port in use is an exit 2 before the server starts); API tokens unless not ``auth``."""
     try:
         from tideflow.api.serving import AddressRefused, http_api, listen, parse_address
     except ImportError as exc:
@@ -196,13 +207,13 @@ def _http_service(address: str) -> Service:
             f"--http needs the API's packages ({exc.name} is missing): pip install 'tideflow[api]'"
         ) from None
     try:
-        host, port = parse_address(address)
+        host, port = parse_address(address, auth=auth)
         sock = listen(host, port)
     except AddressRefused as exc:
         raise fail_usage(str(exc)) from None
     except OSError as exc:
         raise fail_usage(f"--http {address}: cannot listen there: {exc.strerror or exc}") from None
-    return functools.partial(http_api, sock=sock)
+    return functools.partial(http_api, sock=sock, auth=auth)
 
 
 async def _serve(options: Any, serve: Any) -> int:

@@ -1,5 +1,6 @@
 """`tideflow server --http`: the REST API served by a real server process on PostgreSQL
-and a real bus, called over TCP; it stops with the server on SIGTERM. Every wait is on a
+and a real bus, called over TCP with API tokens made by the real `tideflow tokens
+create` on the same store; it stops with the server on SIGTERM. Every wait is on a
 condition with a bound."""
 
 from __future__ import annotations
@@ -40,11 +41,27 @@ APPROVAL = {
 def test_the_server_serves_the_api_and_stops_it_on_sigterm(cluster: Cluster) -> None:
     server = cluster.server("--http", "127.0.0.1:0")
     server.wait_log("HTTP API listening on")
-    assert "NO AUTHENTICATION" in server.text()
+    assert "NO AUTHENTICATION" not in server.text()
+    assert "tideflow tokens create --name NAME --role admin" in server.text()  # none yet
     found = re.search(r"HTTP API listening on (http://127\.0\.0\.1:\d+)", server.text())
     assert found, server.text()
     base = found.group(1)
-    with httpx.Client(base_url=base, timeout=10) as api:
+    tokens = {}
+    for role in ("admin", "viewer"):
+        made = cluster.cli("tokens", "create", "--name", f"http-{role}", "--role", role)
+        assert made.returncode == 0, made.stderr
+        tokens[role] = {"authorization": f"Bearer {made.stdout.strip()}"}
+    with httpx.Client(base_url=base, timeout=10) as anonymous:
+        assert anonymous.get("/ready").json() == {"status": "ready"}
+        refused = anonymous.get("/runs")
+        assert refused.status_code == 401
+        assert refused.headers["www-authenticate"].startswith("Bearer")
+    with httpx.Client(base_url=base, timeout=10, headers=tokens["viewer"]) as viewer:
+        assert viewer.get("/runs").json()["runs"] == []
+        forbidden = viewer.post("/runs", json={"workflow": "http-approval"})
+        assert forbidden.status_code == 403
+        assert "needs role operator" in forbidden.json()["detail"]
+    with httpx.Client(base_url=base, timeout=10, headers=tokens["admin"]) as api:
         assert api.get("/ready").json() == {"status": "ready"}
         assert api.post("/definitions", json=APPROVAL).status_code == 201
         started = api.post("/runs", json={"workflow": "http-approval", "idempotency_key": "k"})

@@ -1,5 +1,6 @@
 """The REST API over an embedded runtime's client, called with httpx through ASGI: every
-route, its happy path and its errors, all in the one problem shape."""
+route, its happy path and its errors, all in the one problem shape. Requests carry an
+admin token (who may do what is tests/unit/api/test_authorisation.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import httpx
 import pytest
 
 from tideflow.api import create_app
+from tideflow.api.auth import issue_token
+from tideflow.model.tokens import Role
 from tideflow.runtime.runtime import Runtime
 from tideflow.testing.waiting import step_is, wait_until
 from tideflow.worker.executors.functions import register, unregister
@@ -55,8 +58,12 @@ async def rt() -> AsyncIterator[Runtime]:
 @pytest.fixture
 async def api(rt: Runtime) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(rt.client, max_body=MAX_BODY)
+    admin = await issue_token(rt.client.store, name="test", role=Role.ADMIN, now=0.0)
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+    headers = {"authorization": f"Bearer {admin.value}"}
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://api", headers=headers
+    ) as client:
         yield client
 
 
@@ -222,7 +229,7 @@ async def test_start_a_run_signal_it_and_read_it(rt: Runtime, api: httpx.AsyncCl
     result = await rt.client.wait(run_id, 10)
     assert result.output == {"ok": 1}
     late = await api.post(f"/runs/{run_id}/signals", json={"name": "go", "payload": {"ok": 2}})
-    assert late.status_code == 200, late.text
+    assert late.status_code == 202, late.text
     assert late.json()["status"] == "unmatched"
     assert (await rt.client.wait(run_id, 10)).output == {"ok": 1}
     history = (await api.get(f"/runs/{run_id}/history")).json()

@@ -1,11 +1,14 @@
-"""The curl examples of docs/api.md run as they are against a served API."""
+"""The curl examples of docs/api.md run as they are against a served API on a SQLite
+store, their tokens made by the real `tideflow tokens create` on that store."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +37,18 @@ def responses(output: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.skipif(not (shutil.which("curl") and shutil.which("jq")), reason="needs curl and jq")
-async def test_the_curl_examples_run() -> None:
+async def test_the_curl_examples_run(tmp_path: Path) -> None:
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
     port = listener.getsockname()[1]
+    store = f"sqlite:///{tmp_path / 'docs.db'}"
     script = examples().replace("API=http://127.0.0.1:8080", f"API=http://127.0.0.1:{port}")
-    assert script != examples()
-    async with Runtime(workers=1) as rt:
+    assert script.count("sqlite:///tideflow.db") == 2
+    script = script.replace("sqlite:///tideflow.db", store)
+    # the `tideflow` of the environment the tests run in
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    async with Runtime(store=store, workers=1) as rt:
         server = uvicorn.Server(uvicorn.Config(create_app(rt.client), log_config=None))
         serving = asyncio.create_task(server.serve(sockets=[listener]))
         try:
@@ -49,11 +56,13 @@ async def test_the_curl_examples_run() -> None:
                 "bash", "-euo", "pipefail", "-c", script,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
+                env={**os.environ, "PATH": path},
             )  # fmt: skip
             out, err = await shell.communicate()
             assert shell.returncode == 0, err.decode()
             (run,) = (await rt.client.list()).runs
             result = await rt.client.wait(run.run_id, 10)
+            tokens = await rt.client.store.list_tokens()
         finally:
             server.should_exit = True
             await serving
@@ -63,7 +72,11 @@ async def test_the_curl_examples_run() -> None:
     assert bodies[0] == {"status": "ok"}
     problems = [b["type"] for b in bodies if str(b.get("type", "")).startswith("urn:")]
     assert problems == [
+        "urn:tideflow:problem:unauthenticated",
         "urn:tideflow:problem:run-not-retryable",
         "urn:tideflow:problem:input-invalid",
+        "urn:tideflow:problem:forbidden",
     ]
-    assert bodies[-1]["errors"][0]["field"] == "body.input"
+    assert bodies[-2]["errors"][0]["field"] == "body.input"
+    assert "needs role operator" in bodies[-1]["detail"]
+    assert sorted(t.role for t in tokens) == ["admin", "viewer"]

@@ -71,3 +71,20 @@ async def test_a_definition_may_be_json_or_yaml() -> None:
     document = await openapi()
     body = document["paths"]["/definitions"]["post"]["requestBody"]["content"]
     assert set(body) == {"application/json", "application/yaml"}
+
+
+async def test_security_is_declared_on_every_route_but_the_probes() -> None:
+    document = await openapi()
+    scheme = document["components"]["securitySchemes"]["bearer"]
+    assert (scheme["type"], scheme["scheme"]) == ("http", "bearer")
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            if path in ("/health", "/ready"):
+                assert "security" not in operation, path
+                assert not {"401", "403"} & set(operation["responses"]), path
+                continue
+            assert operation["security"] == [{"bearer": []}], (method, path)
+            for code in ("401", "403"):
+                error = operation["responses"][code]["content"]
+                assert error == {"application/problem+json": {"schema": PROBLEM}}, (path, code)
+            assert "WWW-Authenticate" in operation["responses"]["401"]["headers"], path

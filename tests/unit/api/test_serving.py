@@ -1,5 +1,5 @@
-"""`--http HOST:PORT`: a loopback address only (there is no authentication yet), bound
-before the server starts."""
+"""`--http HOST:PORT`: any address with API tokens, a loopback address only with
+`--no-auth`; bound before the server starts."""
 
 from __future__ import annotations
 
@@ -19,10 +19,20 @@ def test_a_loopback_address_is_parsed() -> None:
     assert parse_address("127.1.2.3:80") == ("127.1.2.3", 80)
 
 
-@pytest.mark.parametrize("address", ["0.0.0.0:8080", "10.0.0.5:80", "example.com:80", "[::]:80"])
-def test_any_other_host_is_refused_saying_there_is_no_auth(address: str) -> None:
-    with pytest.raises(AddressRefused, match="no authentication yet"):
-        parse_address(address)
+PUBLIC = ["0.0.0.0:8080", "10.0.0.5:80", "example.com:80", "[::]:80"]
+
+
+@pytest.mark.parametrize("address", PUBLIC)
+def test_with_tokens_any_host_is_taken(address: str) -> None:
+    host, port = parse_address(address)
+    assert f"{host}:{port}" in address.replace("[", "").replace("]", "")
+
+
+@pytest.mark.parametrize("address", PUBLIC)
+def test_without_auth_any_other_host_is_refused_saying_why(address: str) -> None:
+    with pytest.raises(AddressRefused, match="without authentication listens on a loopback"):
+        parse_address(address, auth=False)
+    assert parse_address("127.0.0.1:80", auth=False) == ("127.0.0.1", 80)
 
 
 @pytest.mark.parametrize(
@@ -33,12 +43,18 @@ def test_a_malformed_address_is_refused(address: str) -> None:
         parse_address(address)
 
 
-def test_the_server_command_refuses_a_public_address_before_it_starts() -> None:
+def test_the_server_command_refuses_a_public_address_without_auth_before_it_starts() -> None:
     result = CliRunner().invoke(
-        app, ["server", "--bus", "redis://127.0.0.1:1/0", "--http", "0.0.0.0:8080"]
+        app, ["server", "--bus", "redis://127.0.0.1:1/0", "--http", "0.0.0.0:8080", "--no-auth"]
     )
     assert result.exit_code == 2
-    assert "no authentication yet" in result.output
+    assert "--no-auth" in result.output and "loopback" in result.output
+
+
+def test_no_auth_without_http_is_a_usage_error() -> None:
+    result = CliRunner().invoke(app, ["server", "--bus", "redis://127.0.0.1:1/0", "--no-auth"])
+    assert result.exit_code == 2
+    assert "--http" in result.output
 
 
 def test_a_port_in_use_is_an_error_before_the_server_starts() -> None:
