@@ -23,6 +23,7 @@ from tideflow.cli.common import (
     display_url,
     fail_usage,
     opened_client,
+    registry,
     run_async,
     store_unavailable,
 )
@@ -134,6 +135,21 @@ def server_cmd(
             help="Serve the REST API without API tokens: anyone who connects may do anything, so --http must be a loopback address.",
         ),
     ] = False,
+    embedded: Annotated[
+        bool,
+        typer.Option(
+            "--embedded",
+            help="Everything in this one process: the store's engine, the in-process bus and --workers workers (a one-machine deployment, on SQLite by default); no --bus.",
+        ),
+    ] = False,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers",
+            min=1,
+            help="With --embedded: concurrent step executions (default 32). A cluster's servers run no steps: start `tideflow worker`.",
+        ),
+    ] = None,
     verbose: VerboseOption = False,
 ) -> None:
     """Run one of a cluster's engines: scheduler, relay, timers and recovery, no workers.
@@ -152,8 +168,13 @@ def server_cmd(
     create`); --no-auth serves it without, on loopback only. See
     docs/deployment.md, docs/api.md and docs/security.md.
 
+    --embedded runs the whole of tideflow in this one process instead (the
+    store's one engine, the in-process bus, --workers workers): with --http it
+    is a one-machine deployment, SQLite (the default store) included.
+
     Examples:
       tideflow server --store postgresql://tideflow@db/tideflow --bus redis://mq:6379/0
+      tideflow server --embedded --http 127.0.0.1:8080
       tideflow server --bus redis://mq:6379/0 --http 127.0.0.1:8080
       TIDEFLOW_STORE=postgresql://… TIDEFLOW_BUS=nats://mq:4222 tideflow server
     """
@@ -162,8 +183,21 @@ def server_cmd(
     from tideflow.runtime.server import ServerOptions, serve
     from tideflow.runtime.sweep import check_interval
 
-    if not bus:
-        raise fail_usage("give the cluster's bus: --bus redis://host:6379/0 (or TIDEFLOW_BUS)")
+    if embedded and bus:
+        raise fail_usage(
+            "--embedded uses the in-process bus: leave out --bus (and TIDEFLOW_BUS), or run "
+            "a cluster's server without --embedded"
+        )
+    if not embedded and workers is not None:
+        raise fail_usage(
+            "a cluster's server runs no steps: start `tideflow worker` processes, or give "
+            "--embedded to run workers in this process"
+        )
+    if not bus and not embedded:
+        raise fail_usage(
+            "give the cluster's bus: --bus redis://host:6379/0 (or TIDEFLOW_BUS), or "
+            "--embedded for one process with the in-process bus"
+        )
     try:
         clock = clock_from_environment(os.environ)
         ttl = ttl_from_environment(os.environ)
@@ -192,6 +226,9 @@ def server_cmd(
             "sweep_interval": sweep_interval,
         },
         services=services,
+        embedded=embedded,
+        workers=(workers or 32) if embedded else 0,
+        executors=registry() if embedded else None,
     )
     code = run_async(_serve(options, serve))
     raise typer.Exit(code)

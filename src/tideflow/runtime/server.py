@@ -1,4 +1,6 @@
-"""`tideflow server`: an engine of a cluster, with no workers, until SIGTERM or SIGINT.
+"""`tideflow server`: an engine of a cluster, with no workers, until SIGTERM or SIGINT
+(or, with ``--embedded``, everything in one process: the store's engine, the in-process
+bus and workers, for a one-machine deployment on SQLite with the HTTP API beside it).
 
 A server is ``Runtime(workers=0, cluster=True)`` on a shared store and a real bus. Any
 number of servers run side by side on one store and bus, all active: runs hash to the
@@ -77,6 +79,12 @@ class ServerOptions:
     services: tuple[Service, ...] = ()
     """What runs beside the engine over its client once it serves, until it stops (the
     HTTP API of ``--http``: api/serving.py)."""
+    embedded: bool = False
+    """One process for everything (``--embedded``): the store's one engine (its
+    ``engine`` lease, not partitions), the in-process bus and ``workers`` workers."""
+    workers: int = 0
+    executors: Any = None
+    """The executor registry of an embedded server's workers (None: the built-in ones)."""
 
 
 def check_urls(store: str, bus: str) -> None:
@@ -98,33 +106,35 @@ async def serve(options: ServerOptions, stop: Stop | None = None) -> int:
     ``EngineAlreadyRunning`` when an embedded engine holds the store for longer than
     ``wait_for_engine``, ``BusError`` when the bus's partition count is not the
     cluster's."""
-    check_urls(options.store, options.bus)
+    if options.embedded:
+        check_embedded_store(options.store)
+    else:
+        check_urls(options.store, options.bus)
     stop = stop or Stop()
     stop.install()
-
-    from tideflow.bus import open_bus
-
-    rt = Runtime(
-        store=options.store,
-        bus=open_bus(options.bus),
-        workers=0,
-        recover=True,
-        lease_ttl=options.lease_ttl,
-        wait_for_engine=options.wait_for_engine,
-        cluster=True,
-        **options.runtime,
-    )
+    rt = _runtime(options)
     me = f"{socket.gethostname()}/{os.getpid()}"
-    log.info(
-        "tideflow server %s: engine (scheduler, relay, timers, recovery; no workers) for "
-        "store %s, bus %s (%d event partitions, delivery lease %gs, partition lease TTL %gs)",
-        me,
-        shown(options.store),
-        shown(options.bus),
-        rt.bus.partitions,
-        rt.bus.lease,
-        options.lease_ttl,
-    )
+    if options.embedded:
+        log.info(
+            "tideflow server %s, embedded: the engine of store %s, the in-process bus and "
+            "%d workers in this one process (engine lease TTL %gs)",
+            me,
+            shown(options.store),
+            options.workers,
+            options.lease_ttl,
+        )
+    else:
+        log.info(
+            "tideflow server %s: engine (scheduler, relay, timers, recovery; no workers) for "
+            "store %s, bus %s (%d event partitions, delivery lease %gs, partition lease "
+            "TTL %gs)",
+            me,
+            shown(options.store),
+            shown(options.bus),
+            rt.bus.partitions,
+            rt.bus.lease,
+            options.lease_ttl,
+        )
     try:
         started = await _started(rt, options, stop)
     except BaseException:
@@ -139,14 +149,16 @@ async def serve(options: ServerOptions, stop: Stop | None = None) -> int:
         log.info("stopped before it joined the cluster")
         return STOPPED
     try:
-        assert rt.partitions is not None
-        log.info(
-            "serving: member %s of the cluster, applying partitions %s of %d (the share "
-            "of each server follows the live servers)",
-            rt.partitions.owner,
-            shown_partitions(rt.partitions.ownership.applied),
-            rt.bus.partitions,
-        )
+        if rt.partitions is None:
+            log.info("serving: the store's engine, with %d workers", options.workers)
+        else:
+            log.info(
+                "serving: member %s of the cluster, applying partitions %s of %d (the share "
+                "of each server follows the live servers)",
+                rt.partitions.owner,
+                shown_partitions(rt.partitions.ownership.applied),
+                rt.bus.partitions,
+            )
         async with contextlib.AsyncExitStack() as services:
             for service in options.services:
                 await services.enter_async_context(service(rt.client, stop))
@@ -157,6 +169,30 @@ async def serve(options: ServerOptions, stop: Stop | None = None) -> int:
         stop.uninstall()
     log.info("stopped")
     return STOPPED
+
+
+def check_embedded_store(store: str) -> None:
+    """An embedded server keeps its runs: not in memory."""
+    if store.split(":", 1)[0].lower() == "memory":
+        raise StoreError(
+            "an embedded server's runs must outlive it: use sqlite:///file.db (the default, "
+            ".tideflow/tideflow.db) or postgresql://…, not memory://"
+        )
+
+
+def _runtime(options: ServerOptions) -> Runtime:
+    common: dict[str, Any] = {
+        "store": options.store,
+        "recover": True,
+        "lease_ttl": options.lease_ttl,
+        "wait_for_engine": options.wait_for_engine,
+        **options.runtime,
+    }
+    if options.embedded:
+        return Runtime(workers=options.workers, executors=options.executors, **common)
+    from tideflow.bus import open_bus
+
+    return Runtime(bus=open_bus(options.bus), workers=0, cluster=True, **common)
 
 
 async def _started(rt: Runtime, options: ServerOptions, stop: Stop) -> bool:
@@ -186,4 +222,4 @@ async def _started(rt: Runtime, options: ServerOptions, stop: Stop) -> bool:
     return True
 
 
-__all__ = ["STOPPED", "ServerOptions", "Service", "check_urls", "serve"]
+__all__ = ["STOPPED", "ServerOptions", "Service", "check_embedded_store", "check_urls", "serve"]
