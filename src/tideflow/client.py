@@ -34,8 +34,15 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from tideflow.bus.base import Bus, QueueStats
 from tideflow.core.reopen import RETRYABLE
-from tideflow.errors import DefinitionInactive, InputValidationError, RunNotRetryable, StepError
+from tideflow.errors import (
+    BusError,
+    DefinitionInactive,
+    InputValidationError,
+    RunNotRetryable,
+    StepError,
+)
 from tideflow.model import storable
 from tideflow.model.events import CancelRequested, Event, RunRetried, RunStarted, SignalReceived
 from tideflow.model.plan import Plan
@@ -105,8 +112,10 @@ class Client:
         clock: Clock,
         new_event_id: Callable[[], str],
         max_step_output: int = storable.MAX_STEP_OUTPUT,
+        bus: Bus | None = None,
     ) -> None:
         self.store = store
+        self._bus = bus
         self._link = link
         self._catalog = catalog
         self._clock = clock
@@ -142,6 +151,7 @@ class Client:
             clock=self._clock,
             new_event_id=self._new_id,
             max_step_output=self._max_step_output,
+            bus=self._bus,
         )
 
     # -- starting and steering runs ---------------------------------------------
@@ -345,6 +355,14 @@ class Client:
     def delivered_to(self) -> Lease | None:
         """The live engine the last event went to (a recording client's), or None."""
         return self._link.delivered_to if isinstance(self._link, _Recording) else None
+
+    async def queues(self) -> builtins.list[QueueStats]:
+        """The task queues of the bus this client's events go on: per queue and priority,
+        what waits, what is held, the oldest one's age and the consumers
+        (``Bus.queue_stats``)."""
+        if self._bus is None:
+            raise BusError("this client has no bus to ask for its queues")
+        return await self._bus.queue_stats()
 
     async def unfinished(self) -> builtins.list[str]:
         """Ids of the runs in the store that have not ended."""

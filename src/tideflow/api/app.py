@@ -29,6 +29,8 @@ from tideflow.api.models import (
     DefinitionRow,
     Health,
     History,
+    QueueList,
+    QueueRow,
     Ready,
     Reason,
     RunList,
@@ -41,6 +43,7 @@ from tideflow.api.models import (
     StoredDefinition,
 )
 from tideflow.api.problems import Problem
+from tideflow.bus.base import unserved
 from tideflow.client import Client
 from tideflow.model.states import RunStatus
 from tideflow.model.tokens import Action
@@ -107,6 +110,14 @@ def _service_routes(app: FastAPI, client: Client) -> None:
     async def health() -> Health:
         """The process is alive."""
         return Health()
+
+    @app.get("/queues", tags=["service"], dependencies=[READ])
+    async def queues() -> QueueList:
+        """The task queues of the bus, per queue and priority: what waits, what is held,
+        the oldest one's age, the workers reading them; ``unserved`` names the queues
+        with tasks and no worker."""
+        rows = await client.queues()
+        return QueueList(queues=[QueueRow.of(r) for r in rows], unserved=unserved(rows))
 
     @app.get("/ready", tags=["service"])
     async def ready() -> Ready:

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tideflow.bus.base import QueueStats
 from tideflow.model.plan import Plan
 from tideflow.model.states import SignalOutcome
 from tideflow.runtime.result import RunResult
@@ -192,3 +193,30 @@ class SignalSent(BaseModel):
     status: SignalOutcome = Field(
         description="`delivered`, or `unmatched` when the run has ended (nothing changed)"
     )
+
+
+class QueueRow(BaseModel):
+    queue: str
+    priority: str = Field(description="high, normal or low")
+    depth: int = Field(description="Tasks waiting: published and not delivered")
+    held: int = Field(description="Tasks delivered to a worker and not settled yet")
+    oldest_age: float | None = Field(
+        description="Seconds since the oldest waiting task was queued (null: none waits)"
+    )
+    consumers: int = Field(description="Workers reading the queue")
+
+    @classmethod
+    def of(cls, row: QueueStats) -> QueueRow:
+        return cls(
+            queue=row.queue,
+            priority=row.priority.value,
+            depth=row.depth,
+            held=row.held,
+            oldest_age=row.oldest_age,
+            consumers=row.consumers,
+        )
+
+
+class QueueList(BaseModel):
+    queues: list[QueueRow]
+    unserved: list[str] = Field(description="Queues with tasks waiting and no consumer")

@@ -162,6 +162,11 @@ class QueueStats:
     the same count); what a backend can see of them is in its ``queue_stats``."""
 
 
+def unserved(rows: Sequence[QueueStats]) -> list[str]:
+    """The queues with tasks waiting and no consumer."""
+    return sorted({r.queue for r in rows if r.depth and not r.consumers})
+
+
 class Delivery(ABC, Generic[Body]):
     """One delivered message, held under a lease until it is settled."""
 

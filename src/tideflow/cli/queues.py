@@ -10,7 +10,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from tideflow.bus.base import QueueStats
+from tideflow.bus.base import QueueStats, unserved
 from tideflow.cli.cluster import ClusterBusOption
 from tideflow.cli.common import JsonOption, err, fail_usage, run_async, table_console, write_json
 
@@ -85,11 +85,6 @@ def row_json(row: QueueStats) -> dict[str, Any]:
         "oldest_age": row.oldest_age,
         "consumers": row.consumers,
     }
-
-
-def unserved(rows: Sequence[QueueStats]) -> list[str]:
-    """The queues with tasks waiting and no consumer."""
-    return sorted({r.queue for r in rows if r.depth and not r.consumers})
 
 
 def warnings(rows: Sequence[QueueStats]) -> list[str]:

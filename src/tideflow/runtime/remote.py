@@ -276,6 +276,7 @@ async def connect(
                 clock=clock,
                 new_event_id=lambda: f"{prefix}-{next(counter)}",
                 max_step_output=max_step_output,
+                bus=bus,
             )
         finally:
             await link.close()

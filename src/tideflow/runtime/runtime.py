@@ -174,6 +174,7 @@ class Runtime:
             clock=self.clock,
             new_event_id=self.new_event_id,
             max_step_output=max_step_output,
+            bus=self.bus,
         )
         """Start, steer and read runs (every run method of the runtime is the client's)."""
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -402,3 +403,24 @@ async def test_an_unexpected_error_is_a_generic_500(rt: Runtime, api: httpx.Asyn
     rt.store.list_definitions = broken  # type: ignore[method-assign]
     body = problem(await api.get("/definitions"), 500)
     assert "secret" not in str(body) and "Traceback" not in str(body)
+
+
+TASKS = {
+    "name": "tasks",
+    "version": "1",
+    "steps": [{"id": "a", "type": "noop", "queue": "billing"}],
+}
+
+
+async def test_queues_show_what_waits_on_the_bus() -> None:
+    async with Runtime(workers=0) as rt:
+        await rt.client.register(TASKS)
+        run_id = await rt.client.start("tasks", {})
+        transport = httpx.ASGITransport(app=create_app(rt.client, auth=False))
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as api:
+            await wait_until(rt, run_id, step_is("a", "running"))
+            body: dict[str, Any] = (await api.get("/queues")).json()
+        rows = {(q["queue"], q["priority"]): q for q in body["queues"]}
+        assert rows[("billing", "normal")]["depth"] == 1
+        assert rows[("billing", "normal")]["consumers"] == 0
+        assert body["unserved"] == ["billing"]

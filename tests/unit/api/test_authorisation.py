@@ -39,6 +39,7 @@ ROUTES: dict[tuple[str, str], Action | None] = {
     ("GET", "/docs"): None,
     ("GET", "/docs/oauth2-redirect"): None,
     ("GET", "/redoc"): None,
+    ("GET", "/queues"): Action.READ,
     ("POST", "/definitions/validate"): Action.READ,
     ("POST", "/definitions"): Action.DEFINITIONS,
     ("GET", "/definitions"): Action.READ,

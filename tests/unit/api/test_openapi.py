@@ -41,6 +41,7 @@ async def test_every_route_has_its_schemas() -> None:
     assert {path for _, path in operations} == {
         "/health",
         "/ready",
+        "/queues",
         "/definitions/validate",
         "/definitions",
         "/definitions/{name}/{version}",
