@@ -6,7 +6,7 @@
 
 Routes (docs/api.md): ``/health``, ``/ready``; ``/definitions`` (validate, register,
 list, get by name and version); ``/runs`` (start, list, get, history, cancel, retry,
-signals). Bodies are JSON, a definition may also be YAML (``application/yaml``); every
+signals); ``/events``, the CloudEvents gateway (api/events.py, docs/events.md). Bodies are JSON, a definition may also be YAML (``application/yaml``); every
 error is a problem (api/problems.py). There is no authentication yet: serve it on
 loopback only.
 """
@@ -20,6 +20,8 @@ from fastapi import FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 
 from tideflow.api import problems
+from tideflow.api.event_sources import EventSources
+from tideflow.api.events import event_routes
 from tideflow.api.models import (
     CompiledDefinition,
     DefinitionList,
@@ -70,13 +72,21 @@ _DEFINITION_BODY = {
 }
 
 
-def create_app(client: Client, *, max_body: int = DEFAULT_MAX_BODY) -> FastAPI:
-    """The API over ``client``; request bodies over ``max_body`` bytes are refused (413)."""
+def create_app(
+    client: Client,
+    *,
+    max_body: int = DEFAULT_MAX_BODY,
+    event_sources: EventSources | None = None,
+) -> FastAPI:
+    """The API over ``client``; request bodies over ``max_body`` bytes are refused (413).
+    ``POST /events`` takes events from the sources ``event_sources`` lists, and from API
+    tokens that may signal (none: API tokens only)."""
     app = FastAPI(title="tideflow", version="1", responses=_ERRORS)
     problems.install(app, max_body)
     _service_routes(app, client)
     _definition_routes(app, client)
     _run_routes(app, client)
+    event_routes(app, client, event_sources or EventSources())
     return app
 
 
