@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Generator
 import uvicorn
 
 from tideflow.api.app import DEFAULT_MAX_BODY, create_app
+from tideflow.api.event_sources import EventSources
 from tideflow.client import Client
 from tideflow.lifecycle import Stop
 
@@ -86,7 +87,11 @@ class _Embedded(uvicorn.Server):
 
 @contextlib.asynccontextmanager
 async def http_api(
-    client: Client, stop: Stop, sock: socket.socket, max_body: int = DEFAULT_MAX_BODY
+    client: Client,
+    stop: Stop,
+    sock: socket.socket,
+    max_body: int = DEFAULT_MAX_BODY,
+    event_sources: EventSources | None = None,
 ) -> AsyncIterator[None]:
     """Serve the API on ``sock`` while the block runs; when uvicorn ends on its own, the
     server is stopped too."""
@@ -97,7 +102,7 @@ async def http_api(
         where,
     )
     config = uvicorn.Config(
-        create_app(client, max_body=max_body),
+        create_app(client, max_body=max_body, event_sources=event_sources),
         log_config=None,
         lifespan="off",
         access_log=False,

@@ -127,6 +127,15 @@ def server_cmd(
             help="Also serve the REST API (docs/api.md) on this loopback address (127.0.0.1:8080; port 0 picks a free one). It has no authentication yet: any other host is refused.",
         ),
     ] = None,
+    event_sources: Annotated[
+        Path | None,
+        typer.Option(
+            "--event-sources",
+            envvar="TIDEFLOW_EVENT_SOURCES",
+            metavar="FILE",
+            help="The event gateway's sources (POST /events, docs/events.md): a YAML or JSON file naming each source and its auth (bearer or hmac, the secret in an environment variable). Without it, only API tokens may send events. Needs --http.",
+        ),
+    ] = None,
     verbose: VerboseOption = False,
 ) -> None:
     """Run one of a cluster's engines: scheduler, relay, timers and recovery, no workers.
@@ -141,7 +150,9 @@ def server_cmd(
     with one indexed query per kind. SIGTERM or Ctrl-C:
     finish the batch in progress, release the partitions, exit 0. Logs go to
     stderr. --http 127.0.0.1:8080 serves the REST API beside it (no
-    authentication yet: loopback only). See docs/deployment.md and docs/api.md.
+    authentication yet: loopback only); --event-sources FILE says who may send
+    CloudEvents to its POST /events (docs/events.md). See docs/deployment.md and
+    docs/api.md.
 
     Examples:
       tideflow server --store postgresql://tideflow@db/tideflow --bus redis://mq:6379/0
@@ -162,7 +173,9 @@ def server_cmd(
         sweep_interval = check_interval(sweep_interval)
     except (ValueError, TideflowError) as exc:
         raise fail_usage(str(exc)) from None
-    services = (_http_service(http),) if http else ()
+    if event_sources is not None and not http:
+        raise fail_usage("--event-sources configures the HTTP API's event gateway: give --http too")
+    services = (_http_service(http, event_sources),) if http else ()
     _log_level(verbose)
     if standby:
         logging.getLogger("tideflow.server").warning(
@@ -186,15 +199,20 @@ def server_cmd(
     raise typer.Exit(code)
 
 
-def _http_service(address: str) -> Service:
-    """The REST API on ``address``, a listening socket already (a refused address or a
-    port in use is an exit 2 before the server starts)."""
+def _http_service(address: str, event_sources: Path | None = None) -> Service:
+    """The REST API on ``address``, a listening socket already (a refused address, a port
+    in use or a bad sources file is an exit 2 before the server starts)."""
     try:
+        from tideflow.api.event_sources import EventSources, EventSourcesError
         from tideflow.api.serving import AddressRefused, http_api, listen, parse_address
     except ImportError as exc:
         raise fail_usage(
             f"--http needs the API's packages ({exc.name} is missing): pip install 'tideflow[api]'"
         ) from None
+    try:
+        sources = EventSources.load(event_sources) if event_sources else EventSources()
+    except EventSourcesError as exc:
+        raise fail_usage(f"--event-sources: {exc}") from None
     try:
         host, port = parse_address(address)
         sock = listen(host, port)
@@ -202,7 +220,7 @@ def _http_service(address: str) -> Service:
         raise fail_usage(str(exc)) from None
     except OSError as exc:
         raise fail_usage(f"--http {address}: cannot listen there: {exc.strerror or exc}") from None
-    return functools.partial(http_api, sock=sock)
+    return functools.partial(http_api, sock=sock, event_sources=sources)
 
 
 async def _serve(options: Any, serve: Any) -> int:
