@@ -207,6 +207,7 @@ def _binary(content_type: str | None, headers: Mapping[str, str], body: bytes) -
             found[name[3:]] = unquote(value, errors="strict")
         except UnicodeDecodeError:
             problems.append(FieldProblem(f"header {name}", "not percent-encoded UTF-8"))
+            found[name[3:]] = value  # present, if wrong: not reported missing as well
     if not found:
         media = media_type(content_type) or "none"
         raise EventRefused(
