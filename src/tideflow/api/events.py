@@ -147,6 +147,7 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
         403: "An API token whose role may not signal",
         413: "Body too large",
         415: "A CloudEvents format other than JSON",
+        501: "An event without tideflowrunid on a server that cannot correlate",
     }.items()
 }
 
@@ -162,6 +163,7 @@ def event_routes(
     signal) become signals through ``client``."""
     app.add_exception_handler(EventRefused, _event_refused)
     app.add_exception_handler(SourceRefused, _source_refused)
+    app.add_exception_handler(CorrelationUnavailable, _correlation_unavailable)
 
     @app.post(
         "/events",
@@ -182,6 +184,8 @@ def event_routes(
         if not token:
             _authorise(sources, events, headers, body, now())
         _check_storable(events)
+        if not hasattr(client, "deliver_event") and any(e.run_id is None for e in events):
+            raise CorrelationUnavailable()  # refused before any event of the batch is sent
         return EventsAccepted(mode=mode, events=await _deliver_all(client, events))
 
     _document_event_schema(app)
@@ -242,7 +246,12 @@ async def _deliver_all(client: Client, events: list[CloudEvent]) -> list[EventOu
 async def _deliver(client: Client, event: CloudEvent) -> EventOutcome:
     if event.run_id is not None:
         return await _to_run(client, event, event.run_id)
-    run_ids = await client.deliver_event(
+    # Client.deliver_event comes with the correlation work (branch `correlate`); until it
+    # is merged, an event without tideflowrunid is refused (501) before anything changes.
+    deliver = getattr(client, "deliver_event", None)
+    if deliver is None:
+        raise CorrelationUnavailable()
+    run_ids: list[str] = await deliver(
         event.type, event.payload(), event_id=signal_id(event.source, event.id)
     )
     if not run_ids:
@@ -253,6 +262,18 @@ async def _deliver(client: Client, event: CloudEvent) -> EventOutcome:
             f"no run waits for signal {event.type!r} with a match that holds",
         )
     return _outcome(event, "delivered", run_ids)
+
+
+class CorrelationUnavailable(Exception):
+    """This build's client cannot find runs by correlation."""
+
+
+async def _correlation_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    detail = (
+        "this server cannot route an event by correlation yet: name its run in the "
+        "tideflowrunid extension attribute"
+    )
+    return problem_response(501, "correlation-unavailable", request.url.path, detail)
 
 
 async def _to_run(client: Client, event: CloudEvent, run_id: str) -> EventOutcome:

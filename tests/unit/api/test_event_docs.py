@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tideflow.api.event_sources import EventSources, sign
+from tideflow.client import Client
 from tideflow.runtime.runtime import Runtime
 
 from .conftest import served
@@ -46,6 +47,11 @@ def test_the_python_signing_of_the_docs_is_the_servers() -> None:
     )
 
 
+@pytest.mark.skipif(
+    not hasattr(Client, "deliver_event"),
+    reason="the payment example is routed by correlation: needs Client.deliver_event "
+    "(branch correlate, not merged here yet)",
+)
 @pytest.mark.skipif(
     not all(shutil.which(tool) for tool in ("curl", "jq", "openssl")),
     reason="needs curl, jq and openssl",

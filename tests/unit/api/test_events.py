@@ -224,3 +224,20 @@ async def test_an_event_whose_type_no_wait_declares_is_unmatched(
     assert outcome["status"] == "unmatched"
     assert "com.example.other" in outcome["reason"]
     assert await signals_applied(rt, run_id) == []
+
+
+@pytest.mark.skipif(
+    hasattr(__import__("tideflow.client").client.Client, "deliver_event"),
+    reason="correlation is available: test_event_correlation.py covers it",
+)
+async def test_without_correlation_an_event_naming_no_run_is_refused_whole(
+    rt: Runtime, api: httpx.AsyncClient
+) -> None:
+    run_id = await waiting_run(rt, "o-1")
+    named = event(PAID, PAYMENTS, {"order_id": "o-1"}, tideflowrunid=run_id)
+    unnamed = event(PAID, PAYMENTS, {"order_id": "o-1"})
+    headers, body = batch(named, unnamed)
+    answer = await api.post("/events", content=body, headers=signed(PAY_SECRET, headers, body))
+    assert answer.status_code == 501
+    assert "tideflowrunid" in answer.json()["detail"]
+    assert await signals_applied(rt, run_id) == []
