@@ -6,10 +6,12 @@
 
 Routes (docs/api.md): ``/health``, ``/ready``; ``/definitions`` (validate, register,
 list, get by name and version); ``/runs`` (start, list, get, history, cancel, retry,
-signals). Bodies are JSON, a definition may also be YAML (``application/yaml``); every
-error is a problem (api/problems.py). Every route but ``/health`` and ``/ready`` (and the
-OpenAPI document) needs an API token whose role allows its action (``allow`` on the route,
-api/auth_http.py); ``auth=False`` serves without (loopback only, `--no-auth`).
+signals); ``/events``, the CloudEvents gateway (api/events.py, docs/events.md). Bodies
+are JSON, a definition may also be YAML (``application/yaml``); every error is a problem
+(api/problems.py). Every route but ``/health``, ``/ready`` and ``/events`` (and the OpenAPI
+document) needs an API token whose role allows its action (``allow`` on the route,
+api/auth_http.py); ``auth=False`` serves without (loopback only, `--no-auth`). ``/events``
+authenticates each event's source itself (or an API token that may signal), always.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from fastapi.exceptions import RequestValidationError
 
 from tideflow.api import auth_http, problems
 from tideflow.api.auth_http import allow
+from tideflow.api.event_sources import EventSources
+from tideflow.api.events import event_routes
 from tideflow.api.models import (
     CompiledDefinition,
     DefinitionActivity,
@@ -84,10 +88,18 @@ READ, START, CANCEL = allow(Action.READ), allow(Action.START), allow(Action.CANC
 SIGNAL, RETRY, DEFINITIONS = allow(Action.SIGNAL), allow(Action.RETRY), allow(Action.DEFINITIONS)
 
 
-def create_app(client: Client, *, auth: bool = True, max_body: int = DEFAULT_MAX_BODY) -> FastAPI:
+def create_app(
+    client: Client,
+    *,
+    auth: bool = True,
+    max_body: int = DEFAULT_MAX_BODY,
+    event_sources: EventSources | None = None,
+) -> FastAPI:
     """The API over ``client``; request bodies over ``max_body`` bytes are refused (413).
     With ``auth`` (the default) a request needs an API token of ``client.store`` whose
-    role allows the route's action; ``auth=False`` checks none (serve it on loopback)."""
+    role allows the route's action; ``auth=False`` checks none (serve it on loopback).
+    ``POST /events`` takes events from the sources ``event_sources`` lists, and from API
+    tokens that may signal (none: API tokens only), with or without ``auth``."""
     app = FastAPI(title="tideflow", version="1", responses=_ERRORS)
     auth_http.enable(app, client.store if auth else None)
     problems.install(app, max_body)
@@ -102,6 +114,7 @@ def create_app(client: Client, *, auth: bool = True, max_body: int = DEFAULT_MAX
     _service_routes(app, client)
     _definition_routes(app, client)
     _run_routes(app, client)
+    event_routes(app, client, event_sources or EventSources())
     return app
 
 

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Generator
 import uvicorn
 
 from tideflow.api.app import DEFAULT_MAX_BODY, create_app
+from tideflow.api.event_sources import EventSources
 from tideflow.client import Client
 from tideflow.errors import StoreError
 from tideflow.lifecycle import Stop
@@ -117,13 +118,14 @@ async def http_api(
     sock: socket.socket,
     max_body: int = DEFAULT_MAX_BODY,
     auth: bool = True,
+    event_sources: EventSources | None = None,
 ) -> AsyncIterator[None]:
     """Serve the API on ``sock`` while the block runs, with API tokens unless ``auth`` is
     False; when uvicorn ends on its own, the server is stopped too."""
     where = address_of(sock)
     await _say_how_it_is_guarded(client, where, auth)
     config = uvicorn.Config(
-        create_app(client, auth=auth, max_body=max_body),
+        create_app(client, auth=auth, max_body=max_body, event_sources=event_sources),
         log_config=None,
         lifespan="off",
         access_log=False,

@@ -150,6 +150,15 @@ def server_cmd(
             help="With --embedded: concurrent step executions (default 32). A cluster's servers run no steps: start `tideflow worker`.",
         ),
     ] = None,
+    event_sources: Annotated[
+        Path | None,
+        typer.Option(
+            "--event-sources",
+            envvar="TIDEFLOW_EVENT_SOURCES",
+            metavar="FILE",
+            help="The event gateway's sources (POST /events, docs/events.md): a YAML or JSON file naming each source and its auth (bearer or hmac, the secret in an environment variable). Without it, only API tokens may send events. Needs --http.",
+        ),
+    ] = None,
     verbose: VerboseOption = False,
 ) -> None:
     """Run one of a cluster's engines: scheduler, relay, timers and recovery, no workers.
@@ -165,8 +174,9 @@ def server_cmd(
     finish the batch in progress, release the partitions, exit 0. Logs go to
     stderr. --http 127.0.0.1:8080 serves the REST API beside it, every
     request but /health and /ready with an API token (`tideflow tokens
-    create`); --no-auth serves it without, on loopback only. See
-    docs/deployment.md, docs/api.md and docs/security.md.
+    create`); --no-auth serves it without, on loopback only; --event-sources
+    FILE says who may send CloudEvents to its POST /events (docs/events.md).
+    See docs/deployment.md, docs/api.md, docs/events.md and docs/security.md.
 
     --embedded runs the whole of tideflow in this one process instead (the
     store's one engine, the in-process bus, --workers workers): with --http it
@@ -207,7 +217,9 @@ def server_cmd(
         raise fail_usage(str(exc)) from None
     if no_auth and not http:
         raise fail_usage("--no-auth is about the REST API: give --http HOST:PORT with it")
-    services = (_http_service(http, auth=not no_auth),) if http else ()
+    if event_sources is not None and not http:
+        raise fail_usage("--event-sources configures the HTTP API's event gateway: give --http too")
+    services = (_http_service(http, not no_auth, event_sources),) if http else ()
     _log_level(verbose)
     if standby:
         logging.getLogger("tideflow.server").warning(
@@ -234,15 +246,21 @@ def server_cmd(
     raise typer.Exit(code)
 
 
-def _http_service(address: str, auth: bool) -> Service:
-    """The REST API on ``address``, a listening socket already (a refused address or a
-    port in use is an exit 2 before the server starts); API tokens unless not ``auth``."""
+def _http_service(address: str, auth: bool, event_sources: Path | None = None) -> Service:
+    """The REST API on ``address``, a listening socket already (a refused address, a port
+    in use or a bad sources file is an exit 2 before the server starts); API tokens unless
+    not ``auth``."""
     try:
+        from tideflow.api.event_sources import EventSources, EventSourcesError
         from tideflow.api.serving import AddressRefused, http_api, listen, parse_address
     except ImportError as exc:
         raise fail_usage(
             f"--http needs the API's packages ({exc.name} is missing): pip install 'tideflow[api]'"
         ) from None
+    try:
+        sources = EventSources.load(event_sources) if event_sources else EventSources()
+    except EventSourcesError as exc:
+        raise fail_usage(f"--event-sources: {exc}") from None
     try:
         host, port = parse_address(address, auth=auth)
         sock = listen(host, port)
@@ -250,7 +268,7 @@ def _http_service(address: str, auth: bool) -> Service:
         raise fail_usage(str(exc)) from None
     except OSError as exc:
         raise fail_usage(f"--http {address}: cannot listen there: {exc.strerror or exc}") from None
-    return functools.partial(http_api, sock=sock, auth=auth)
+    return functools.partial(http_api, sock=sock, auth=auth, event_sources=sources)
 
 
 async def _serve(options: Any, serve: Any) -> int:

@@ -90,3 +90,57 @@ def test_the_server_serves_the_api_and_stops_it_on_sigterm(cluster: Cluster) -> 
     assert server.term() == 0
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{base}/health", timeout=5)
+
+
+@pytest.mark.slow
+def test_the_server_takes_signed_cloudevents_for_the_sources_of_its_file(
+    cluster: Cluster,
+) -> None:
+    import time
+
+    from tideflow.api.event_sources import sign
+
+    secret = "acceptance-secret-0123456789"
+    sources = cluster.tmp / "sources.yaml"
+    sources.write_text(
+        "sources:\n  - {source: 'urn:desk:*', auth: hmac, secret_env: DESK_SECRET}\n"
+    )
+    cluster.env["DESK_SECRET"] = secret
+    server = cluster.server("--http", "127.0.0.1:0", "--event-sources", str(sources))
+    server.wait_log("HTTP API listening on")
+    found = re.search(r"HTTP API listening on (http://127\.0\.0\.1:\d+)", server.text())
+    assert found, server.text()
+    with httpx.Client(base_url=found.group(1), timeout=10) as api:
+        assert api.post("/definitions", json=APPROVAL).status_code == 201
+        run_id = api.post("/runs", json={"workflow": "http-approval"}).json()["run_id"]
+        event = {
+            "specversion": "1.0",
+            "id": "approval-1",
+            "source": "urn:desk:1",
+            "type": "approve",
+            "tideflowrunid": run_id,
+            "data": {"ok": 1},
+        }
+        body = httpx.Request("POST", "/", json=event).content
+        stamp = str(int(time.time()))
+        headers = {
+            "content-type": "application/cloudevents+json",
+            "x-tideflow-timestamp": stamp,
+            "x-tideflow-signature": sign(secret, stamp, body),
+        }
+        refused = api.post(
+            "/events", content=body, headers={**headers, "x-tideflow-signature": "sha256=0"}
+        )
+        assert refused.status_code == 401
+        for _ in range(2):  # the redelivery is applied once
+            sent = api.post("/events", content=body, headers=headers)
+            assert sent.status_code == 202, sent.text
+
+        def finished() -> Any:
+            run = api.get(f"/runs/{run_id}").json()
+            return run if run["status"] == "succeeded" else None
+
+        assert eventually(finished, "the run succeeds")["output"]["got"]["data"] == {"ok": 1}
+        kinds = [e["kind"] for e in api.get(f"/runs/{run_id}/history").json()["entries"]]
+        assert kinds.count("signal_received") == 1
+    assert server.term() == 0

@@ -18,6 +18,7 @@ TAKES_A_BODY = {
     ("post", "/runs/{run_id}/cancel"),
     ("post", "/runs/{run_id}/retry"),
     ("post", "/runs/{run_id}/signals"),
+    ("post", "/events"),
 }
 
 
@@ -53,6 +54,7 @@ async def test_every_route_has_its_schemas() -> None:
         "/runs/{run_id}/cancel",
         "/runs/{run_id}/retry",
         "/runs/{run_id}/signals",
+        "/events",
     }
     assert {key for key, op in operations.items() if "requestBody" in op} == TAKES_A_BODY
     for key, operation in operations.items():
@@ -80,6 +82,8 @@ async def test_security_is_declared_on_every_route_but_the_probes() -> None:
     assert (scheme["type"], scheme["scheme"]) == ("http", "bearer")
     for path, item in document["paths"].items():
         for method, operation in item.items():
+            if path == "/events":  # its sources' own credentials: the next test
+                continue
             if path in ("/health", "/ready"):
                 assert "security" not in operation, path
                 assert not {"401", "403"} & set(operation["responses"]), path
@@ -89,3 +93,26 @@ async def test_security_is_declared_on_every_route_but_the_probes() -> None:
                 error = operation["responses"][code]["content"]
                 assert error == {"application/problem+json": {"schema": PROBLEM}}, (path, code)
             assert "WWW-Authenticate" in operation["responses"]["401"]["headers"], path
+
+
+async def test_the_event_gateway_documents_its_modes_outcomes_and_refusals() -> None:
+    document = await openapi()
+    operation = document["paths"]["/events"]["post"]
+    body = operation["requestBody"]["content"]
+    assert set(body) == {
+        "application/cloudevents+json",
+        "application/cloudevents-batch+json",
+        "*/*",
+    }
+    event = {"$ref": "#/components/schemas/CloudEventJSON"}
+    assert body["application/cloudevents+json"]["schema"] == event
+    assert body["application/cloudevents-batch+json"]["schema"]["items"] == event
+    schemas = document["components"]["schemas"]
+    assert schemas["CloudEventJSON"]["required"] == ["id", "source", "specversion", "type"]
+    accepted = operation["responses"]["202"]["content"]["application/json"]["schema"]
+    assert accepted == {"$ref": "#/components/schemas/EventsAccepted"}
+    outcome = schemas["EventOutcome"]["properties"]["status"]
+    assert set(outcome["enum"]) == {"delivered", "unmatched", "duplicate"}
+    for code in ("400", "401", "403", "413", "415"):
+        error = operation["responses"][code]["content"]
+        assert error == {"application/problem+json": {"schema": PROBLEM}}, code

@@ -90,6 +90,7 @@ async def test_without_auth_it_serves_anyone_and_says_so_loudly(
     assert "securitySchemes" not in document.get("components", {})
     assert all(
         "security" not in op and "401" not in op["responses"]
-        for item in document["paths"].values()
+        for path, item in document["paths"].items()
+        if path != "/events"  # its sources' own credentials, with or without API tokens
         for op in item.values()
     )

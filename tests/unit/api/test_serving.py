@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -71,3 +72,23 @@ def test_a_port_in_use_is_an_error_before_the_server_starts() -> None:
     finally:
         taken.close()
     assert isinstance(taken, socket.socket)
+
+
+def test_a_bad_event_sources_file_is_an_error_before_the_server_starts(tmp_path: Path) -> None:
+    sources = tmp_path / "sources.yaml"
+    sources.write_text("sources:\n  - {source: 'urn:a', auth: bearer, token_env: TF_TEST_UNSET}\n")
+    command = ["server", "--bus", "redis://127.0.0.1:1/0", "--http", "127.0.0.1:0"]
+    result = CliRunner().invoke(
+        app, [*command, "--event-sources", str(sources)], env={"TF_TEST_UNSET": ""}
+    )
+    assert result.exit_code == 2
+    assert "the environment variable TF_TEST_UNSET (token_env) is not set" in result.output
+    assert str(sources) in result.output
+
+
+def test_event_sources_need_the_http_api(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        app, ["server", "--bus", "redis://127.0.0.1:1/0", "--event-sources", str(tmp_path)]
+    )
+    assert result.exit_code == 2
+    assert "give --http too" in result.output

@@ -1,0 +1,332 @@
+"""The event gateway: ``POST /events`` takes CloudEvents 1.0 over HTTP (docs/events.md).
+
+A request is read (api/cloudevent.py: structured, batched or binary mode, by its
+``Content-Type``), authorised (an API token that may signal, else each event's source
+by its rule in api/event_sources.py), then each event becomes a signal:
+
+- name: the event's ``type``; payload: its attributes and its ``data``
+  (`CloudEvent.payload`), so a `wait` matches on ``signal.data.order_id``;
+- to the run its ``tideflowrunid`` extension names (``Client.signal``; a run not at its
+  `wait` yet keeps the signal for it), else to every run whose `wait` for that signal
+  matches it (``Client.deliver_event``, correlation);
+- its id in each run is derived from (``source``, ``id``) (`signal_id`), so a
+  redelivery, even one that arrives at the same time as the first, is applied once.
+
+A refused request (400 malformed, 401 not authorised, 403 a role that may not signal,
+413 too large, 415 a format not read) changes nothing: every event of it is read and
+every source authorised before the first is delivered.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from tideflow.api.auth import PREFIX as API_TOKEN_PREFIX
+from tideflow.api.auth import authenticate, require
+from tideflow.api.cloudevent import (
+    BATCH,
+    STRUCTURED,
+    CloudEvent,
+    EventRefused,
+    FieldProblem,
+    Mode,
+    read_events,
+)
+from tideflow.api.event_sources import EventSources, SourceRefused
+from tideflow.api.problems import FieldError, Problem, problem_response
+from tideflow.client import Client
+from tideflow.errors import (
+    InputValidationError,
+    NotFound,
+    StepError,
+    Unauthenticated,
+    UnknownSignal,
+)
+from tideflow.model import storable
+from tideflow.model.tokens import Action
+
+__all__ = ["EventOutcome", "EventsAccepted", "event_routes", "signal_id"]
+
+log = logging.getLogger("tideflow.api.events")
+
+CHALLENGE = 'Bearer realm="tideflow-events"'
+REFUSED_DETAIL = (
+    "the request is not authorised for the source of its events: send the source's bearer "
+    "token or its HMAC signature, or an API token that may signal (docs/events.md)"
+)
+
+Status = Literal["delivered", "unmatched", "duplicate"]
+
+
+class EventOutcome(BaseModel):
+    """What became of one event."""
+
+    id: str
+    source: str
+    type: str
+    status: Status = Field(
+        description=(
+            "delivered: handed to the runs in delivered_to, or starting those in started; unmatched: no run takes it "
+            "(reason says why), nothing changed; duplicate: this (source, id) was applied "
+            "already, nothing changed"
+        )
+    )
+    delivered_to: list[str] = Field(description="The runs the event went to.")
+    started: list[str] = Field(
+        default_factory=list,
+        description="The runs it started (or had started: a redelivery starts nothing new): "
+        "one per workflow with a trigger on its type that matches (docs/dsl.md, Triggers)",
+    )
+    reason: str | None = Field(None, description="Why an event is unmatched.")
+
+
+class EventsAccepted(BaseModel):
+    mode: Mode
+    events: list[EventOutcome]
+    """One per event, in the order of the request."""
+
+
+def signal_id(source: str, event_id: str) -> str:
+    """The id the event (``source``, ``id``) has as a signal in every run it reaches: the
+    same for every delivery of it, and for no other event."""
+    digest = hashlib.sha256(orjson.dumps([source, event_id])).hexdigest()
+    return f"ce:{digest[:40]}"
+
+
+_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": (
+            "One event (structured mode), a JSON array of events (batched mode), or an "
+            "event's data with its attributes in ce-* headers (binary mode: any other "
+            "Content-Type)."
+        ),
+        "content": {
+            STRUCTURED: {"schema": {"$ref": "#/components/schemas/CloudEventJSON"}},
+            BATCH: {
+                "schema": {
+                    "type": "array",
+                    "items": {"$ref": "#/components/schemas/CloudEventJSON"},
+                }
+            },
+            "*/*": {"schema": {"title": "Event data (binary mode)"}},
+        },
+    }
+}
+
+_CLOUDEVENT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "title": "CloudEventJSON",
+    "description": "A CloudEvent in the JSON event format (CloudEvents 1.0).",
+    "required": ["id", "source", "specversion", "type"],
+    "properties": {
+        "id": {"type": "string", "minLength": 1},
+        "source": {"type": "string", "minLength": 1},
+        "specversion": {"type": "string", "enum": ["1.0"]},
+        "type": {"type": "string", "minLength": 1},
+        "subject": {"type": "string", "minLength": 1},
+        "time": {"type": "string", "format": "date-time"},
+        "datacontenttype": {"type": "string", "minLength": 1},
+        "dataschema": {"type": "string", "minLength": 1},
+        "tideflowrunid": {"type": "string", "description": "Send to this run only."},
+        "data": {},
+        "data_base64": {"type": "string", "contentEncoding": "base64"},
+    },
+    "additionalProperties": {"type": ["string", "integer", "boolean"]},
+}
+
+_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": Problem, "description": description}
+    for status, description in {
+        400: "Not a CloudEvent: malformed JSON, a missing or wrong attribute (named in `errors`)",
+        401: "Not authorised for the source of an event",
+        403: "An API token whose role may not signal",
+        413: "Body too large",
+        415: "A CloudEvents format other than JSON",
+    }.items()
+}
+
+
+def event_routes(
+    app: FastAPI,
+    client: Client,
+    sources: EventSources,
+    *,
+    now: Callable[[], float] = time.time,
+) -> None:
+    """``POST /events`` on ``app``: events from ``sources`` (and from API tokens that may
+    signal) become signals through ``client``."""
+    app.add_exception_handler(EventRefused, _event_refused)
+    app.add_exception_handler(SourceRefused, _source_refused)
+
+    @app.post(
+        "/events",
+        status_code=202,
+        tags=["events"],
+        openapi_extra=_BODY,
+        responses=_RESPONSES,
+    )
+    async def receive_events(request: Request) -> EventsAccepted:
+        """Take CloudEvents (structured, batched or binary mode) and signal the runs they
+        are for: the one their ``tideflowrunid`` names, else every run whose `wait` for
+        the event's type matches it. 202 with what became of each event; a redelivery
+        is acknowledged and applied once."""
+        body = await request.body()
+        headers = request.headers
+        token = await _api_token(client, headers.get("authorization"))
+        mode, events = read_events(headers.get("content-type"), headers, body)
+        if not token:
+            _authorise(sources, events, headers, body, now())
+        _check_storable(events)
+        return EventsAccepted(mode=mode, events=await _deliver_all(client, events))
+
+    _document_event_schema(app)
+
+
+async def _api_token(client: Client, header: str | None) -> bool:
+    """True when the request carries an API token that may signal (401 for a bad one, 403
+    for a role that may not); False when it carries none (a source's bearer token)."""
+    scheme, _, credentials = (header or "").strip().partition(" ")
+    if scheme.lower() != "bearer" or not credentials.strip().startswith(API_TOKEN_PREFIX):
+        return False
+    try:
+        principal = await authenticate(client.store, header)
+    except Unauthenticated as exc:
+        raise SourceRefused(f"API token: {exc.message}") from None
+    require(principal, Action.SIGNAL)
+    return True
+
+
+def _authorise(
+    sources: EventSources, events: list[CloudEvent], headers: Any, body: bytes, now: float
+) -> None:
+    """`SourceRefused` unless the request carries the credentials of every event's
+    source (a batch is refused whole)."""
+    for source in dict.fromkeys(event.source for event in events):
+        rule = sources.rule_for(source)
+        if rule is None:
+            raise SourceRefused(f"source {source!r} is not in the event sources and no API token")
+        rule.check(headers, body, now)
+
+
+def _check_storable(events: list[CloudEvent]) -> None:
+    """Every payload can be stored, checked before the first is delivered."""
+    problems: list[tuple[str, str]] = []
+    for event in events:
+        try:
+            storable.check(event.payload(), f"event {event.id!r}")
+        except StepError as exc:
+            problems.append((event.where, exc.message))
+    if problems:
+        fields = [FieldProblem(where, message) for where, message in problems]
+        raise EventRefused(400, f"{fields[0].field}: {fields[0].message}", fields)
+
+
+async def _deliver_all(client: Client, events: list[CloudEvent]) -> list[EventOutcome]:
+    outcomes: list[EventOutcome] = []
+    seen: set[tuple[str, str]] = set()
+    for event in events:
+        key = (event.source, event.id)
+        if key in seen:  # the same event twice in one batch: applied once
+            outcomes.append(_outcome(event, "duplicate", [], "it comes earlier in this batch"))
+            continue
+        seen.add(key)
+        outcomes.append(await _deliver(client, event))
+    return outcomes
+
+
+async def _deliver(client: Client, event: CloudEvent) -> EventOutcome:
+    if event.run_id is not None:
+        return await _to_run(client, event, event.run_id)
+    sid = signal_id(event.source, event.id)
+    run_ids = await client.deliver_event(event.type, event.payload(), event_id=sid)
+    started = [t.run_id for t in await client.trigger(event.payload(), key=sid) if t.run_id]
+    if not run_ids and not started:
+        return _outcome(
+            event,
+            "unmatched",
+            [],
+            f"no run waits for signal {event.type!r} with a match that holds, and no "
+            "active definition has a trigger on it that matches",
+        )
+    return _outcome(event, "delivered", run_ids, started=started)
+
+
+async def _to_run(client: Client, event: CloudEvent, run_id: str) -> EventOutcome:
+    """Signal the run the event names; a run that does not exist, has ended or waits for
+    no such signal is reported, and nothing changes."""
+    sid = signal_id(event.source, event.id)
+    try:
+        state = await client.state(run_id)
+    except NotFound:
+        return _outcome(event, "unmatched", [], f"there is no run {run_id}")
+    if sid in state.seen_signals:
+        return _outcome(event, "duplicate", [run_id])
+    if state.is_terminal:
+        return _outcome(event, "unmatched", [], f"run {run_id} has ended ({state.status.value})")
+    try:
+        await client.signal(run_id, event.type, event.payload(), signal_id=sid)
+    except UnknownSignal as exc:
+        return _outcome(event, "unmatched", [], exc.message)
+    except InputValidationError as exc:
+        raise EventRefused(400, exc.message, []) from None
+    return _outcome(event, "delivered", [run_id])
+
+
+def _outcome(
+    event: CloudEvent,
+    status: Status,
+    runs: list[str],
+    reason: str | None = None,
+    *,
+    started: list[str] | None = None,
+) -> EventOutcome:
+    return EventOutcome(
+        id=event.id,
+        source=event.source,
+        type=event.type,
+        status=status,
+        delivered_to=runs,
+        started=started or [],
+        reason=reason,
+    )
+
+
+async def _event_refused(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, EventRefused)
+    kind = "unsupported-media-type" if exc.status == 415 else "event-invalid"
+    fields = [FieldError(field=p.field, message=p.message) for p in exc.problems]
+    return problem_response(exc.status, kind, request.url.path, exc.detail, fields)
+
+
+async def _source_refused(request: Request, exc: Exception) -> JSONResponse:
+    log.warning("POST %s refused: %s", request.url.path, exc)
+    return problem_response(
+        401,
+        "unauthenticated",
+        request.url.path,
+        REFUSED_DETAIL,
+        headers={"WWW-Authenticate": CHALLENGE},
+    )
+
+
+def _document_event_schema(app: FastAPI) -> None:
+    document = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        schema = document()
+        schema.setdefault("components", {}).setdefault("schemas", {})["CloudEventJSON"] = (
+            _CLOUDEVENT_SCHEMA
+        )
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
