@@ -102,7 +102,8 @@ async def bench(runs: int, concurrency: int, batch: int, store: str | None) -> d
 
         rt.add_listener(listener)
         for run_id in run_of.values():
-            if (await rt.state(run_id)).steps["paid"].status.value == "waiting":
+            step = (await rt.state(run_id)).steps.get("paid")  # None: not started yet
+            if step is not None and step.status.value == "waiting":
                 waiting.add(run_id)
         if len(waiting) == runs:
             all_waiting.set()
