@@ -23,6 +23,7 @@ from tideflow.cli.common import (
     display_url,
     fail_usage,
     opened_client,
+    parse_size,
     registry,
     run_async,
     store_unavailable,
@@ -150,6 +151,15 @@ def server_cmd(
             help="With --embedded: concurrent step executions (default 32). A cluster's servers run no steps: start `tideflow worker`.",
         ),
     ] = None,
+    max_body: Annotated[
+        str | None,
+        typer.Option(
+            "--max-body",
+            envvar="TIDEFLOW_HTTP_MAX_BODY",
+            metavar="SIZE",
+            help="Largest request body the HTTP API takes (default 1MiB; 512KiB, 4MiB, bytes); a larger one is a 413, POST /events included.",
+        ),
+    ] = None,
     event_sources: Annotated[
         Path | None,
         typer.Option(
@@ -219,7 +229,15 @@ def server_cmd(
         raise fail_usage("--no-auth is about the REST API: give --http HOST:PORT with it")
     if event_sources is not None and not http:
         raise fail_usage("--event-sources configures the HTTP API's event gateway: give --http too")
-    services = (_http_service(http, not no_auth, event_sources),) if http else ()
+    if max_body is not None and not http:
+        raise fail_usage("--max-body is about the HTTP API: give --http HOST:PORT with it")
+    try:
+        body_limit = parse_size(max_body, 0)  # 0: the API's default (1 MiB)
+    except TideflowError as exc:
+        raise fail_usage(f"--max-body: {exc.message}") from None
+    if max_body is not None and body_limit < 1:
+        raise fail_usage("--max-body must be at least 1 byte")
+    services = (_http_service(http, not no_auth, event_sources, body_limit),) if http else ()
     _log_level(verbose)
     if standby:
         logging.getLogger("tideflow.server").warning(
@@ -246,7 +264,7 @@ def server_cmd(
     raise typer.Exit(code)
 
 
-def _http_service(address: str, auth: bool, event_sources: Path | None = None) -> Service:
+def _http_service(address: str, auth: bool, event_sources: Path | None, max_body: int) -> Service:
     """The REST API on ``address``, a listening socket already (a refused address, a port
     in use or a bad sources file is an exit 2 before the server starts); API tokens unless
     not ``auth``."""
@@ -268,6 +286,10 @@ def _http_service(address: str, auth: bool, event_sources: Path | None = None) -
         raise fail_usage(str(exc)) from None
     except OSError as exc:
         raise fail_usage(f"--http {address}: cannot listen there: {exc.strerror or exc}") from None
+    if max_body:
+        return functools.partial(
+            http_api, sock=sock, auth=auth, event_sources=sources, max_body=max_body
+        )
     return functools.partial(http_api, sock=sock, auth=auth, event_sources=sources)
 
 

@@ -76,10 +76,15 @@ def test_one_process_serves_runs_their_steps_and_keeps_them_over_a_restart(
     assert made.returncode == 0, made.stderr
     headers = {"authorization": f"Bearer {made.stdout.strip()}"}
 
-    server = spawn(tmp_path, env, "--embedded", "--workers", "2", "--http", "127.0.0.1:0")
+    server = spawn(
+        tmp_path, env, "--embedded", "--workers", "2", "--http", "127.0.0.1:0",
+        "--max-body", "64KiB",
+    )  # fmt: skip
     assert "embedded" in server.text() and "2 workers" in server.text()
     assert (tmp_path / ".tideflow" / "tideflow.db").is_file()
     with httpx.Client(base_url=base_of(server), headers=headers, timeout=10) as api:
+        too_big = api.post("/events", content=b"x" * (65 * 1024))
+        assert too_big.status_code == 413, too_big.text
         assert api.post("/definitions", json=FLOW).status_code == 201
         started = api.post("/runs", json={"workflow": "embedded-double", "input": {"n": 21}})
         assert started.status_code == 201, started.text
@@ -111,6 +116,8 @@ def test_one_process_serves_runs_their_steps_and_keeps_them_over_a_restart(
         (["--bus", "redis://127.0.0.1:6379/0", "--workers", "2"], "a cluster's server runs no steps"),
         (["--embedded", "--store", "memory://"], "must outlive it"),
         ([], "--embedded for one process"),
+        (["--embedded", "--http", "127.0.0.1:0", "--max-body", "lots"], "--max-body: 'lots' is not a size"),
+        (["--embedded", "--max-body", "1MiB"], "--max-body is about the HTTP API"),
     ],
 )  # fmt: skip
 def test_embedded_and_cluster_options_that_do_not_go_together_exit_2(
