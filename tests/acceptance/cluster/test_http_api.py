@@ -110,9 +110,13 @@ def test_the_server_takes_signed_cloudevents_for_the_sources_of_its_file(
     server.wait_log("HTTP API listening on")
     found = re.search(r"HTTP API listening on (http://127\.0\.0\.1:\d+)", server.text())
     assert found, server.text()
+    made = cluster.cli("tokens", "create", "--name", "events-admin", "--role", "admin")
+    assert made.returncode == 0, made.stderr
+    admin = {"authorization": f"Bearer {made.stdout.strip()}"}
     with httpx.Client(base_url=found.group(1), timeout=10) as api:
-        assert api.post("/definitions", json=APPROVAL).status_code == 201
-        run_id = api.post("/runs", json={"workflow": "http-approval"}).json()["run_id"]
+        assert api.post("/definitions", json=APPROVAL, headers=admin).status_code == 201
+        started = api.post("/runs", json={"workflow": "http-approval"}, headers=admin)
+        run_id = started.json()["run_id"]
         event = {
             "specversion": "1.0",
             "id": "approval-1",
@@ -137,10 +141,11 @@ def test_the_server_takes_signed_cloudevents_for_the_sources_of_its_file(
             assert sent.status_code == 202, sent.text
 
         def finished() -> Any:
-            run = api.get(f"/runs/{run_id}").json()
+            run = api.get(f"/runs/{run_id}", headers=admin).json()
             return run if run["status"] == "succeeded" else None
 
         assert eventually(finished, "the run succeeds")["output"]["got"]["data"] == {"ok": 1}
-        kinds = [e["kind"] for e in api.get(f"/runs/{run_id}/history").json()["entries"]]
+        history = api.get(f"/runs/{run_id}/history", headers=admin).json()
+        kinds = [e["kind"] for e in history["entries"]]
         assert kinds.count("signal_received") == 1
     assert server.term() == 0
