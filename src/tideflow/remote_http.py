@@ -294,16 +294,28 @@ class HttpClient:
 
     async def get(self, run_id: str) -> RunResult:
         body = await self._call("GET", f"/runs/{_seg(run_id)}")
-        return RunResult(
+        return _result(body)
+
+    async def summary(self, run_id: str) -> RunSummary:
+        """The run's summary row (read from ``GET /runs/{id}``); ``NotFound``."""
+        body = await self._call("GET", f"/runs/{_seg(run_id)}")
+        return RunSummary(
             run_id=body["run_id"],
             workflow=body["workflow"],
             version=body["version"],
             status=body["status"],
+            created_at=body["created_at"],
+            updated_at=body["updated_at"],
+            finished_at=body["finished_at"],
+            parent_run_id=body["parent_run_id"],
             output=body["output"],
             error=body["error"],
-            steps={key: StepResult(**step) for key, step in body["steps"].items()},
-            compensation=body["compensation"],
         )
+
+    @property
+    def delivered_to(self) -> None:
+        """Always None: the server applies what this client sends (as `Client`'s)."""
+        return None
 
     async def list(
         self, filter: RunFilter | None = None, *, limit: int = 100, cursor: str | None = None
@@ -355,6 +367,19 @@ class HttpClient:
             )
             for row in body["queues"]
         ]
+
+
+def _result(body: Mapping[str, Any]) -> RunResult:
+    return RunResult(
+        run_id=body["run_id"],
+        workflow=body["workflow"],
+        version=body["version"],
+        status=body["status"],
+        output=body["output"],
+        error=body["error"],
+        steps={key: StepResult(**step) for key, step in body["steps"].items()},
+        compensation=body["compensation"],
+    )
 
 
 def _seg(part: str) -> str:
