@@ -54,7 +54,7 @@ def register_cmd(
       tideflow definitions register flows/*.yaml
       tideflow definitions register order.yaml --store postgresql://tideflow@db/tideflow
     """
-    check_server(server)
+    check_server(server, store, bus)
     remote = (server, token) if server else None
     for line in run_async(_register(store, files, remote)):
         out.print(line, markup=False)
@@ -97,7 +97,7 @@ def list_cmd(
       tideflow definitions list
       tideflow definitions list --name order-fulfillment --json
     """
-    check_server(server)
+    check_server(server, store, bus)
     rows = run_async(_list(store, name, (server, token) if server else None))
     if as_json:
         write_json({"definitions": rows})
@@ -149,7 +149,7 @@ def activate_cmd(
     Examples:
       tideflow definitions activate order-fulfillment 1.2.0
     """
-    check_server(server)
+    check_server(server, store, bus)
     remote = (server, token) if server else None
     changed = run_async(_set_active(store, remote, name, version, True))
     _report_activity(name, version, changed, True)
@@ -172,7 +172,7 @@ def deactivate_cmd(
     Examples:
       tideflow definitions deactivate order-fulfillment 1.1.0
     """
-    check_server(server)
+    check_server(server, store, bus)
     remote = (server, token) if server else None
     changed = run_async(_set_active(store, remote, name, version, False))
     _report_activity(name, version, changed, False)
@@ -210,7 +210,7 @@ def show_cmd(
       tideflow definitions show order-fulfillment
       tideflow definitions show order-fulfillment --version 1.2.0 --json
     """
-    check_server(server)
+    check_server(server, store, bus)
     source = run_async(_show(store, name, version, (server, token) if server else None))
     if as_json:
         write_json(source)

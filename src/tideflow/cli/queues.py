@@ -36,7 +36,7 @@ def queues_cmd(
       TIDEFLOW_BUS=nats://mq:4222 tideflow queues --json
       tideflow queues --server http://tideflow:8080 --token tf_...
     """
-    check_server(server)
+    check_server(server, bus=bus)
     rows = run_async(_read_remote(server, token)) if server else run_async(_read(_bus_url(bus)))
     if as_json:
         write_json({"queues": [row_json(r) for r in rows], "unserved": unserved(rows)})

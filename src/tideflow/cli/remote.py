@@ -8,10 +8,9 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-import click
 import typer
 
-from tideflow.cli.common import fail_usage
+from tideflow.cli.common import DEFAULT_STORE, fail_usage
 from tideflow.remote_http import HttpClient
 
 SERVER_ENV = "TIDEFLOW_SERVER"
@@ -41,28 +40,17 @@ TokenOption = Annotated[
 ]
 
 
-def check_server(server: str | None) -> None:
-    """A usage error (exit 2) for --server beside a --store or --bus given explicitly
-    (on the command line or by their variables)."""
+def check_server(server: str | None, store: str = DEFAULT_STORE, bus: str | None = None) -> None:
+    """A usage error (exit 2) for --server beside a --store (other than the default) or a
+    --bus, on the command line or from their variables: which one to use is unclear."""
     if not server:
         return
-    given = _given()
+    given = [name for name, on in (("--store", store != DEFAULT_STORE), ("--bus", bool(bus))) if on]
     if given:
         raise fail_usage(
-            f"--server talks to the server's HTTP API: leave out {' and '.join(given)}"
+            f"--server talks to the server's HTTP API: leave out {' and '.join(given)} "
+            "(or TIDEFLOW_STORE / TIDEFLOW_BUS)"
         )
-
-
-def _given() -> list[str]:
-    context = click.get_current_context(silent=True)
-    if context is None:
-        return []
-    explicit = {click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT}
-    return [
-        f"--{name}"
-        for name in ("store", "bus")
-        if name in context.params and context.get_parameter_source(name) in explicit
-    ]
 
 
 @contextlib.asynccontextmanager

@@ -111,7 +111,7 @@ def list_cmd(
       tideflow runs list --workflow order-fulfillment --limit 20 --json
       tideflow runs list --cursor MTcx... --store sqlite:///orders.db
     """
-    check_server(server)
+    check_server(server, store, bus)
     if status is not None and status not in RUN_STATUSES:
         raise fail_usage(f"--status {status!r} is not a run state: use {', '.join(RUN_STATUSES)}")
     after = parse_since(since, time.time()) if since is not None else None
@@ -166,7 +166,7 @@ def show_cmd(
       tideflow runs show 3f2a9c...
       tideflow runs show 3f2a9c... --json
     """
-    check_server(server)
+    check_server(server, store, bus)
     summary, result, waits = run_async(_show(store, bus, server, token, run_id))
     if as_json:
         write_json(run_json(summary, result, waits))
@@ -209,7 +209,7 @@ def history_cmd(
       tideflow runs history 3f2a9c...
       tideflow runs history 3f2a9c... --json | jq '.events[].kind'
     """
-    check_server(server)
+    check_server(server, store, bus)
     entries = run_async(_history(store, bus, server, token, run_id))
     if as_json:
         write_json(history_json(run_id, entries))
@@ -253,7 +253,7 @@ def cancel_cmd(
       tideflow runs cancel 3f2a9c...
       tideflow runs cancel 3f2a9c... --reason "duplicate order"
     """
-    check_server(server)
+    check_server(server, store, bus)
     applied = run_async(
         _apply(
             Target(store, bus, server, token),
@@ -312,7 +312,7 @@ def signal_cmd(
     value = parse_json_option(payload, "--payload")
     if signal_id is not None and not signal_id.strip():
         raise fail_usage("--signal-id cannot be empty: leave it out for a new id")
-    check_server(server)
+    check_server(server, store, bus)
     applied = run_async(
         _apply(
             Target(store, bus, server, token),
@@ -409,7 +409,7 @@ def retry_cmd(
       tideflow runs retry 3f2a9c... --reason "payment service is back"
       tideflow runs resume 3f2a9c...
     """
-    check_server(server)
+    check_server(server, store, bus)
     applied = run_async(
         _apply(
             Target(store, bus, server, token),

@@ -91,7 +91,7 @@ def start_cmd(
       tideflow runs start flows/order.yaml --input '{"order_id": "A1"}' --bus redis://mq:6379/0
       tideflow runs start order-fulfillment -i @order.json --wait --json
     """
-    check_server(server)
+    check_server(server, store, bus)
     value = parse_json_option(input, "--input")
     use_working_directory_modules()
     # over HTTP a definition file is read here and registered first (the server cannot
@@ -157,7 +157,7 @@ def wait_cmd(
       tideflow runs wait 3f2a9c... --timeout 60
       tideflow runs wait 3f2a9c... --json | jq .status
     """
-    check_server(server)
+    check_server(server, store, bus)
     result = run_async(_wait(store, bus, server, token, run_id, timeout))
     if result is None:
         err.print(f"run {run_id} had not ended after {timeout:g}s; it goes on", markup=False)
