@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -150,3 +151,32 @@ def test_a_real_process_starts_and_waits_for_a_run(server: Server, tmp_path: Pat
     queues = _tool("queues", "--server", server.url, "--json", env=env)
     assert queues.returncode == 0, queues.stderr
     assert "queues" in json.loads(queues.stdout)
+
+
+DOC = Path(__file__).resolve().parents[3] / "docs" / "api.md"
+
+
+@pytest.mark.skipif(not shutil.which("jq"), reason="needs jq")
+def test_the_cli_examples_of_the_docs_run(server: Server, tmp_path: Path) -> None:
+    section = DOC.read_text().split("## From Python and the CLI", 1)[1]
+    script = section.split("```sh\n", 1)[1].split("```", 1)[0]
+    assert script.count("sqlite:///tideflow.db") == 1
+    assert script.count("http://127.0.0.1:8080") == 1
+    script = script.replace("sqlite:///tideflow.db", server.store)
+    script = script.replace("http://127.0.0.1:8080", server.url)
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    env = {**os.environ, "PATH": path}
+    for name in ("TIDEFLOW_STORE", "TIDEFLOW_BUS"):
+        env.pop(name, None)
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert '"ok": true' in done.stdout or '"ok":true' in done.stdout
+    assert "signal_received" in done.stdout.splitlines()
