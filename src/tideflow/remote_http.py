@@ -41,7 +41,7 @@ import httpx
 from tideflow import errors
 from tideflow.api.problems import ERRORS, TYPE_PREFIX
 from tideflow.bus.base import QueueStats
-from tideflow.errors import Diagnostic, TideflowError
+from tideflow.errors import Diagnostic, RemoteProblem, ServerUnreachable, TideflowError
 from tideflow.model.plan import Priority
 from tideflow.model.states import RUN_TERMINAL, RunStatus, SignalOutcome
 from tideflow.model.versions import version_key
@@ -52,21 +52,6 @@ __all__ = ["HttpClient", "RemoteDefinition", "RemoteProblem", "ServerUnreachable
 
 DEFAULT_TIMEOUT = 30.0
 YAML = "application/yaml"
-
-
-class ServerUnreachable(TideflowError):
-    """The tideflow server cannot be reached: is `tideflow server` running at that URL?"""
-
-
-class RemoteProblem(TideflowError):
-    """The server answered with a problem that names no tideflow error (a request of the
-    wrong shape, a body too large, a wrong method): ``status``, ``type``, ``problem``."""
-
-    def __init__(self, message: str, status: int, type: str, problem: Mapping[str, Any]) -> None:
-        super().__init__(message)
-        self.status = status
-        self.type = type
-        self.problem = dict(problem)
 
 
 def _reverse() -> dict[str, type[TideflowError]]:
