@@ -31,6 +31,8 @@
     │   ├── RevokedToken           the token was revoked
     │   └── WrongSecret            the id is a token's, the secret is not its secret
     ├── Forbidden                  the token's role does not allow the action (HTTP 403)
+    ├── ServerUnreachable          an HttpClient got no answer from the server's URL
+    ├── RemoteProblem              a server's problem that names no tideflow error
     └── StepError                  raised *inside* a step; recorded in the run, not thrown out
         ├── ExpressionEvaluationError   an expression failed at run time
         ├── StepTimeout                 an attempt exceeded its `timeout` (type name `TimeoutError`)
@@ -49,7 +51,7 @@ rather than raised to the caller of the runtime.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -301,3 +303,24 @@ class DurableStartUnavailable(StepError):
 
     type_name = "DurableStartUnavailable"
     retryable = False
+
+
+class ServerUnreachable(TideflowError):
+    """The tideflow server cannot be reached: is `tideflow server` running at that URL?"""
+
+
+class RemoteProblem(TideflowError):
+    """The server answered with a problem that names no tideflow error (a request of the
+    wrong shape, a body too large, a wrong method): ``status``, ``type``, ``problem``."""
+
+    def __init__(
+        self,
+        message: str | None = None,
+        status: int = 500,
+        type: str = "",
+        problem: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.type = type
+        self.problem = dict(problem or {})

@@ -253,8 +253,10 @@ def _run_routes(app: FastAPI, client: Client) -> None:
 
     @app.get("/runs/{run_id}", tags=["runs"], dependencies=[READ])
     async def get_run(run_id: str) -> RunView:
-        """The run's current state, finished or not (sensitive fields masked)."""
-        return RunView.of(await client.get(run_id))
+        """The run's current state, finished or not (sensitive fields masked), with its
+        summary's times."""
+        result = await client.get(run_id)
+        return RunView.of(result, await client.summary(run_id))
 
     @app.get("/runs/{run_id}/history", tags=["runs"], dependencies=[READ])
     async def run_history(run_id: str) -> History:

@@ -137,9 +137,13 @@ class RunView(BaseModel):
     steps: dict[str, StepView]
     """By step key: the step id, or ``loop@2/inner`` / ``map[3]`` for nested instances."""
     compensation: dict[str, Any] | None
+    created_at: float
+    updated_at: float
+    finished_at: float | None
+    parent_run_id: str | None
 
     @classmethod
-    def of(cls, result: RunResult) -> RunView:
+    def of(cls, result: RunResult, summary: RunSummary) -> RunView:
         return cls(
             run_id=result.run_id,
             workflow=result.workflow,
@@ -149,6 +153,10 @@ class RunView(BaseModel):
             error=result.error,
             steps={key: StepView(**step.to_dict()) for key, step in result.steps.items()},
             compensation=result.compensation,
+            created_at=summary.created_at,
+            updated_at=summary.updated_at,
+            finished_at=summary.finished_at,
+            parent_run_id=summary.parent_run_id,
         )
 
 

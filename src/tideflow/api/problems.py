@@ -88,6 +88,9 @@ ERRORS: Mapping[type[TideflowError], tuple[int, str]] = {
     errors.StoreUnavailable: (503, "store-unavailable"),
     errors.StoreError: (503, "store-unavailable"),
     errors.BusError: (503, "bus-unavailable"),
+    # raised by a client of the API (remote_http.py), never by a route
+    errors.ServerUnreachable: (503, "server-unreachable"),
+    errors.RemoteProblem: (500, "internal"),
     # faults of the service: a generic 500, the exception logged
     errors.TideflowError: (500, "internal"),
     errors.EngineError: (500, "internal"),

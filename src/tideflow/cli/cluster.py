@@ -32,6 +32,7 @@ from tideflow.errors import BusError, EngineAlreadyRunning, TideflowError
 
 if TYPE_CHECKING:
     from tideflow.client import Client
+    from tideflow.remote_http import HttpClient
     from tideflow.runtime.server import Service
 
 BUS_ENV = "TIDEFLOW_BUS"
@@ -62,7 +63,8 @@ ClusterBusOption = Annotated[
 @contextlib.asynccontextmanager
 async def connected(store: str, bus: str | None) -> AsyncIterator[Client]:
     """The client a `runs …` command uses: on the cluster's store and bus when a bus is
-    given (no engine here), else the store's recording client (cli/common.py)."""
+    given (no engine here), else the store's recording client (cli/common.py). A command
+    that takes ``--server`` asks `reached` instead."""
     if not bus:
         async with opened_client(store) as client:
             yield client
@@ -88,6 +90,21 @@ async def connected(store: str, bus: str | None) -> AsyncIterator[Client]:
         yield client
     finally:
         await opened.__aexit__(None, None, None)
+
+
+@contextlib.asynccontextmanager
+async def reached(
+    store: str, bus: str | None, server: str | None, token: str | None
+) -> AsyncIterator[Client | HttpClient]:
+    """``connected``, or with ``server`` the server's HTTP API (cli/remote.py)."""
+    if server:
+        from tideflow.cli.remote import http_client
+
+        async with http_client(server, token) as remote:
+            yield remote
+        return
+    async with connected(store, bus) as client:
+        yield client
 
 
 def _log_level(verbose: bool) -> None:

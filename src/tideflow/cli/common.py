@@ -45,6 +45,7 @@ from tideflow.store.base import RunSummary, StoreError
 
 if TYPE_CHECKING:
     from tideflow.client import Client
+    from tideflow.remote_http import HttpClient
     from tideflow.runtime.runtime import Listener, Runtime
     from tideflow.worker.executors.registry import ExecutorRegistry
 
@@ -506,7 +507,7 @@ def configured_event_sinks(environ: Mapping[str, str]) -> list[Any]:
     return [WebhookSink(url, secret) for url in urls]
 
 
-async def known_run(client: Client, run_id: str, url: str) -> RunSummary:
+async def known_run(client: Client | HttpClient, run_id: str, url: str) -> RunSummary:
     """The run's summary; NotFound naming the store for a run that is not in it."""
     try:
         return await client.summary(run_id)

@@ -2,7 +2,8 @@
 
 Definitions live in the store only: in a cluster these commands need its ``--store``;
 ``--bus`` (or ``TIDEFLOW_BUS``) is accepted, so that one set of options works for every
-command, and not used."""
+command, and not used. With ``--server`` (cli/remote.py) they go to a server's HTTP API
+instead (a file to register is read here and sent as its text)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from tideflow.cli.common import (
     table_console,
     write_json,
 )
+from tideflow.cli.remote import ServerOption, TokenOption, check_server, http_client
 
 definitions_app = typer.Typer(
     help="Register, list and show workflow definitions kept in a store.", no_args_is_help=True
@@ -40,6 +42,8 @@ def register_cmd(
     ],
     store: StoreOption = DEFAULT_STORE,
     bus: BusOption = None,
+    server: ServerOption = None,
+    token: TokenOption = None,
 ) -> None:
     """Compile definitions and register them (name, version) in the store.
 
@@ -50,12 +54,24 @@ def register_cmd(
       tideflow definitions register flows/*.yaml
       tideflow definitions register order.yaml --store postgresql://tideflow@db/tideflow
     """
-    for line in run_async(_register(store, files)):
+    check_server(server, store, bus)
+    remote = (server, token) if server else None
+    for line in run_async(_register(store, files, remote)):
         out.print(line, markup=False)
 
 
-async def _register(url: str, files: list[Path]) -> list[str]:
+Remote = tuple[str, str | None] | None
+"""``(server URL, token)`` for a command given ``--server`` (cli/remote.py)."""
+
+
+async def _register(url: str, files: list[Path], remote: Remote) -> list[str]:
     lines = []
+    if remote is not None:
+        async with http_client(*remote) as client:
+            for file in files:
+                found = await client.register(file)
+                lines.append(f"{file}: {found.name} {found.version} ({found.hash[:12]})")
+        return lines
     async with opened_runtime(
         url, recover=False, workers=0, create=True, upgrade=True, executors=registry()
     ) as rt:
@@ -71,6 +87,8 @@ def list_cmd(
     as_json: JsonOption = False,
     store: StoreOption = DEFAULT_STORE,
     bus: BusOption = None,
+    server: ServerOption = None,
+    token: TokenOption = None,
 ) -> None:
     """List registered definitions: name, version, content hash, when registered, and
     whether the version is active (starts new runs).
@@ -79,7 +97,8 @@ def list_cmd(
       tideflow definitions list
       tideflow definitions list --name order-fulfillment --json
     """
-    rows = run_async(_list(store, name))
+    check_server(server, store, bus)
+    rows = run_async(_list(store, name, (server, token) if server else None))
     if as_json:
         write_json({"definitions": rows})
         return
@@ -90,9 +109,13 @@ def list_cmd(
     table_console().print(table)
 
 
-async def _list(url: str, name: str | None) -> list[dict[str, Any]]:
-    async with opened_store(url) as store:
-        found = await store.list_definitions(name)
+async def _list(url: str, name: str | None, remote: Remote) -> list[dict[str, Any]]:
+    if remote is not None:
+        async with http_client(*remote) as client:
+            found = await client.definitions(name)
+    else:
+        async with opened_store(url) as store:
+            found = await store.list_definitions(name)
     return [
         {
             "name": d.name,
@@ -117,6 +140,8 @@ def activate_cmd(
     version: VersionArgument,
     store: StoreOption = DEFAULT_STORE,
     bus: BusOption = None,
+    server: ServerOption = None,
+    token: TokenOption = None,
 ) -> None:
     """Activate a registered version: it starts runs again (by name, by version, from
     an event). Every version is active when registered.
@@ -124,7 +149,10 @@ def activate_cmd(
     Examples:
       tideflow definitions activate order-fulfillment 1.2.0
     """
-    _report_activity(name, version, run_async(_set_active(store, name, version, True)), True)
+    check_server(server, store, bus)
+    remote = (server, token) if server else None
+    changed = run_async(_set_active(store, remote, name, version, True))
+    _report_activity(name, version, changed, True)
 
 
 @definitions_app.command("deactivate")
@@ -133,6 +161,8 @@ def deactivate_cmd(
     version: VersionArgument,
     store: StoreOption = DEFAULT_STORE,
     bus: BusOption = None,
+    server: ServerOption = None,
+    token: TokenOption = None,
 ) -> None:
     """Deactivate a registered version: it starts no new run; its runs go on.
 
@@ -142,10 +172,16 @@ def deactivate_cmd(
     Examples:
       tideflow definitions deactivate order-fulfillment 1.1.0
     """
-    _report_activity(name, version, run_async(_set_active(store, name, version, False)), False)
+    check_server(server, store, bus)
+    remote = (server, token) if server else None
+    changed = run_async(_set_active(store, remote, name, version, False))
+    _report_activity(name, version, changed, False)
 
 
-async def _set_active(url: str, name: str, version: str, active: bool) -> bool:
+async def _set_active(url: str, remote: Remote, name: str, version: str, active: bool) -> bool:
+    if remote is not None:
+        async with http_client(*remote) as client:
+            return await client.activate(name, version, active)
     async with opened_store(url) as store:
         return await store.set_definition_active(name, version, active)
 
@@ -165,6 +201,8 @@ def show_cmd(
     as_json: JsonOption = False,
     store: StoreOption = DEFAULT_STORE,
     bus: BusOption = None,
+    server: ServerOption = None,
+    token: TokenOption = None,
 ) -> None:
     """Print a registered definition in its normalised form (YAML, or JSON with --json).
 
@@ -172,7 +210,8 @@ def show_cmd(
       tideflow definitions show order-fulfillment
       tideflow definitions show order-fulfillment --version 1.2.0 --json
     """
-    source = run_async(_show(store, name, version))
+    check_server(server, store, bus)
+    source = run_async(_show(store, name, version, (server, token) if server else None))
     if as_json:
         write_json(source)
     else:
@@ -181,7 +220,10 @@ def show_cmd(
         )
 
 
-async def _show(url: str, name: str, version: str | None) -> dict[str, Any]:
+async def _show(url: str, name: str, version: str | None, remote: Remote) -> dict[str, Any]:
+    if remote is not None:
+        async with http_client(*remote) as client:
+            return dict((await client.definition(name, version)).source or {})
     async with opened_runtime(url, recover=False, workers=0, executors=registry()) as rt:
         plan = await rt.client.definition(name, version)
     return dict(plan.source)

@@ -13,9 +13,15 @@ from rich.table import Table
 from tideflow.bus.base import QueueStats, unserved
 from tideflow.cli.cluster import ClusterBusOption
 from tideflow.cli.common import JsonOption, err, fail_usage, run_async, table_console, write_json
+from tideflow.cli.remote import ServerOption, TokenOption, check_server, http_client
 
 
-def queues_cmd(bus: ClusterBusOption = "", as_json: JsonOption = False) -> None:
+def queues_cmd(
+    bus: ClusterBusOption = "",
+    as_json: JsonOption = False,
+    server: ServerOption = None,
+    token: TokenOption = None,
+) -> None:
     """Show the task queues of a cluster's bus: per queue and priority, the tasks
     waiting (depth), delivered and not settled (held), the age of the oldest
     waiting one, and the workers reading the queue (consumers).
@@ -28,15 +34,10 @@ def queues_cmd(bus: ClusterBusOption = "", as_json: JsonOption = False) -> None:
     Examples:
       tideflow queues --bus redis://mq:6379/0
       TIDEFLOW_BUS=nats://mq:4222 tideflow queues --json
+      tideflow queues --server http://tideflow:8080 --token tf_...
     """
-    if not bus:
-        raise fail_usage("give the cluster's bus: --bus redis://host:6379/0 (or TIDEFLOW_BUS)")
-    if bus.split("://", 1)[0].lower() in ("memory", "local"):
-        raise fail_usage(
-            f"--bus {bus}: the in-process bus lives inside one process; give the "
-            "cluster's bus (redis://… or nats://…)"
-        )
-    rows = run_async(_read(bus))
+    check_server(server, bus=bus)
+    rows = run_async(_read_remote(server, token)) if server else run_async(_read(_bus_url(bus)))
     if as_json:
         write_json({"queues": [row_json(r) for r in rows], "unserved": unserved(rows)})
     elif rows:
@@ -45,6 +46,25 @@ def queues_cmd(bus: ClusterBusOption = "", as_json: JsonOption = False) -> None:
         table_console().print("no task queue on this bus yet", markup=False)
     for line in warnings(rows):
         err.print(f"[bold yellow]warning:[/] {escape(line)}", markup=True)
+
+
+def _bus_url(bus: str) -> str:
+    if not bus:
+        raise fail_usage(
+            "give the cluster's bus: --bus redis://host:6379/0 (or TIDEFLOW_BUS), "
+            "or a server: --server URL"
+        )
+    if bus.split("://", 1)[0].lower() in ("memory", "local"):
+        raise fail_usage(
+            f"--bus {bus}: the in-process bus lives inside one process; give the "
+            "cluster's bus (redis://… or nats://…)"
+        )
+    return bus
+
+
+async def _read_remote(server: str, token: str | None) -> list[QueueStats]:
+    async with http_client(server, token) as client:
+        return await client.queues()
 
 
 async def _read(url: str) -> list[QueueStats]:

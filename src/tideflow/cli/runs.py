@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 from rich.markup import escape
 
-from tideflow.cli.cluster import BusOption, connected
+from tideflow.cli.cluster import BusOption, reached
 from tideflow.cli.common import (
     DEFAULT_STORE,
     EXIT_FAILED,
@@ -37,6 +37,7 @@ from tideflow.cli.common import (
     run_async,
     write_json,
 )
+from tideflow.cli.remote import ServerOption, TokenOption, check_server
 from tideflow.cli.render import (
     history_json,
     print_history,
@@ -50,6 +51,7 @@ from tideflow.cli.runs_start import start_cmd, wait_cmd
 from tideflow.cli.waits import waits_of
 from tideflow.core.reopen import RETRYABLE
 from tideflow.model.states import RunStatus
+from tideflow.remote_http import HttpClient
 from tideflow.runtime.lease import describe
 from tideflow.runtime.result import RunResult
 from tideflow.store.base import HistoryEntry, Lease, RunFilter, RunPage, RunSummary
@@ -95,6 +97,8 @@ def list_cmd(
     as_json: JsonOption = False,
     store: StoreOption = DEFAULT_STORE,
     bus: BusOption = None,
+    server: ServerOption = None,
+    token: TokenOption = None,
 ) -> None:
     """List runs, newest first, one page at a time.
 
@@ -107,18 +111,19 @@ def list_cmd(
       tideflow runs list --workflow order-fulfillment --limit 20 --json
       tideflow runs list --cursor MTcx... --store sqlite:///orders.db
     """
+    check_server(server, store, bus)
     if status is not None and status not in RUN_STATUSES:
         raise fail_usage(f"--status {status!r} is not a run state: use {', '.join(RUN_STATUSES)}")
     after = parse_since(since, time.time()) if since is not None else None
     filter = RunFilter(status=status, workflow=workflow, created_after=after)
-    page = run_async(_list(store, bus, filter, limit, cursor))
+    page = run_async(_list(store, bus, server, token, filter, limit, cursor))
     if as_json:
         write_json(
             {"runs": [summary_json(run) for run in page.runs], "next_cursor": page.next_cursor}
         )
         return
     if not page.runs:
-        err.print(f"no runs in {display_url(store)} match", markup=False)
+        err.print(f"no runs in {display_url(server or store)} match", markup=False)
         return
     runs_table(page.runs)
     if page.next_cursor:
@@ -126,9 +131,15 @@ def list_cmd(
 
 
 async def _list(
-    url: str, bus: str | None, filter: RunFilter, limit: int, cursor: str | None
+    url: str,
+    bus: str | None,
+    server: str | None,
+    token: str | None,
+    filter: RunFilter,
+    limit: int,
+    cursor: str | None,
 ) -> RunPage:
-    async with connected(url, bus) as client:
+    async with reached(url, bus, server, token) as client:
         return await client.list(filter, limit=limit, cursor=cursor)
 
 
@@ -141,6 +152,8 @@ def show_cmd(
     as_json: JsonOption = False,
     store: StoreOption = DEFAULT_STORE,
     bus: BusOption = None,
+    server: ServerOption = None,
+    token: TokenOption = None,
 ) -> None:
     """Show a run: its summary and every step instance (status, attempts, error).
 
@@ -153,7 +166,8 @@ def show_cmd(
       tideflow runs show 3f2a9c...
       tideflow runs show 3f2a9c... --json
     """
-    summary, result, waits = run_async(_show(store, bus, run_id))
+    check_server(server, store, bus)
+    summary, result, waits = run_async(_show(store, bus, server, token, run_id))
     if as_json:
         write_json(run_json(summary, result, waits))
     else:
@@ -161,11 +175,14 @@ def show_cmd(
 
 
 async def _show(
-    url: str, bus: str | None, run_id: str
+    url: str, bus: str | None, server: str | None, token: str | None, run_id: str
 ) -> tuple[RunSummary, RunResult, dict[str, dict[str, Any]]]:
-    async with connected(url, bus) as client:
-        summary = await known_run(client, run_id, url)
-        waits = waits_of(await client.state(run_id), await client.plan(run_id))
+    async with reached(url, bus, server, token) as client:
+        summary = await known_run(client, run_id, server or url)
+        if isinstance(client, HttpClient):
+            waits: dict[str, dict[str, Any]] = {}  # the API shows no run state
+        else:
+            waits = waits_of(await client.state(run_id), await client.plan(run_id))
         return summary, await client.get(run_id), waits
 
 
@@ -178,6 +195,8 @@ def history_cmd(
     as_json: JsonOption = False,
     store: StoreOption = DEFAULT_STORE,
     bus: BusOption = None,
+    server: ServerOption = None,
+    token: TokenOption = None,
 ) -> None:
     """Show everything that happened to a run, event by event.
 
@@ -190,16 +209,19 @@ def history_cmd(
       tideflow runs history 3f2a9c...
       tideflow runs history 3f2a9c... --json | jq '.events[].kind'
     """
-    entries = run_async(_history(store, bus, run_id))
+    check_server(server, store, bus)
+    entries = run_async(_history(store, bus, server, token, run_id))
     if as_json:
         write_json(history_json(run_id, entries))
     else:
         print_history(entries)
 
 
-async def _history(url: str, bus: str | None, run_id: str) -> list[HistoryEntry]:
-    async with connected(url, bus) as client:
-        await known_run(client, run_id, url)
+async def _history(
+    url: str, bus: str | None, server: str | None, token: str | None, run_id: str
+) -> list[HistoryEntry]:
+    async with reached(url, bus, server, token) as client:
+        await known_run(client, run_id, server or url)
         return list(await client.history(run_id))
 
 
@@ -214,6 +236,8 @@ def cancel_cmd(
     ] = "cancelled with tideflow runs cancel",
     store: StoreOption = DEFAULT_STORE,
     bus: BusOption = None,
+    server: ServerOption = None,
+    token: TokenOption = None,
 ) -> None:
     """Cancel a run.
 
@@ -229,9 +253,14 @@ def cancel_cmd(
       tideflow runs cancel 3f2a9c...
       tideflow runs cancel 3f2a9c... --reason "duplicate order"
     """
+    check_server(server, store, bus)
     applied = run_async(
         _apply(
-            store, bus, run_id, lambda client: client.cancel(run_id, reason), "cancel", CANCELLABLE
+            Target(store, bus, server, token),
+            run_id,
+            lambda client: client.cancel(run_id, reason),
+            "cancel",
+            CANCELLABLE,
         )
     )
     _report_applied(store, run_id, applied)
@@ -261,6 +290,8 @@ def signal_cmd(
     ] = None,
     store: StoreOption = DEFAULT_STORE,
     bus: BusOption = None,
+    server: ServerOption = None,
+    token: TokenOption = None,
 ) -> None:
     """Send a signal to a run.
 
@@ -281,10 +312,10 @@ def signal_cmd(
     value = parse_json_option(payload, "--payload")
     if signal_id is not None and not signal_id.strip():
         raise fail_usage("--signal-id cannot be empty: leave it out for a new id")
+    check_server(server, store, bus)
     applied = run_async(
         _apply(
-            store,
-            bus,
+            Target(store, bus, server, token),
             run_id,
             lambda client: client.signal(run_id, name, value, signal_id=signal_id),
             "signal",
@@ -297,11 +328,20 @@ def signal_cmd(
 SIGNALLABLE = frozenset(status.value for status in RunStatus) - TERMINAL_STATUSES
 
 
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where a command goes: the store (and the cluster's bus), or a server's HTTP API."""
+
+    store: str
+    bus: str | None
+    server: str | None
+    token: str | None
+
+
 async def _apply(
-    url: str,
-    bus: str | None,
+    target: Target,
     run_id: str,
-    act: Callable[[Client], Awaitable[object]],
+    act: Callable[[Client | HttpClient], Awaitable[object]],
     action: str,
     allowed: frozenset[str],
     refused: Callable[[str], str] | None = None,
@@ -309,7 +349,8 @@ async def _apply(
     """Deliver one action on a run: to the engine live on the store, or recorded for the
     next one (runtime/delivery.py); what became of it. A run whose status is not
     ``allowed`` is left alone: exit 1, with ``refused(status)`` as the message if given."""
-    async with connected(url, bus) as client:
+    url = target.server or target.store
+    async with reached(target.store, target.bus, target.server, target.token) as client:
         summary = await known_run(client, run_id, url)
         if summary.status not in allowed:
             if refused is not None:
@@ -318,7 +359,9 @@ async def _apply(
             _nothing_to_do(run_id, summary.status, action)
         await act(client)
         status = (await client.summary(run_id)).status
-        return Applied(engine=client.delivered_to, status=status, bus=bus)
+        return Applied(
+            engine=client.delivered_to, status=status, bus=target.bus, server=target.server
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,6 +371,8 @@ class Applied:
     status: str
     bus: str | None = None
     """The cluster's bus it was published on (the server applies it)."""
+    server: str | None = None
+    """The server's HTTP API it was sent to (the server applies it)."""
 
 
 def _nothing_to_do(run_id: str, status: str, action: str) -> NoReturn:
@@ -347,6 +392,8 @@ def retry_cmd(
     ] = "retried with tideflow runs retry",
     store: StoreOption = DEFAULT_STORE,
     bus: BusOption = None,
+    server: ServerOption = None,
+    token: TokenOption = None,
 ) -> None:
     """Retry a failed or timed-out run from the steps that did not succeed.
 
@@ -362,10 +409,10 @@ def retry_cmd(
       tideflow runs retry 3f2a9c... --reason "payment service is back"
       tideflow runs resume 3f2a9c...
     """
+    check_server(server, store, bus)
     applied = run_async(
         _apply(
-            store,
-            bus,
+            Target(store, bus, server, token),
             run_id,
             lambda client: client.retry(run_id, reason),
             "retry",
@@ -383,6 +430,12 @@ RETRYABLE_STATUSES = frozenset(status.value for status in RETRYABLE)
 
 
 def _report_applied(url: str, run_id: str, applied: Applied) -> None:
+    if applied.server:
+        err.print(
+            f"sent to run {run_id} through {display_url(applied.server)} (now {applied.status})",
+            markup=False,
+        )
+        return
     if applied.bus:
         err.print(
             f"published for run {run_id} on {display_url(applied.bus)}: the cluster's server "

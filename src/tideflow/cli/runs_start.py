@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tideflow.cli.cluster import BusOption, connected
+from tideflow.cli.cluster import BusOption, reached
 from tideflow.cli.common import (
     DEFAULT_STORE,
     EXIT_FAILED,
@@ -32,7 +33,9 @@ from tideflow.cli.common import (
     use_working_directory_modules,
     write_json,
 )
+from tideflow.cli.remote import ServerOption, TokenOption, check_server
 from tideflow.cli.render import print_result
+from tideflow.remote_http import HttpClient
 from tideflow.runtime.result import RunResult
 
 if TYPE_CHECKING:
@@ -73,6 +76,8 @@ def start_cmd(
     as_json: JsonOption = False,
     store: StoreOption = DEFAULT_STORE,
     bus: BusOption = None,
+    server: ServerOption = None,
+    token: TokenOption = None,
 ) -> None:
     """Start a run and print its id (with --wait: wait for it to end, exit 0 if it succeeded).
 
@@ -86,10 +91,15 @@ def start_cmd(
       tideflow runs start flows/order.yaml --input '{"order_id": "A1"}' --bus redis://mq:6379/0
       tideflow runs start order-fulfillment -i @order.json --wait --json
     """
+    check_server(server, store, bus)
     value = parse_json_option(input, "--input")
     use_working_directory_modules()
+    # over HTTP a definition file is read here and registered first (the server cannot
+    # see this machine's files)
+    file = Path(workflow) if server and Path(workflow).is_file() else None
+    target = (store, bus, server, token)
     run_id, name, result = run_async(
-        _start(store, bus, workflow, value, version, idempotency_key, wait, timeout)
+        _start(target, workflow, file, value, version, idempotency_key, wait, timeout)
     )
     if result is None and wait:
         err.print(f"run {run_id} had not ended after {timeout:g}s; it goes on", markup=False)
@@ -101,24 +111,30 @@ def start_cmd(
         write_json({"run_id": run_id, "workflow": name[0], "version": name[1]})
         return
     out.print(run_id, markup=False)
-    where = f"on {display_url(bus)}" if bus else f"in {display_url(store)}"
+    remote = server or bus
+    where = f"on {display_url(remote)}" if remote else f"in {display_url(store)}"
     err.print(f"started run {run_id} of {name[0]} {name[1]} {where}", markup=False)
 
 
 async def _start(
-    store: str,
-    bus: str | None,
+    target: tuple[str, str | None, str | None, str | None],
     workflow: str,
+    file: Path | None,
     value: object,
     version: str | None,
     key: str | None,
     wait: bool,
     timeout: float | None,
 ) -> tuple[str, tuple[str, str], RunResult | None]:
-    async with connected(store, bus) as client:
+    store, bus, server, token = target
+    async with reached(store, bus, server, token) as client:
+        if isinstance(client, HttpClient) and file is not None:
+            registered = await client.register(file)
+            workflow, version = registered.name, version or registered.version
         run_id = await client.start(workflow, value, version=version, idempotency_key=key)
         summary = await client.summary(run_id)
-        result = await ended(client, run_id, timeout, cluster=bool(bus)) if wait else None
+        cluster = bool(bus or server)
+        result = await ended(client, run_id, timeout, cluster=cluster) if wait else None
         return run_id, (summary.workflow, summary.version), result
 
 
@@ -128,6 +144,8 @@ def wait_cmd(
     as_json: JsonOption = False,
     store: StoreOption = DEFAULT_STORE,
     bus: BusOption = None,
+    server: ServerOption = None,
+    token: TokenOption = None,
 ) -> None:
     """Wait for a run to end; print its result; exit 0 if it succeeded, else 1.
 
@@ -139,7 +157,8 @@ def wait_cmd(
       tideflow runs wait 3f2a9c... --timeout 60
       tideflow runs wait 3f2a9c... --json | jq .status
     """
-    result = run_async(_wait(store, bus, run_id, timeout))
+    check_server(server, store, bus)
+    result = run_async(_wait(store, bus, server, token, run_id, timeout))
     if result is None:
         err.print(f"run {run_id} had not ended after {timeout:g}s; it goes on", markup=False)
         raise typer.Exit(EXIT_FAILED)
@@ -147,18 +166,24 @@ def wait_cmd(
 
 
 async def _wait(
-    store: str, bus: str | None, run_id: str, timeout: float | None
+    store: str,
+    bus: str | None,
+    server: str | None,
+    token: str | None,
+    run_id: str,
+    timeout: float | None,
 ) -> RunResult | None:
-    async with connected(store, bus) as client:
-        await known_run(client, run_id, store)
-        return await ended(client, run_id, timeout, cluster=bool(bus))
+    async with reached(store, bus, server, token) as client:
+        await known_run(client, run_id, server or store)
+        return await ended(client, run_id, timeout, cluster=bool(bus or server))
 
 
 async def ended(
-    client: Client, run_id: str, timeout: float | None, *, cluster: bool
+    client: Client | HttpClient, run_id: str, timeout: float | None, *, cluster: bool
 ) -> RunResult | None:
     """The run's result once it has ended (None after ``timeout`` seconds): on a cluster
-    the client's ``wait`` (woken by the run's end on the bus), else the summary polled
+    the client's ``wait`` (woken by the run's end on the bus; over HTTP it polls the
+    server, remote_http.py), else the summary polled
     with a backoff from 10 ms to 0.5 s."""
     if cluster:
         try:
