@@ -39,7 +39,7 @@ from typing import Any
 import httpx
 
 from tideflow import errors
-from tideflow.api.problems import ERRORS, TYPE_PREFIX
+from tideflow.api.problem_types import ERRORS, TYPE_PREFIX
 from tideflow.bus.base import QueueStats
 from tideflow.errors import Diagnostic, RemoteProblem, ServerUnreachable, TideflowError
 from tideflow.model.plan import Priority
