@@ -227,7 +227,11 @@ def _run_routes(app: FastAPI, client: Client) -> None:
     async def start_run(body: StartRun, response: Response) -> StartedRun:
         """Start a run (201); 200 with the existing run when ``idempotency_key`` was used."""
         run_id, created = await client.launch(
-            body.workflow, body.input, version=body.version, idempotency_key=body.idempotency_key
+            body.workflow,
+            body.input,
+            version=body.version,
+            run_id=body.run_id,
+            idempotency_key=body.idempotency_key,
         )
         response.status_code = 201 if created else 200
         response.headers["Location"] = f"/runs/{run_id}"

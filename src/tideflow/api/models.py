@@ -85,6 +85,14 @@ class StartRun(Request):
     idempotency_key: str | None = Field(
         None, min_length=1, max_length=200, description="A second start with it starts nothing."
     )
+    run_id: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$",
+        description="The new run's id (default: a fresh one); a stored run's id is a 409 "
+        "run-exists.",
+    )
 
 
 class StartedRun(BaseModel):

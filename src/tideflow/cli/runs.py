@@ -72,6 +72,7 @@ RUN_STATUSES = [status.value for status in RunStatus]
 
 @runs_app.command("list")
 def list_cmd(
+    ctx: typer.Context,
     status: Annotated[
         str | None,
         typer.Option("--status", help=f"Only runs in this state: {', '.join(RUN_STATUSES)}."),
@@ -111,7 +112,7 @@ def list_cmd(
       tideflow runs list --workflow order-fulfillment --limit 20 --json
       tideflow runs list --cursor MTcx... --store sqlite:///orders.db
     """
-    check_server(server, store, bus)
+    check_server(ctx, server)
     if status is not None and status not in RUN_STATUSES:
         raise fail_usage(f"--status {status!r} is not a run state: use {', '.join(RUN_STATUSES)}")
     after = parse_since(since, time.time()) if since is not None else None
@@ -148,6 +149,7 @@ async def _list(
 
 @runs_app.command("show")
 def show_cmd(
+    ctx: typer.Context,
     run_id: RunArgument,
     as_json: JsonOption = False,
     store: StoreOption = DEFAULT_STORE,
@@ -166,7 +168,7 @@ def show_cmd(
       tideflow runs show 3f2a9c...
       tideflow runs show 3f2a9c... --json
     """
-    check_server(server, store, bus)
+    check_server(ctx, server)
     summary, result, waits = run_async(_show(store, bus, server, token, run_id))
     if as_json:
         write_json(run_json(summary, result, waits))
@@ -191,6 +193,7 @@ async def _show(
 
 @runs_app.command("history")
 def history_cmd(
+    ctx: typer.Context,
     run_id: RunArgument,
     as_json: JsonOption = False,
     store: StoreOption = DEFAULT_STORE,
@@ -209,7 +212,7 @@ def history_cmd(
       tideflow runs history 3f2a9c...
       tideflow runs history 3f2a9c... --json | jq '.events[].kind'
     """
-    check_server(server, store, bus)
+    check_server(ctx, server)
     entries = run_async(_history(store, bus, server, token, run_id))
     if as_json:
         write_json(history_json(run_id, entries))
@@ -230,6 +233,7 @@ async def _history(
 
 @runs_app.command("cancel")
 def cancel_cmd(
+    ctx: typer.Context,
     run_id: RunArgument,
     reason: Annotated[
         str, typer.Option("--reason", help="Recorded in the run's history.")
@@ -253,7 +257,7 @@ def cancel_cmd(
       tideflow runs cancel 3f2a9c...
       tideflow runs cancel 3f2a9c... --reason "duplicate order"
     """
-    check_server(server, store, bus)
+    check_server(ctx, server)
     applied = run_async(
         _apply(
             Target(store, bus, server, token),
@@ -271,6 +275,7 @@ CANCELLABLE = frozenset({RunStatus.PENDING.value, RunStatus.RUNNING.value})
 
 @runs_app.command("signal")
 def signal_cmd(
+    ctx: typer.Context,
     run_id: RunArgument,
     name: Annotated[
         str, typer.Argument(help="The signal name a `wait` step waits for.", show_default=False)
@@ -312,7 +317,7 @@ def signal_cmd(
     value = parse_json_option(payload, "--payload")
     if signal_id is not None and not signal_id.strip():
         raise fail_usage("--signal-id cannot be empty: leave it out for a new id")
-    check_server(server, store, bus)
+    check_server(ctx, server)
     applied = run_async(
         _apply(
             Target(store, bus, server, token),
@@ -386,6 +391,7 @@ def _nothing_to_do(run_id: str, status: str, action: str) -> NoReturn:
 
 @runs_app.command("retry")
 def retry_cmd(
+    ctx: typer.Context,
     run_id: RunArgument,
     reason: Annotated[
         str, typer.Option("--reason", help="Recorded in the run's history.")
@@ -409,7 +415,7 @@ def retry_cmd(
       tideflow runs retry 3f2a9c... --reason "payment service is back"
       tideflow runs resume 3f2a9c...
     """
-    check_server(server, store, bus)
+    check_server(ctx, server)
     applied = run_async(
         _apply(
             Target(store, bus, server, token),

@@ -20,6 +20,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner, Result
 
+from tideflow.cli.common import DEFAULT_STORE
 from tideflow.cli.main import app
 
 WAITING = textwrap.dedent(
@@ -136,6 +137,8 @@ def test_refusals_exit_2_saying_what_the_server_said(server: Server) -> None:
     assert stranger.exit_code == 2 and "Bearer" in stranger.stderr
     both = invoke(server, "runs", "list", "--store", server.store)
     assert both.exit_code == 2 and "leave out --store" in both.stderr
+    default = invoke(server, "definitions", "list", "--store", DEFAULT_STORE)
+    assert default.exit_code == 2 and "leave out --store" in default.stderr  # typed, so refused
     bus = invoke(server, "queues", "--bus", "redis://127.0.0.1:1/0")
     assert bus.exit_code == 2 and "leave out --bus" in bus.stderr
 
