@@ -46,6 +46,7 @@ from tideflow.model.plan import Plan, Priority
 from tideflow.model.states import RUN_TERMINAL, RunStatus, SignalOutcome
 from tideflow.model.versions import version_key
 from tideflow.runtime.result import RunResult, StepResult
+from tideflow.runtime.why import Diagnosis
 from tideflow.store.base import DefinitionSummary, HistoryEntry, RunFilter, RunPage, RunSummary
 
 __all__ = ["HttpClient", "RemoteDefinition", "RemoteProblem", "ServerUnreachable"]
@@ -276,6 +277,10 @@ class HttpClient:
                 request[key] = value
         body = await self._call("POST", "/runs", json=request)
         return str(body["run_id"]), bool(body["created"])
+
+    async def why(self, run_id: str) -> Diagnosis:
+        """Why the run is where it is, as the server sees it (runtime/why.py)."""
+        return Diagnosis.of(await self._call("GET", f"/runs/{_seg(run_id)}/why"))
 
     async def signal(
         self, run_id: str, name: str, payload: Any = None, *, signal_id: str | None = None

@@ -45,6 +45,7 @@ from tideflow.api.models import (
     StartedRun,
     StartRun,
     StoredDefinition,
+    WhyView,
 )
 from tideflow.api.problems import Problem
 from tideflow.bus.base import unserved
@@ -266,6 +267,13 @@ def _run_routes(app: FastAPI, client: Client) -> None:
     async def run_history(run_id: str) -> History:
         """Everything that happened to the run, in order (sensitive fields masked)."""
         return History.of(run_id, await client.history(run_id))
+
+    @app.get("/runs/{run_id}/why", tags=["runs"], dependencies=[READ])
+    async def why_run(run_id: str) -> WhyView:
+        """Why the run is where it is: what each unfinished step waits for and since when
+        (a signal, a timer, a queue no worker reads, a worker gone, a child run, a join),
+        effects waiting to be relayed, or no live engine for it. Changes nothing."""
+        return WhyView.of(await client.why(run_id))
 
     @app.post("/runs/{run_id}/cancel", status_code=202, tags=["runs"], dependencies=[CANCEL])
     async def cancel_run(run_id: str, body: Reason | None = None) -> RunStatusView:

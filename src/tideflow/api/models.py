@@ -11,6 +11,7 @@ from tideflow.bus.base import QueueStats
 from tideflow.model.plan import Plan
 from tideflow.model.states import SignalOutcome
 from tideflow.runtime.result import RunResult
+from tideflow.runtime.why import Diagnosis, WhyKind
 from tideflow.store.base import DefinitionSummary, HistoryEntry, RunPage, RunSummary
 
 
@@ -174,6 +175,26 @@ class HistoryRow(BaseModel):
     kind: str
     event: dict[str, Any]
     transitions: list[dict[str, Any]]
+
+
+class WhyReason(BaseModel):
+    kind: WhyKind = Field(description="What the run (or one of its steps) waits on.")
+    text: str = Field(description="One sentence for a person, with what to do if anything.")
+    step: str | None = Field(None, description="The step instance's key, for a step's reason.")
+    since: float | None = None
+    at: float | None = Field(None, description="When it is due (a timer, a timeout).")
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class WhyView(BaseModel):
+    run_id: str
+    status: str
+    checked_at: float
+    reasons: list[WhyReason]
+
+    @classmethod
+    def of(cls, diagnosis: Diagnosis) -> WhyView:
+        return cls.model_validate(diagnosis.to_dict())
 
 
 class History(BaseModel):

@@ -49,6 +49,7 @@ from tideflow.cli.render import (
 from tideflow.cli.resume import resume_run_cmd
 from tideflow.cli.runs_start import start_cmd, wait_cmd
 from tideflow.cli.waits import waits_of
+from tideflow.cli.why import why_cmd
 from tideflow.core.reopen import RETRYABLE
 from tideflow.model.states import RunStatus
 from tideflow.remote_http import HttpClient
@@ -469,6 +470,7 @@ def _report_applied(url: str, run_id: str, applied: Applied) -> None:
 runs_app.command("resume")(resume_run_cmd)
 runs_app.command("start")(start_cmd)
 runs_app.command("wait")(wait_cmd)
+runs_app.command("why")(why_cmd)
 
 
 __all__ = ["runs_app"]

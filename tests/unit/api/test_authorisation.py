@@ -50,6 +50,7 @@ ROUTES: dict[tuple[str, str], Action | None] = {
     ("GET", "/runs"): Action.READ,
     ("GET", "/runs/{run_id}"): Action.READ,
     ("GET", "/runs/{run_id}/history"): Action.READ,
+    ("GET", "/runs/{run_id}/why"): Action.READ,
     ("POST", "/runs/{run_id}/cancel"): Action.CANCEL,
     ("POST", "/runs/{run_id}/retry"): Action.RETRY,
     ("POST", "/runs/{run_id}/signals"): Action.SIGNAL,

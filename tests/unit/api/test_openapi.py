@@ -51,6 +51,7 @@ async def test_every_route_has_its_schemas() -> None:
         "/runs",
         "/runs/{run_id}",
         "/runs/{run_id}/history",
+        "/runs/{run_id}/why",
         "/runs/{run_id}/cancel",
         "/runs/{run_id}/retry",
         "/runs/{run_id}/signals",

@@ -26,6 +26,7 @@ from tideflow.remote_http import (
 )
 from tideflow.runtime.runtime import Runtime
 from tideflow.store.base import RunFilter
+from tideflow.testing.waiting import step_is, wait_until
 from tideflow.worker.executors.functions import register, unregister
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -205,6 +206,13 @@ async def test_a_start_names_its_run_and_a_taken_id_is_refused(served: Served) -
         with pytest.raises(errors.RunExists, match="order-A1"):
             await c.start("waiting", {"order_id": "B2"}, run_id="order-A1")
         assert (await served.rt.client.state("order-A1")).input == {"order_id": "A1"}
+        await wait_until(served.rt, "order-A1", step_is("ask", "waiting"))
+        why = await c.why("order-A1")
+        assert why.run_id == "order-A1" and why.status == "running"
+        assert [(r.kind.value, r.step) for r in why.reasons] == [
+            ("waiting_for_signal", "ask"),
+            ("join", "after"),
+        ]
         with pytest.raises(RemoteProblem) as shape:  # not a path segment: refused by the API
             await c.start("waiting", {"order_id": "C3"}, run_id="../etc")
         assert shape.value.status == 422 and "run_id" in shape.value.message

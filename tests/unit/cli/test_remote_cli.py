@@ -108,12 +108,18 @@ def test_runs_and_definitions_over_http(server: Server, tmp_path: Path) -> None:
     show = invoke(server, "runs", "show", run_id, "--json")
     assert show.exit_code == 0, show.output
     assert json.loads(show.stdout)["run_id"] == run_id
+    why = invoke(server, "runs", "why", run_id, "--json")  # the server's engine is live
+    assert why.exit_code == 0, why.output
+    kinds = {r["kind"] for r in json.loads(why.stdout)["reasons"]}
+    assert kinds & {"not_started", "waiting_for_signal"}, kinds
     signalled = invoke(server, "runs", "signal", run_id, "go", "-p", '{"ok": true}')
     assert signalled.exit_code == 0, signalled.output
     assert f"sent to run {run_id}" in signalled.stderr
     waited = invoke(server, "runs", "wait", run_id, "--timeout", "60", "--json")
     assert waited.exit_code == 0, waited.output
     assert json.loads(waited.stdout)["output"] == {"ok": True}
+    ended_why = invoke(server, "runs", "why", run_id)
+    assert ended_why.exit_code == 0 and "the run has ended: succeeded" in ended_why.stdout
     runs = json.loads(invoke(server, "runs", "list", "--json").stdout)["runs"]
     assert run_id in [r["run_id"] for r in runs]
     history = json.loads(invoke(server, "runs", "history", run_id, "--json").stdout)
