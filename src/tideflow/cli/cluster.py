@@ -33,8 +33,7 @@ from tideflow.errors import BusError, EngineAlreadyRunning, TideflowError
 if TYPE_CHECKING:
     from tideflow.client import Client
     from tideflow.remote_http import HttpClient
-    from tideflow.runtime.relay import Listener
-    from tideflow.runtime.server import Service
+    from tideflow.runtime.server import Listener, Service
 
 BUS_ENV = "TIDEFLOW_BUS"
 

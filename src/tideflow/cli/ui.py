@@ -80,10 +80,17 @@ def ui_cmd(
         clock = clock_from_environment(os.environ)
         ttl = ttl_from_environment(os.environ)
         limits = Limits.from_env(os.environ)
-        host, port = parse_address(http, auth=False)
+        host, port = parse_address(http)
+        parse_address(http, auth=False)
         sock = listen(host, port)
     except AddressRefused as exc:
-        raise fail_usage(str(exc).replace("--no-auth", "`tideflow ui`")) from None
+        if "HOST:PORT" in str(exc):
+            raise fail_usage(str(exc)) from None
+        raise fail_usage(
+            f"--http {http}: `tideflow ui` listens on a loopback address only (127.0.0.1, "
+            "::1 or localhost); to serve the UI to other machines run `tideflow server "
+            "--http HOST:PORT`, where people log in with API tokens"
+        ) from None
     except OSError as exc:
         raise fail_usage(f"--http {http}: cannot listen there: {exc.strerror or exc}") from None
     except (ValueError, TideflowError) as exc:

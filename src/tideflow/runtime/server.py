@@ -228,4 +228,12 @@ async def _started(rt: Runtime, options: ServerOptions, stop: Stop) -> bool:
     return True
 
 
-__all__ = ["STOPPED", "ServerOptions", "Service", "check_embedded_store", "check_urls", "serve"]
+__all__ = [
+    "STOPPED",
+    "Listener",
+    "ServerOptions",
+    "Service",
+    "check_embedded_store",
+    "check_urls",
+    "serve",
+]

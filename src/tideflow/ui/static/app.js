@@ -234,13 +234,14 @@ async function runPage(runId) {
     const parts = [h("h2", {}, `Step ${step.step} `, h("span", { class: "muted" }, `(${step.type})`))];
     if (!step.total) parts.push(h("p", { class: "muted" }, "Not reached yet."));
     for (const inst of step.instances) {
-      parts.push(h("div", { class: "instance", "data-key": inst.key },
-        h("div", {}, h("strong", {}, inst.key), " ", badge(inst.status), " ", h("span", { class: "muted" }, `${inst.attempts} attempt(s) ${seconds(inst.started_at, inst.finished_at)}`)),
+      // one instance: open; a map's or loop's many: one line each, opened on a click
+      parts.push(h("details", { class: "instance", "data-key": inst.key, open: step.total === 1 },
+        h("summary", {}, h("strong", {}, inst.key), " ", badge(inst.status), " ", h("span", { class: "muted" }, `${inst.attempts} attempt(s) ${seconds(inst.started_at, inst.finished_at)}`)),
         inst.input !== null ? [h("div", { class: "muted" }, "input"), h("pre", {}, json(inst.input))] : null,
         inst.output !== null ? [h("div", { class: "muted" }, "output"), h("pre", { class: "output" }, json(inst.output))] : null,
         inst.error ? [h("div", { class: "muted" }, "error"), h("pre", { class: "error" }, json(inst.error))] : null,
-        inst.child_run_id ? h("a", { href: `#/runs/${inst.child_run_id}` }, `child run ${inst.child_run_id}`) : null,
-        step.signal && inst.status === "waiting" ? signalForm(step.signal) : null));
+        inst.child_run_id ? h("a", { href: `#/runs/${inst.child_run_id}` }, `child run ${inst.child_run_id}`) : null),
+      step.signal && inst.status === "waiting" ? signalForm(step.signal) : null);
     }
     if (step.total > step.instances.length) {
       parts.push(h("div", { class: "filters" },
@@ -337,12 +338,27 @@ function gantt(list) {
   const x = (t) => left + ((t - t0) / (t1 - t0)) * width;
   const svg = h("svg:svg", { class: "gantt", width: left + width + 10, height: lanes.length * rowH + 24 });
   lanes.forEach((l, i) => svg.append(h("svg:text", { class: "lane-label", x: 4, y: i * rowH + 13 }, l.length > 24 ? `${l.slice(0, 23)}…` : l)));
+  // Bars closer than a pixel in one lane and of one outcome are drawn as one: a lane of
+  // 10,000 attempts is a few rectangles, not 10,000.
+  const bars = new Map();
   for (const a of list.attempts) {
     const i = row.get(lane(a.step_key));
     if (i === undefined || !a.started_at) continue;
-    const end = a.ended_at || now;
-    svg.append(h("svg:rect", { class: `bar ${a.outcome}`, x: x(a.started_at), y: i * rowH + 3, width: Math.max(2, x(end) - x(a.started_at)), height: rowH - 6, rx: 2 },
-      h("svg:title", {}, `${a.step_key} attempt ${a.attempt}: ${a.outcome} ${seconds(a.started_at, a.ended_at)}${a.error ? ` — ${a.error}` : ""}${a.worker ? ` on ${a.worker}` : ""}`)));
+    const from = x(a.started_at), to = Math.max(from + 2, x(a.ended_at || now));
+    const key = `${i} ${a.outcome}`;
+    const open = bars.get(key) || [];
+    const last = open[open.length - 1];
+    if (last && from <= last.to + 1) { last.to = Math.max(last.to, to); last.n += 1; last.a = a; }
+    else open.push({ from, to, n: 1, a, i });
+    bars.set(key, open);
+  }
+  for (const [, open] of bars) {
+    for (const bar of open) {
+      const a = bar.a;
+      const title = bar.n > 1 ? `${bar.n} attempts of ${lane(a.step_key)}: ${a.outcome}`
+        : `${a.step_key} attempt ${a.attempt}: ${a.outcome} ${seconds(a.started_at, a.ended_at)}${a.error ? ` — ${a.error}` : ""}${a.worker ? ` on ${a.worker}` : ""}`;
+      svg.append(h("svg:rect", { class: `bar ${a.outcome}`, x: bar.from, y: bar.i * rowH + 3, width: bar.to - bar.from, height: rowH - 6, rx: 2, "data-attempts": bar.n }, h("svg:title", {}, title)));
+    }
   }
   svg.append(h("svg:text", { class: "lane-label", x: left, y: lanes.length * rowH + 18 }, `0 s … ${(t1 - t0).toFixed(2)} s`));
   const shown = list.total > list.attempts.length ? ` (the first ${list.attempts.length} of ${list.total})` : "";
