@@ -177,7 +177,7 @@ def test_a_10000_step_run_stays_within_the_bound(
     assert elements < MAX_ELEMENTS, elements
 
     node.click()  # its instances, one page at a time
-    expect(page.locator("#step-detail")).to_contain_text(f"1–20 of {ITEMS}")
+    expect(page.locator("#step-detail")).to_contain_text(f"1\u201320 of {ITEMS}")
     page.locator(".tabs button[data-tab='history']").click()
     expect(page.locator("#history")).to_be_visible()
     expect(page.locator(".tabs + .panel")).to_contain_text("event(s)")

@@ -30,7 +30,7 @@ FAN = {
             "type": "map",
             "items": "{{ inputs.items }}",
             "step": {"id": "double", "type": "set", "values": {"n": "{{ item * 2 }}"}},
-        },  # fmt: skip
+        },
         {"id": "gate", "type": "wait", "signal": "go", "depends_on": ["each"]},
         {
             "id": "flaky",
@@ -39,7 +39,7 @@ FAN = {
             "depends_on": ["gate"],
             "sensitive": ["secret"],
             "retry": {"max_attempts": 3, "initial_delay": "10ms"},
-        },  # fmt: skip
+        },
     ],
 }
 CALLS: list[int] = []

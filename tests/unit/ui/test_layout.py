@@ -66,7 +66,7 @@ def test_a_map_template_hangs_below_its_map_on_a_nested_edge() -> None:
                     "type": "map",
                     "items": "{{ [1, 2] }}",
                     "step": {"id": "one", "type": "noop"},
-                },  # fmt: skip
+                },
                 {"id": "after", "type": "noop", "depends_on": ["each"]},
             ],
         }
