@@ -75,7 +75,7 @@ function leave() {
 
 function show(...nodes) {
   const view = document.getElementById("view");
-  view.replaceChildren(...nodes);
+  view.replaceChildren(...nodes.filter((node) => node instanceof Node));
 }
 
 function note(text, error = false) {
@@ -240,8 +240,8 @@ async function runPage(runId) {
         inst.input !== null ? [h("div", { class: "muted" }, "input"), h("pre", {}, json(inst.input))] : null,
         inst.output !== null ? [h("div", { class: "muted" }, "output"), h("pre", { class: "output" }, json(inst.output))] : null,
         inst.error ? [h("div", { class: "muted" }, "error"), h("pre", { class: "error" }, json(inst.error))] : null,
-        inst.child_run_id ? h("a", { href: `#/runs/${inst.child_run_id}` }, `child run ${inst.child_run_id}`) : null),
-      step.signal && inst.status === "waiting" ? signalForm(step.signal) : null);
+        inst.child_run_id ? h("a", { href: `#/runs/${inst.child_run_id}` }, `child run ${inst.child_run_id}`) : null));
+      if (step.signal && inst.status === "waiting") parts.push(signalForm(step.signal));
     }
     if (step.total > step.instances.length) {
       parts.push(h("div", { class: "filters" },
@@ -249,7 +249,7 @@ async function runPage(runId) {
         h("span", { class: "muted" }, `${offset + 1}–${offset + step.instances.length} of ${step.total}`),
         h("button", { disabled: offset + 20 >= step.total, onclick: () => renderDetail(offset + 20) }, "Next")));
     }
-    detail.replaceChildren(...parts);
+    detail.replaceChildren(...parts.filter((part) => part instanceof Node));
   }
 
   function signalForm(name) {
