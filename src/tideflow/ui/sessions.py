@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 from tideflow.api.auth import Principal, authenticate
+from tideflow.errors import Unauthenticated
 from tideflow.model.tokens import Role
 from tideflow.store.base import Store
 
@@ -89,7 +90,7 @@ class Sessions:
         assert self.store is not None
         try:
             return await authenticate(self.store, f"Bearer {session.token}")
-        except Exception:
+        except Unauthenticated:  # revoked since: the session ends with its token
             self._sessions.pop(session_id or "", None)
             raise
 
