@@ -55,6 +55,9 @@ class GraphEdge(BaseModel):
     target: str
     label: str | None = Field(description="A switch case's condition, or `default`")
     nested: bool = Field(description="From a loop or map to its body")
+    points: list[tuple[float, float]] = Field(
+        description="The line: the source's bottom, a bend per layer crossed, the target's top"
+    )
 
 
 class PlanGraph(BaseModel):

@@ -4,14 +4,16 @@ A layered drawing (Sugiyama-style, the two cheap phases): each step's layer is t
 length of the longest dependency path to it, so every edge points down; within a layer
 the steps are ordered by the barycentre (mean position) of their neighbours, swept down
 and up a few times to untangle the edges. A loop body or a map template hangs below its
-owner (a dashed edge from the owner to the body's roots). Linear in the steps and edges
+owner (a dashed edge from the owner to the body's roots). An edge that crosses layers
+gets a bend in each (a "virtual node", ordered with the steps), so it goes round the
+steps in between instead of through them. Linear in the steps and edges
 for each sweep; no crossing minimisation beyond that (a plan is drawn, not typeset).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tideflow.model.plan import Plan, StepSpec
 
@@ -23,6 +25,9 @@ GAP_X = 36
 GAP_Y = 56
 MARGIN = 20
 SWEEPS = 4
+BEND_WIDTH = 16
+BEND = "\x00bend:"
+"""The id prefix of an edge's bend (no step id holds a NUL)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,6 +48,9 @@ class Edge:
     label: str | None
     nested: bool
     """From a loop or map to its body (drawn dashed)."""
+    points: tuple[tuple[float, float], ...] = ()
+    """Where it goes: the source's bottom, a bend in each layer it crosses, the target's
+    top."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,32 +64,91 @@ class Layout:
 def layout(plan: Plan) -> Layout:
     """Every step of ``plan`` placed (top to bottom), with the edges between them."""
     edges = list(_edges(plan))
-    parents = _parents(plan)
     incoming: dict[str, list[str]] = {s: [] for s in plan.specs}
     outgoing: dict[str, list[str]] = {s: [] for s in plan.specs}
     for edge in edges:
         incoming[edge.target].append(edge.source)
         outgoing[edge.source].append(edge.target)
     layers = _layers(list(plan.specs), incoming, outgoing)
+    chains = _split_long_edges(edges, layers, incoming, outgoing)
     rows = _order(layers, incoming, outgoing)
-    nodes: list[Node] = []
-    widest = max((len(row) for row in rows), default=0)
-    for depth, row in enumerate(rows):
-        indent = (widest - len(row)) * (NODE_WIDTH + GAP_X) / 2
-        for index, step_id in enumerate(row):
-            nodes.append(
-                Node(
-                    id=step_id,
-                    type=plan.specs[step_id].type,
-                    layer=depth,
-                    x=MARGIN + indent + index * (NODE_WIDTH + GAP_X),
-                    y=MARGIN + depth * (NODE_HEIGHT + GAP_Y),
-                    parent=parents.get(step_id),
-                )
-            )
-    width = 2 * MARGIN + widest * NODE_WIDTH + max(widest - 1, 0) * GAP_X
+    centre, width = _place(rows)
+    parents = _parents(plan)
+    nodes = [
+        Node(
+            id=step_id,
+            type=plan.specs[step_id].type,
+            layer=layers[step_id],
+            x=centre[step_id] - NODE_WIDTH / 2,
+            y=_top(layers[step_id]),
+            parent=parents.get(step_id),
+        )
+        for row in rows
+        for step_id in row
+        if step_id in plan.specs
+    ]
+    routed = [
+        replace(edge, points=_route(edge, chains.get(index, []), layers, centre))
+        for index, edge in enumerate(edges)
+    ]
     height = 2 * MARGIN + len(rows) * NODE_HEIGHT + max(len(rows) - 1, 0) * GAP_Y
-    return Layout(nodes=nodes, edges=edges, width=width, height=height)
+    return Layout(nodes=nodes, edges=routed, width=width, height=height)
+
+
+def _split_long_edges(
+    edges: list[Edge],
+    layers: dict[str, int],
+    incoming: dict[str, list[str]],
+    outgoing: dict[str, list[str]],
+) -> dict[int, list[str]]:
+    """An edge across several layers becomes a chain of bends, one per layer between
+    (placed and ordered like steps), so that it goes round the steps on its way."""
+    chains: dict[int, list[str]] = {}
+    for index, edge in enumerate(edges):
+        span = layers[edge.target] - layers[edge.source]
+        if span <= 1:
+            continue
+        bends = [f"{BEND}{index}.{k}" for k in range(1, span)]
+        for k, bend in enumerate(bends, start=1):
+            layers[bend] = layers[edge.source] + k
+        outgoing[edge.source].remove(edge.target)
+        incoming[edge.target].remove(edge.source)
+        chain = [edge.source, *bends, edge.target]
+        for upper, lower in zip(chain, chain[1:], strict=False):
+            outgoing.setdefault(upper, []).append(lower)
+            incoming.setdefault(lower, []).append(upper)
+        chains[index] = bends
+    return chains
+
+
+def _place(rows: list[list[str]]) -> tuple[dict[str, float], float]:
+    """The horizontal centre of every step and bend (each row centred), and the width."""
+
+    def size(item: str) -> float:
+        return BEND_WIDTH if item.startswith(BEND) else NODE_WIDTH
+
+    spans = [sum(size(i) for i in row) + max(len(row) - 1, 0) * GAP_X for row in rows]
+    widest = max(spans, default=0.0)
+    centre: dict[str, float] = {}
+    for row, span in zip(rows, spans, strict=True):
+        at = MARGIN + (widest - span) / 2
+        for item in row:
+            centre[item] = at + size(item) / 2
+            at += size(item) + GAP_X
+    return centre, 2 * MARGIN + widest
+
+
+def _top(layer: int) -> float:
+    return MARGIN + layer * (NODE_HEIGHT + GAP_Y)
+
+
+def _route(
+    edge: Edge, bends: list[str], layers: dict[str, int], centre: dict[str, float]
+) -> tuple[tuple[float, float], ...]:
+    """From the bottom of the source, through its bends, to the top of the target."""
+    start = (centre[edge.source], _top(layers[edge.source]) + NODE_HEIGHT)
+    middle = [(centre[b], _top(layers[b]) + NODE_HEIGHT / 2) for b in bends]
+    return (start, *middle, (centre[edge.target], _top(layers[edge.target])))
 
 
 def _edges(plan: Plan) -> Iterator[Edge]:

@@ -31,6 +31,16 @@ def test_the_moderation_example_is_drawn_in_layers_with_edges_pointing_down() ->
     for node in drawn.nodes:
         assert node.x >= 0 and node.x + NODE_WIDTH <= drawn.width
         assert node.y >= 0 and node.y + NODE_HEIGHT <= drawn.height
+    for edge in drawn.edges:  # from the source's bottom to the target's top, round the rest
+        (x0, y0), *bends, (x1, y1) = edge.points
+        assert (x0, y0) == (at[edge.source].x + NODE_WIDTH / 2, at[edge.source].y + NODE_HEIGHT)
+        assert (x1, y1) == (at[edge.target].x + NODE_WIDTH / 2, at[edge.target].y)
+        assert len(bends) == at[edge.target].layer - at[edge.source].layer - 1
+        for x, y in bends:
+            assert not any(
+                n.x <= x <= n.x + NODE_WIDTH and n.y <= y <= n.y + NODE_HEIGHT
+                for n in drawn.nodes
+            ), (edge, x, y)
     labels = {(e.source, e.target): e.label for e in drawn.edges}
     assert labels[("route", "publish")] == "default"
     assert labels[("route", "review")] == "steps.combine.output.score >= 0.4"

@@ -163,16 +163,26 @@ async function runsPage(params) {
 
 function drawGraph(graph, onPick) {
   const svg = h("svg:svg", { class: "graph", width: graph.width, height: graph.height, viewBox: `0 0 ${graph.width} ${graph.height}`, role: "img", "aria-label": `graph of ${graph.name}` });
-  const at = new Map(graph.nodes.map((n) => [n.id, n]));
   const w = graph.node_width, hh = graph.node_height;
   for (const edge of graph.edges) {
-    const a = at.get(edge.source), b = at.get(edge.target);
-    const x1 = a.x + w / 2, y1 = a.y + hh, x2 = b.x + w / 2, y2 = b.y;
-    const mid = (y1 + y2) / 2;
-    svg.append(h("svg:path", { class: edge.nested ? "edge nested" : "edge", d: `M${x1},${y1} C${x1},${mid} ${x2},${mid} ${x2},${y2 - 6}`, "marker-end": "url(#arrow)" }));
+    // through the bends the layout gave it, vertical at every point
+    const pts = edge.points;
+    let d = `M${pts[0][0]},${pts[0][1]}`;
+    for (let i = 1; i < pts.length; i += 1) {
+      const [px, py] = pts[i - 1];
+      const [x, y] = pts[i];
+      const end = i === pts.length - 1 ? y - 6 : y;
+      const mid = (py + end) / 2;
+      d += ` C${px},${mid} ${x},${mid} ${x},${end}`;
+    }
+    svg.append(h("svg:path", { class: edge.nested ? "edge nested" : "edge", d, "marker-end": "url(#arrow)", "data-edge": `${edge.source}>${edge.target}` }));
     if (edge.label) {
+      const [[x1, y1], [x2, y2]] = pts;
       const text = edge.label.length > 24 ? `${edge.label.slice(0, 23)}…` : edge.label;
-      svg.append(h("svg:text", { class: "edge-label", x: x1 + (x2 - x1) * 0.3 + 4, y: y1 + (y2 - y1) * 0.3 }, text, h("svg:title", {}, edge.label)));
+      // halfway down its first stretch, on the side it leans to
+      const anchor = x2 < x1 - 1 ? "end" : "start";
+      const x = (x1 + x2) / 2 + (anchor === "end" ? -4 : 4);
+      svg.append(h("svg:text", { class: "edge-label", x, y: (y1 + y2) / 2, "text-anchor": anchor }, text, h("svg:title", {}, edge.label)));
     }
   }
   svg.prepend(h("svg:defs", {}, h("svg:marker", { id: "arrow", viewBox: "0 0 10 10", refX: 5, refY: 5, markerWidth: 6, markerHeight: 6, orient: "auto" },
