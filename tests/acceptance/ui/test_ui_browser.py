@@ -52,6 +52,14 @@ BIG = {
         {"id": "done", "type": "noop", "depends_on": ["approve"]},
     ],
 }
+BROKEN = {
+    "name": "broken",
+    "version": "1",
+    "steps": [
+        {"id": "score", "type": "python", "function": "examples.moderation:score_spam",
+         "input": {"text": 5}},  # an int has no .lower(): AttributeError, every time
+    ],
+}  # fmt: skip
 UI_HEADER = {"X-Tideflow-UI": "1"}
 
 
@@ -261,9 +269,25 @@ def test_roles_decide_the_buttons_and_the_server_refuses_the_rest(
         expect(page.locator("#cancel")).to_be_visible()
         page.locator("#cancel").click()
         expect(page.locator("#run-status .badge")).to_have_attribute("data-status", "cancelled")
+        # a run that fails: the operator retries it from the page (it fails again)
+        assert api.post(f"{base}/definitions", data=json.dumps(BROKEN), headers=bearer).ok
+        broken = api.post(f"{base}/runs", data=json.dumps({"workflow": "broken"}), headers=bearer)
+        page.goto(f"{base}/ui/#/runs/{broken.json()['run_id']}")
+        expect(page.locator("#run-status .badge")).to_have_attribute("data-status", "failed")
+        expect_step(page, "score", "failed")
+        page.locator("g.node[data-step='score']").click()
+        expect(page.locator("#step-detail .error")).to_contain_text("AttributeError")
+        page.locator("#retry").click()
+        page.locator(".tabs button[data-tab='history']").click()
+        expect(page.locator("#history")).to_contain_text("run_retried")
+        page.locator(".tabs button[data-tab='timeline']").click()
+        expect(page.locator("svg.gantt .bar.failed")).to_have_count(2)  # one per round
+
         page.goto(f"{base}/ui/#/definitions")
         expect(page.locator("main table")).to_contain_text("content-moderation")
         expect(page.locator("main table button")).to_have_count(0)  # only admins (de)activate
+        page.locator("main tr.row", has_text="content-moderation").click()
+        expect(page.locator("main svg.graph g.node")).to_have_count(10)
     finally:
         served.stop()
 
