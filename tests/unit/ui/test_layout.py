@@ -38,8 +38,7 @@ def test_the_moderation_example_is_drawn_in_layers_with_edges_pointing_down() ->
         assert len(bends) == at[edge.target].layer - at[edge.source].layer - 1
         for x, y in bends:
             assert not any(
-                n.x <= x <= n.x + NODE_WIDTH and n.y <= y <= n.y + NODE_HEIGHT
-                for n in drawn.nodes
+                n.x <= x <= n.x + NODE_WIDTH and n.y <= y <= n.y + NODE_HEIGHT for n in drawn.nodes
             ), (edge, x, y)
     labels = {(e.source, e.target): e.label for e in drawn.edges}
     assert labels[("route", "publish")] == "default"
