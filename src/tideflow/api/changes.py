@@ -46,6 +46,15 @@ class Watch:
 class RunChanges:
     def __init__(self) -> None:
         self._watches: dict[str | None, set[Watch]] = {}
+        self.closed = False
+        """Set when the server stops: every stream ends (or the server would wait for
+        them, its open requests, before it stops)."""
+
+    def close(self) -> None:
+        self.closed = True
+        for watches in self._watches.values():
+            for watch in watches:
+                watch.poke()
 
     def listener(self, state: RunState, transitions: Sequence[Transition]) -> None:
         """The engine's listener: ``state`` was committed."""

@@ -189,8 +189,10 @@ def _stream(
             yield "retry: 1000\n" + sse(event, last)
             sent, ended = 1, run_id is not None and _ended(first)
             while not ended and (max_events is None or sent < max_events):
-                if await watch.wait(RECHECK):
+                if await watch.wait(RECHECK) and not changes.closed:
                     await asyncio.sleep(THROTTLE)  # let a burst of changes become one
+                if changes.closed:  # the server stops; the browser reconnects to the next
+                    return
                 try:
                     current, ended = await read()
                 except TideflowError as exc:  # the browser reconnects, and reads again

@@ -129,6 +129,7 @@ async def http_api(
     ui`) guard it instead. ``changes``: the hub the engine tells of run changes. When
     uvicorn ends on its own, the server is stopped too."""
     where = address_of(sock)
+    changes = changes or RunChanges()
     if sessions is None or not sessions.required:
         await _say_how_it_is_guarded(client, where, auth)
     app = create_app(
@@ -163,6 +164,7 @@ async def http_api(
     try:
         yield
     finally:
+        changes.close()  # the event streams end, so that uvicorn need not wait for them
         server.should_exit = True
         await asyncio.wait([serving])  # how it ended is logged by `ended`
         sock.close()

@@ -150,3 +150,33 @@ async def test_the_runs_stream_sends_the_list_when_any_run_changes(
         assert (await api.get("/streams/runs/nope")).status_code == 404
         refused = await api.get("/streams/runs", params={"max_events": 0})
         assert refused.status_code == 422
+
+
+async def test_a_server_that_stops_ends_its_streams_cleanly() -> None:
+    """Open streams end when the API stops (uvicorn would otherwise wait for them, its open
+    requests, and then cut them): the reader sees the stream end, not a broken one."""
+    changes = RunChanges()
+    async with Runtime(workers=1) as rt:
+        rt.add_listener(changes.listener)
+        await rt.register(FAN)
+        run_id = await rt.start_run("fan", {"items": [1]})
+        await wait_until(rt, run_id, step_is("gate", "waiting"))
+        sock = listen("127.0.0.1", 0)
+        api_served = http_api(rt.client, Stop(), sock, auth=False, changes=changes)
+        await api_served.__aenter__()
+        stopped = False
+        try:
+            async with (
+                httpx.AsyncClient(base_url=address_of(sock), timeout=20) as api,
+                api.stream("GET", f"/streams/runs/{run_id}") as response,
+            ):
+                seen = events(response)
+                name, _ = await anext(seen)
+                assert name == "run" and changes.watching == 1
+                await api_served.__aexit__(None, None, None)
+                stopped = True
+                rest = [event async for event in seen]  # ends, without a protocol error
+            assert rest == [] and changes.closed and changes.watching == 0
+        finally:
+            if not stopped:
+                await api_served.__aexit__(None, None, None)
