@@ -12,6 +12,7 @@ for each sweep; no crossing minimisation beyond that (a plan is drawn, not types
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
@@ -114,7 +115,7 @@ def _split_long_edges(
         outgoing[edge.source].remove(edge.target)
         incoming[edge.target].remove(edge.source)
         chain = [edge.source, *bends, edge.target]
-        for upper, lower in zip(chain, chain[1:], strict=False):
+        for upper, lower in itertools.pairwise(chain):
             outgoing.setdefault(upper, []).append(lower)
             incoming.setdefault(lower, []).append(upper)
         chains[index] = bends
