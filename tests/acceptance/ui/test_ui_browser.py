@@ -142,6 +142,17 @@ def test_a_moderation_run_is_seen_waiting_signalled_and_finished(
     page.locator(".tabs button[data-tab='history']").click()
     expect(page.locator("#history .vrow").first).to_contain_text("run_started")
     keep(page, artifacts, "run-finished.png")
+
+    page.locator("nav a[data-nav='runs']").click()  # the list, filtered
+    page.locator("#filter-status").select_option("succeeded")
+    expect(page.locator(f"tr[data-run='{run_id}'] .badge")).to_have_attribute(
+        "data-status", "succeeded"
+    )
+    page.locator("#filter-status").select_option("failed")
+    expect(page.locator("#runs")).to_contain_text("No runs.")
+    page.locator("nav a[data-nav='queues']").click()
+    expect(page.locator("main h1")).to_have_text("Queues")
+    expect(page.locator("main table")).to_be_visible()
     assert errors == []
 
     # the one-time link opened one session: a second browser is turned away
