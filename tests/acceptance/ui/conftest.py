@@ -67,8 +67,11 @@ def browser(chromium: str) -> Iterator[Any]:
 
     expect.set_options(timeout=EXPECT_TIMEOUT)
     with sync_playwright() as p:
-        # --no-sandbox: the tests run as root in CI, where Chromium's sandbox cannot start
-        launched = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        # --no-sandbox: the tests run as root in CI, where Chromium's sandbox cannot start;
+        # --disable-dev-shm-usage: a container's /dev/shm is often too small for it
+        launched = p.chromium.launch(
+            executable_path=chromium, args=["--no-sandbox", "--disable-dev-shm-usage"]
+        )
         try:
             yield launched
         finally:

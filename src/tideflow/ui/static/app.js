@@ -309,7 +309,9 @@ async function runPage(runId) {
     tabs.append(h("button", { "data-tab": key, onclick: () => { tab = key; renderTab(); } }, label));
   }
 
-  let pending = null;
+  const refreshDetail = throttled(() => renderDetail(0), 250);
+  const refreshTab = throttled(renderTab, 2000);
+  const refreshTabNow = throttled(renderTab, 250);
   let live = null;
   function follow() {
     live = stream(`/streams/runs/${runId}`, "run", update);
@@ -320,8 +322,11 @@ async function runPage(runId) {
     renderHead();
     paintGraph(drawn, view);
     for (const panel of runPanels) panel.render(view, why);
-    if (pending) return;
-    pending = setTimeout(async () => { pending = null; await renderDetail(0).catch(() => null); await renderTab().catch(() => null); }, 250);
+    refreshDetail();
+    // the timeline and the history read the whole history: at most every 2 s while the
+    // run moves, and once more when it ends
+    if (RUN_TERMINAL.has(view.status)) refreshTabNow();
+    else refreshTab();
   }
 
   show(head, h("div", { class: "layout" },
@@ -331,6 +336,23 @@ async function runPage(runId) {
   paintGraph(drawn, view);
   renderTab();
   if (!RUN_TERMINAL.has(view.status)) follow();
+}
+
+// fn at most once per `ms`, the last call always honoured (trailing): updates come from
+// the server's stream, this only spaces out the reads they cause
+function throttled(fn, ms) {
+  let timer = null;
+  let again = false;
+  const fire = async () => {
+    again = false;
+    await Promise.resolve(fn()).catch(() => null);
+    timer = setTimeout(() => { timer = null; if (again) schedule(); }, ms);
+  };
+  const schedule = () => {
+    if (timer) { again = true; return; }
+    timer = setTimeout(fire, 0);
+  };
+  return schedule;
 }
 
 function lane(stepKey) {
