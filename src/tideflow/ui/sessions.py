@@ -35,6 +35,8 @@ COOKIE = "tideflow_ui"
 CSRF_HEADER = "x-tideflow-ui"
 LIFETIME = 12 * 3600.0
 """Seconds a session lasts without use."""
+MAX_SESSIONS = 10_000
+"""Sessions kept at once (in memory): past that, a login ends the least recently used."""
 LOCAL = Principal(token_id="local", name="tideflow ui (local user)", role=Role.ADMIN)
 
 
@@ -85,6 +87,7 @@ class Sessions:
             self._sessions.pop(session_id or "", None)
             return None
         session.used_at = now
+        self._sessions[session_id or ""] = self._sessions.pop(session_id or "")  # last: newest
         if session.token is None:
             return LOCAL
         assert self.store is not None
@@ -98,6 +101,8 @@ class Sessions:
         self._sessions.pop(session_id or "", None)
 
     def _new(self, token: str | None) -> str:
+        if len(self._sessions) >= MAX_SESSIONS:  # the one used longest ago goes (the
+            del self._sessions[next(iter(self._sessions))]  # first: used moves it last)
         session_id = secrets.token_urlsafe(32)
         self._sessions[session_id] = _Session(token=token, used_at=time.monotonic())
         return session_id

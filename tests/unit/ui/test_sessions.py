@@ -88,3 +88,20 @@ async def test_the_page_and_its_assets_are_served_with_a_strict_policy(rt: Runti
         assert (await api.get("/ui/static/nope.js")).status_code == 404
         me = (await api.get("/ui/whoami")).json()  # --no-auth: nobody to log in
         assert (me["login"], me["role"]) == ("none", "admin")
+
+
+async def test_sessions_are_bounded_the_least_recently_used_goes(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tideflow.ui.sessions as module
+
+    monkeypatch.setattr(module, "MAX_SESSIONS", 2)
+    token = await issue_token(rt.client.store, name="many", role=Role.VIEWER, now=0.0)
+    sessions = Sessions(store=rt.client.store)
+    first, _ = await sessions.login(token.value)
+    second, _ = await sessions.login(token.value)
+    assert await sessions.principal(first) is not None  # used now: second is the oldest
+    third, _ = await sessions.login(token.value)
+    assert await sessions.principal(second) is None
+    assert await sessions.principal(first) is not None
+    assert await sessions.principal(third) is not None

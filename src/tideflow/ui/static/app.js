@@ -46,7 +46,7 @@ async function api(path, options = {}) {
   if (response.status === 204) return null;
   const body = await response.json().catch(() => ({}));
   if (!response.ok) {
-    if (response.status === 401 && !options.noLogin) showLogin(body.login);
+    if (response.status === 401 && !options.noLogin) whoami(); // shows the right login
     throw new HttpError(response.status, body.detail || response.statusText);
   }
   return body;
