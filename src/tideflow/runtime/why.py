@@ -344,7 +344,9 @@ def _attempt(seen: _Seen, key: str, step: StepState, spec: StepSpec) -> Reason:
 
 
 def _joins(seen: _Seen) -> list[Reason]:
-    """Pending steps of a live scope whose join waits on steps still in progress."""
+    """Pending steps whose join waits on steps in progress: the front of what is blocked
+    (a step that waits only on steps that are themselves pending is left out: its wait
+    follows from theirs)."""
     state = seen.state
     blocked: list[Reason] = []
     count = 0
@@ -359,7 +361,7 @@ def _joins(seen: _Seen) -> list[Reason]:
             for d in (step.scope + dep for dep in spec.depends_on)
             if (dep_state := state.steps.get(d)) is None or not _done(dep_state)
         ]
-        if not open_deps:
+        if not open_deps or all(_status(state, d) in _NOT_BEGUN for d in open_deps):
             continue
         count += 1
         if len(blocked) < JOINS_SHOWN:
@@ -382,6 +384,9 @@ def _joins(seen: _Seen) -> list[Reason]:
             )
         )
     return blocked
+
+
+_NOT_BEGUN = frozenset({"not started", StepStatus.PENDING.value, StepStatus.READY.value})
 
 
 def _done(step: StepState) -> bool:

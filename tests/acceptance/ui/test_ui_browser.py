@@ -120,6 +120,9 @@ def test_a_moderation_run_is_seen_waiting_signalled_and_finished(
     for step in ("verdict", "publish", "reject", "record"):
         expect_step(page, step, "pending")
     expect(page.locator("#waiting-for")).to_contain_text("moderation.review")
+    waits = page.locator("#why-reasons li[data-kind='waiting_for_signal']")  # the why panel
+    expect(waits).to_contain_text("step review waits for signal 'moderation.review'")
+    expect(page.locator("#why-reasons li[data-kind='join']").first).to_contain_text("review")
     page.locator("g.node[data-step='review']").click()
     expect(page.locator("#step-detail")).to_contain_text("Send signal moderation.review")
     keep(page, artifacts, "run-waiting.png")
@@ -136,6 +139,7 @@ def test_a_moderation_run_is_seen_waiting_signalled_and_finished(
     expect_step(page, "reject", "skipped")
     expect_step(page, "record", "succeeded")
     expect(page.locator("#step-detail .output")).to_contain_text('"reviewer": "ann"')
+    expect(page.locator("#why-reasons li[data-kind='ended']")).to_contain_text("succeeded")
     for step in ("toxicity", "spam", "images", "publish", "record"):  # its python steps
         lane = page.locator("svg.gantt .lane-label", has_text=step)
         expect(lane).to_have_count(1)

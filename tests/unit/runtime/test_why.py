@@ -45,6 +45,7 @@ WAITS = {
         {"id": "nap", "type": "sleep", "duration": "10m"},
         {"id": "gpu", "type": "python", "function": "why.slow", "queue": "gpu"},
         {"id": "after", "type": "noop", "depends_on": ["ask", "nap"]},
+        {"id": "final", "type": "noop", "depends_on": ["after"]},
     ],
 }
 TWO = {
@@ -143,6 +144,7 @@ async def test_a_run_that_waits_names_its_signal_timer_queue_and_join(rt: Runtim
     (after,) = steps["after"]
     assert after.kind is WhyKind.JOIN
     assert after.data == {"join": "all", "waiting_on": {"ask": "waiting", "nap": "waiting"}}
+    assert "final" not in steps  # it waits on `after`, which waits: only the front is named
     assert None not in steps  # an engine is live here: no run-wide reason
 
 

@@ -15,6 +15,32 @@ const state = { me: null, streams: [], cleanup: [] };
 export const runPanels = [];
 window.tideflow = { runPanels };
 
+// "Why is this run not moving?": GET /runs/{id}/why (runtime/why.py), read again (at most
+// once a second) when the run changes, and once more a second later: a reason can change
+// without the run changing (a worker stops, a timer falls overdue).
+const STUCK = new Set(["no_engine", "no_consumer", "worker_gone", "timer_overdue"]);
+const whyPanels = new Map();
+runPanels.push({
+  id: "why",
+  title: "Why is this run where it is?",
+  render(view, element) {
+    let panel = whyPanels.get(element);
+    if (!panel || panel.runId !== view.run_id) {
+      const runId = view.run_id;
+      panel = { runId, refresh: throttled(() => renderWhy(runId, element), 1000) };
+      whyPanels.set(element, panel);
+    }
+    panel.refresh();
+  },
+});
+
+async function renderWhy(runId, element) {
+  const found = await api(`/runs/${runId}/why`);
+  const items = found.reasons.map((r) => h("li", { class: STUCK.has(r.kind) ? "why stuck" : "why", "data-kind": r.kind },
+    h("span", { class: "muted" }, r.kind.replaceAll("_", " ")), " ", r.text));
+  element.replaceChildren(h("h2", {}, "Why is this run where it is?"), h("ul", { id: "why-reasons" }, items));
+}
+
 function h(tag, attrs = {}, ...children) {
   const el = tag.startsWith("svg:") ? document.createElementNS(SVG, tag.slice(4)) : document.createElement(tag);
   for (const [key, value] of Object.entries(attrs)) {
@@ -334,6 +360,7 @@ async function runPage(runId) {
     h("div", {}, detail, why)));
   renderHead();
   paintGraph(drawn, view);
+  for (const panel of runPanels) panel.render(view, why);
   renderTab();
   if (!RUN_TERMINAL.has(view.status)) follow();
 }
