@@ -270,12 +270,7 @@ class Client:
             for run_id in run_ids
         ]
         if events:
-            if self.tracing is None:
-                await self._link.deliver(events)
-            else:
-                attributes = {"tideflow.signal": name, "tideflow.run_ids": run_ids}
-                with self.tracing.message_span(f"event {name}", (), attributes):
-                    await self._link.deliver(events)
+            await self._link.deliver(events)
         return run_ids
 
     async def trigger(self, event: Mapping[str, Any], *, key: str) -> builtins.list[Triggered]:

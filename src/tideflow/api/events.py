@@ -53,7 +53,7 @@ from tideflow.errors import (
 )
 from tideflow.model import storable
 from tideflow.model.tokens import Action
-from tideflow.observability.tracing import TRACEPARENT, TRACESTATE, joined
+from tideflow.observability.tracing import TRACEPARENT, TRACESTATE, joined, received
 
 __all__ = ["EventOutcome", "EventsAccepted", "event_routes", "signal_id"]
 
@@ -243,9 +243,20 @@ async def _deliver_all(
             outcomes.append(_outcome(event, "duplicate", [], "it comes earlier in this batch"))
             continue
         seen.add(key)
-        with joined(client.tracing, _trace_of(event, headers)):
+        with (
+            joined(client.tracing, _trace_of(event, headers)),
+            received(client.tracing, f"event {event.type}", _span_attributes(event)),
+        ):
             outcomes.append(await _deliver(client, event))
     return outcomes
+
+
+def _span_attributes(event: CloudEvent) -> dict[str, str]:
+    return {
+        "cloudevents.event_id": event.id,
+        "cloudevents.event_source": event.source,
+        "cloudevents.event_type": event.type,
+    }
 
 
 def _trace_of(event: CloudEvent, headers: Mapping[str, str]) -> Mapping[str, str]:

@@ -50,6 +50,7 @@ __all__ = [
     "derived_traceparent",
     "joined",
     "outgoing",
+    "received",
 ]
 
 TRACEPARENT = "traceparent"
@@ -85,6 +86,16 @@ def joined(tracing: Tracing | None, headers: Mapping[str, str]) -> AbstractConte
     if tracing is None or TRACEPARENT not in headers:
         return contextlib.nullcontext()
     return tracing.joined(headers)
+
+
+def received(
+    tracing: Tracing | None, name: str, attributes: Mapping[str, Any]
+) -> AbstractContextManager[object]:
+    """A CONSUMER span ``name`` for an event the gateway took (what it signals and starts
+    nests under it); nothing when tracing is off."""
+    if tracing is None:
+        return contextlib.nullcontext()
+    return tracing.message_span(name, (), attributes, received=True)
 
 
 def _missing_extra(exc: ImportError) -> TideflowError:
@@ -179,15 +190,18 @@ class Tracing:
 
     @contextlib.contextmanager
     def message_span(
-        self, name: str, links: Sequence[Link], attributes: Mapping[str, Any]
+        self,
+        name: str,
+        links: Sequence[Link],
+        attributes: Mapping[str, Any],
+        *,
+        received: bool = False,
     ) -> Iterator[Span]:
-        """A PRODUCER span in the current context (the caller's), linked to the runs it
-        reaches: a signal, a gateway event."""
+        """A span in the current context (the caller's): PRODUCER for a signal sent to a
+        run (linked to it), CONSUMER for an event the gateway ``received``."""
+        kind = self._trace.SpanKind.CONSUMER if received else self._trace.SpanKind.PRODUCER
         with self.tracer.start_as_current_span(
-            name,
-            kind=self._trace.SpanKind.PRODUCER,
-            links=links,
-            attributes=dict(attributes),
+            name, kind=kind, links=links, attributes=dict(attributes)
         ) as span:
             yield span
 
