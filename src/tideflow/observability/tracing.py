@@ -50,6 +50,7 @@ __all__ = [
     "derived_traceparent",
     "joined",
     "outgoing",
+    "provider_from_environment",
     "received",
 ]
 
@@ -96,6 +97,47 @@ def received(
     if tracing is None:
         return contextlib.nullcontext()
     return tracing.message_span(name, (), attributes, received=True)
+
+
+EXPORTERS = ("otlp", "console")
+"""The values of ``OTEL_TRACES_EXPORTER`` that turn a tideflow process's tracing on."""
+
+
+def provider_from_environment(env: Mapping[str, str], service: str) -> TracerProvider | None:
+    """The tracer provider of a `tideflow` process (``server``, ``worker``, ``run`` …):
+    tracing is on when ``OTEL_TRACES_EXPORTER`` is ``otlp`` (OTLP over HTTP, configured by
+    the standard ``OTEL_EXPORTER_OTLP_*`` variables) or ``console`` (spans as JSON on
+    stderr), and ``OTEL_SDK_DISABLED`` is not ``true``; None (off) when it is unset or
+    ``none``. ``OTEL_SERVICE_NAME`` (default ``service``) and ``OTEL_RESOURCE_ATTRIBUTES``
+    name the process. Spans are exported in batches, flushed when the process exits."""
+    wanted = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if not wanted or wanted == "none" or env.get("OTEL_SDK_DISABLED", "").lower() == "true":
+        return None
+    if wanted not in EXPORTERS:
+        raise TideflowError(
+            f"OTEL_TRACES_EXPORTER={wanted}: tideflow exports spans with otlp or console "
+            "(or none: no tracing)"
+        )
+    try:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider as SdkProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+    except ImportError as exc:
+        raise _missing_extra(exc) from None
+    name = env.get("OTEL_SERVICE_NAME") or service
+    provider = SdkProvider(resource=Resource.create({"service.name": name}))
+    if wanted == "console":
+        import sys
+
+        exporter: Any = ConsoleSpanExporter(out=sys.stderr)
+    else:
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        except ImportError as exc:
+            raise _missing_extra(exc) from None
+        exporter = OTLPSpanExporter()
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider
 
 
 def _missing_extra(exc: ImportError) -> TideflowError:
