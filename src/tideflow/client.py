@@ -147,7 +147,8 @@ class Client:
         store; ``wait`` wakes on the run ends the server announces on the bus (and reads
         the run's summary every ``remote.RECHECK`` seconds, in case one is lost). Options:
         ``executors``, ``clock``, ``max_step_output``, ``max_run_input``, ``apply_timeout``
-        (seconds ``retry`` waits for the engine to commit; default 30). See
+        (seconds ``retry`` waits for the engine to commit; default 30), ``tracer_provider``
+        (OpenTelemetry: the runs it starts join the caller's trace). See
         runtime/remote.py."""
         from tideflow.runtime.remote import connect
 

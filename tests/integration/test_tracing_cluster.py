@@ -1,6 +1,6 @@
 """Tracing across a real broker: a cluster engine (``Runtime(cluster=True)``, PostgreSQL
-store) and a worker pool on its own bus connection, each with its own tracer provider
-(two processes' exporters). The task headers survive Redis Streams and NATS JetStream:
+store) and a worker pool on its own bus connection and a ``Client.connect`` client, each with its own
+tracer provider (three processes' exporters). The task headers survive Redis Streams and NATS JetStream:
 the worker's attempt spans are children of the engine's run span, and the ``http`` step's
 request carries the attempt's context."""
 
@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from tideflow.bus import open_bus
 from tideflow.bus.backends.nats import NatsBus
 from tideflow.bus.backends.redis import RedisBus
+from tideflow.client import Client
 from tideflow.observability.tracing import Tracing
 from tideflow.runtime.runtime import Runtime
 from tideflow.testing.nats import delete_prefix
@@ -44,6 +45,22 @@ class Recorder:
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
         await writer.drain()
         writer.close()
+
+
+def flow(port: int) -> dict[str, object]:
+    return {
+        "name": "remote",
+        "version": "1",
+        "steps": [
+            {"id": "a", "type": "noop"},
+            {
+                "id": "call",
+                "type": "http",
+                "url": f"http://127.0.0.1:{port}/x",
+                "depends_on": ["a"],
+            },
+        ],
+    }
 
 
 def exporting() -> tuple[TracerProvider, InMemorySpanExporter]:
@@ -93,12 +110,13 @@ def span_ids(span: ReadableSpan) -> tuple[str, str, str | None]:
     return f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}", parent
 
 
-async def test_attempt_spans_of_a_remote_worker_are_children_of_the_run_span(
+async def test_a_cluster_run_is_one_trace_across_client_engine_and_worker(
     store_url: str, bus_url: str
 ) -> None:
     recorder = Recorder()
     server = await asyncio.start_server(recorder.handle, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
+    client_provider, client_spans = exporting()
     engine_provider, engine_spans = exporting()
     worker_provider, worker_spans = exporting()
     engine = Runtime(
@@ -120,22 +138,14 @@ async def test_attempt_spans_of_a_remote_worker_are_children_of_the_run_span(
             await worker_bus.open()
             pool.start()
             try:
-                plan = await engine.register(
-                    {
-                        "name": "remote",
-                        "version": "1",
-                        "steps": [
-                            {"id": "a", "type": "noop"},
-                            {
-                                "id": "call",
-                                "type": "http",
-                                "url": f"http://127.0.0.1:{port}/x",
-                                "depends_on": ["a"],
-                            },
-                        ],
-                    }
-                )
-                result = await engine.run(plan, {})
+                async with Client.connect(
+                    store_url, bus_url, tracer_provider=client_provider
+                ) as client:
+                    await client.register(flow(port))
+                    caller = client_provider.get_tracer("caller")
+                    with caller.start_as_current_span("caller"):
+                        run_id = await client.start("remote", {})
+                    result = await asyncio.wait_for(client.wait(run_id), 30)
                 assert result.status == "succeeded", result.error
             finally:
                 await pool.close()
@@ -144,8 +154,11 @@ async def test_attempt_spans_of_a_remote_worker_are_children_of_the_run_span(
     finally:
         await _clean(bus_url)
 
-    (run,) = engine_spans.get_finished_spans()
-    trace_id, run_span, _ = span_ids(run)
+    assert engine_spans.get_finished_spans() == ()  # the engine starts no run here
+    spans = {span.name: span_ids(span) for span in client_spans.get_finished_spans()}
+    trace_id, caller_span, _ = spans["caller"]
+    run_trace, run_span, run_parent = spans["run remote"]
+    assert (run_trace, run_parent) == (trace_id, caller_span)  # joined the caller's trace
     attempts = {span.name: span_ids(span) for span in worker_spans.get_finished_spans()}
     assert set(attempts) == {"step a", "step call"}
     assert {(t, parent) for t, _, parent in attempts.values()} == {(trace_id, run_span)}

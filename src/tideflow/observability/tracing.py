@@ -59,8 +59,6 @@ TRACESTATE = "tracestate"
 WORKFLOW_HEADER = "tideflow-workflow"
 """A task header beside ``traceparent``: the run's workflow, for the attempt span."""
 
-_attempt_headers = OUTGOING_HEADERS
-
 
 def outgoing() -> Mapping[str, str]:
     """The trace headers an executor sends with a request it makes for the attempt
@@ -296,7 +294,7 @@ class AttemptSpans(Execution):
             record_exception=False,
             set_status_on_exception=False,
         ) as span:
-            token = _attempt_headers.set(tracing.headers_of(span))
+            token = OUTGOING_HEADERS.set(tracing.headers_of(span))
             try:
                 out = await self.next.execute(self._with_workflow(input, workflow))
             except BaseException as exc:  # a cancelled attempt (the run no longer wants it)
@@ -304,7 +302,7 @@ class AttemptSpans(Execution):
                 span.set_attribute("error.type", type(exc).__name__)
                 raise
             finally:
-                _attempt_headers.reset(token)
+                OUTGOING_HEADERS.reset(token)
             if out.error is not None:
                 status, code = self._error
                 span.set_status(status(code, out.error.message[:1000]))
