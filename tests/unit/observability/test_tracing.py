@@ -19,9 +19,13 @@ from opentelemetry.trace import SpanKind, StatusCode
 from tideflow import Runtime
 from tideflow.bus.backends.local import LocalBus
 from tideflow.bus.base import Delivery, Message
+from tideflow.model import codec
 from tideflow.model.commands import DispatchTask
 from tideflow.model.events import RunStarted
+from tideflow.model.run import new_run_state
 from tideflow.observability.tracing import derived_traceparent
+
+PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 @dataclass
@@ -294,3 +298,13 @@ def test_the_base_install_imports_tracing_without_opentelemetry() -> None:
 def test_the_started_event_is_unchanged() -> None:
     """The run's context lives in its state, not in its events (their format is as before)."""
     assert "trace" not in RunStarted.__dataclass_fields__
+
+
+def test_a_snapshot_keeps_the_runs_trace_and_one_from_before_tracing_has_none() -> None:
+    state = new_run_state(
+        run_id="r", workflow="w", version="1", plan_hash="h", created_at=0.0, trace=PARENT
+    )
+    data = codec.state_to_data(state)
+    assert codec.loads(codec.dumps(state)).trace == PARENT
+    del data["trace"]  # written by a version before tracing
+    assert codec.state_from_data(data).trace is None
