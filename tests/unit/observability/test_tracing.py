@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -308,3 +309,21 @@ def test_a_snapshot_keeps_the_runs_trace_and_one_from_before_tracing_has_none() 
     assert codec.loads(codec.dumps(state)).trace == PARENT
     del data["trace"]  # written by a version before tracing
     assert codec.state_from_data(data).trace is None
+
+
+async def test_a_run_recovered_by_the_next_engine_keeps_its_trace(
+    tmp_path: Path, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    """The context is stored with the run: the engine that recovers it after a restart
+    dispatches its tasks under the same run span."""
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    async with Runtime(store=store, workers=0, tracer_provider=provider) as first:
+        plan = await first.register('name: later\nversion: "1"\nsteps:\n  - {id: a, type: noop}\n')
+        run_id = await first.start_run(plan, {})
+    async with Runtime(store=store, tracer_provider=provider) as second:
+        assert (await second.wait(run_id, timeout=10)).status == "succeeded"
+    spans = by_name(exporter)
+    assert set(spans) == {"run later", "step a"}
+    trace_id, run_span = traceparent_of(spans["run later"])
+    assert traceparent_of(spans["step a"])[0] == trace_id
+    assert parent_id(spans["step a"]) == run_span
