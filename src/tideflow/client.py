@@ -71,6 +71,7 @@ live engine's lease when they went to it, None when they were recorded for the n
 
 if TYPE_CHECKING:
     from tideflow.bus.base import Bus
+    from tideflow.observability.tracing import Tracing
     from tideflow.runtime.catalog import Catalog
     from tideflow.runtime.clock import Clock
     from tideflow.runtime.why import Diagnosis
@@ -122,8 +123,12 @@ class Client:
         new_event_id: Callable[[], str],
         max_step_output: int = storable.MAX_STEP_OUTPUT,
         bus: Bus | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
+        """``tracing``: spans for the runs this client starts and the signals it sends
+        (tideflow.observability.tracing); None: none."""
         self.store = store
+        self.tracing = tracing
         self._bus = bus
         self._link = link
         self._catalog = catalog
@@ -142,7 +147,8 @@ class Client:
         store; ``wait`` wakes on the run ends the server announces on the bus (and reads
         the run's summary every ``remote.RECHECK`` seconds, in case one is lost). Options:
         ``executors``, ``clock``, ``max_step_output``, ``max_run_input``, ``apply_timeout``
-        (seconds ``retry`` waits for the engine to commit; default 30). See
+        (seconds ``retry`` waits for the engine to commit; default 30), ``tracer_provider``
+        (OpenTelemetry: the runs it starts join the caller's trace). See
         runtime/remote.py."""
         from tideflow.runtime.remote import connect
 
@@ -161,6 +167,7 @@ class Client:
             new_event_id=self._new_id,
             max_step_output=self._max_step_output,
             bus=self._bus,
+            tracing=self.tracing,
         )
 
     # -- starting and steering runs ---------------------------------------------
@@ -224,9 +231,16 @@ class Client:
         catalog = self._catalog
         plan = await catalog.resolve(workflow, version)
         catalog.check_input(plan, input)
-        stored_id, state = await catalog.create(
-            plan, run_id or uuid.uuid4().hex, idempotency_key, input
-        )
+        run_id = run_id or uuid.uuid4().hex
+        if self.tracing is None:
+            stored_id, state = await catalog.create(plan, run_id, idempotency_key, input)
+        else:  # the run's span, under the caller's: its context is stored with the run
+            with self.tracing.run_span(
+                run_id=run_id, workflow=plan.name, version=plan.version
+            ) as trace:
+                stored_id, state = await catalog.create(
+                    plan, run_id, idempotency_key, input, trace=trace
+                )
         if state is not None:
             await self._link.start_run(state, started_event(state, self._clock.now()))
         return stored_id, state is not None
@@ -290,7 +304,13 @@ class Client:
             name=name,
             payload=payload,
         )
-        await self._link.deliver([event])
+        if self.tracing is None:
+            await self._link.deliver([event])
+        else:  # a span in the caller's trace, linked to the run's
+            link = self.tracing.run_link(run_id, state.trace)
+            attributes = {"tideflow.run_id": run_id, "tideflow.signal": name}
+            with self.tracing.message_span(f"signal {name}", [link], attributes):
+                await self._link.deliver([event])
         return SignalOutcome.DELIVERED
 
     async def cancel(self, run_id: str, reason: str = "cancelled on request") -> RunStatus:

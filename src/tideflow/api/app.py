@@ -54,6 +54,7 @@ from tideflow.bus.base import unserved
 from tideflow.client import Client
 from tideflow.model.states import RunStatus
 from tideflow.model.tokens import Action
+from tideflow.observability.tracing import joined
 from tideflow.store.base import RunFilter
 from tideflow.ui.app import ui_app
 from tideflow.ui.sessions import Sessions
@@ -243,15 +244,18 @@ def _definition_routes(app: FastAPI, client: Client) -> None:
 
 def _run_routes(app: FastAPI, client: Client) -> None:
     @app.post("/runs", status_code=201, tags=["runs"], dependencies=[START])
-    async def start_run(body: StartRun, response: Response) -> StartedRun:
-        """Start a run (201); 200 with the existing run when ``idempotency_key`` was used."""
-        run_id, created = await client.launch(
-            body.workflow,
-            body.input,
-            version=body.version,
-            run_id=body.run_id,
-            idempotency_key=body.idempotency_key,
-        )
+    async def start_run(body: StartRun, request: Request, response: Response) -> StartedRun:
+        """Start a run (201); 200 with the existing run when ``idempotency_key`` was used.
+        With tracing on, a W3C ``traceparent`` header makes the run join the caller's
+        trace."""
+        with joined(client.tracing, request.headers):
+            run_id, created = await client.launch(
+                body.workflow,
+                body.input,
+                version=body.version,
+                run_id=body.run_id,
+                idempotency_key=body.idempotency_key,
+            )
         response.status_code = 201 if created else 200
         response.headers["Location"] = f"/runs/{run_id}"
         return StartedRun(run_id=run_id, created=created)
@@ -308,9 +312,12 @@ def _run_routes(app: FastAPI, client: Client) -> None:
         return RunStatusView(run_id=run_id, status=await client.retry(run_id, reason))
 
     @app.post("/runs/{run_id}/signals", status_code=202, tags=["runs"], dependencies=[SIGNAL])
-    async def signal_run(run_id: str, body: SendSignal) -> SignalSent:
+    async def signal_run(run_id: str, body: SendSignal, request: Request) -> SignalSent:
         """Send a signal; a `wait` for ``name`` whose `match` holds receives it, now or
         within its ``buffer``. ``status`` is `unmatched`, and nothing changed, when the
-        run has ended; 422 when no `wait` of the run's workflow waits for ``name``."""
-        outcome = await client.signal(run_id, body.name, body.payload, signal_id=body.signal_id)
+        run has ended; 422 when no `wait` of the run's workflow waits for ``name``. With
+        tracing on, the signal is a span in the trace of the request's ``traceparent``,
+        linked to the run's."""
+        with joined(client.tracing, request.headers):
+            outcome = await client.signal(run_id, body.name, body.payload, signal_id=body.signal_id)
         return SignalSent(run_id=run_id, name=body.name, signal_id=body.signal_id, status=outcome)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import orjson
@@ -53,6 +53,7 @@ from tideflow.errors import (
 )
 from tideflow.model import storable
 from tideflow.model.tokens import Action
+from tideflow.observability.tracing import TRACEPARENT, TRACESTATE, joined, received
 
 __all__ = ["EventOutcome", "EventsAccepted", "event_routes", "signal_id"]
 
@@ -187,7 +188,7 @@ def event_routes(
         if not token:
             _authorise(sources, events, headers, body, now())
         _check_storable(events)
-        return EventsAccepted(mode=mode, events=await _deliver_all(client, events))
+        return EventsAccepted(mode=mode, events=await _deliver_all(client, events, headers))
 
     _document_event_schema(app)
 
@@ -231,7 +232,9 @@ def _check_storable(events: list[CloudEvent]) -> None:
         raise EventRefused(400, f"{fields[0].field}: {fields[0].message}", fields)
 
 
-async def _deliver_all(client: Client, events: list[CloudEvent]) -> list[EventOutcome]:
+async def _deliver_all(
+    client: Client, events: list[CloudEvent], headers: Mapping[str, str]
+) -> list[EventOutcome]:
     outcomes: list[EventOutcome] = []
     seen: set[tuple[str, str]] = set()
     for event in events:
@@ -240,8 +243,32 @@ async def _deliver_all(client: Client, events: list[CloudEvent]) -> list[EventOu
             outcomes.append(_outcome(event, "duplicate", [], "it comes earlier in this batch"))
             continue
         seen.add(key)
-        outcomes.append(await _deliver(client, event))
+        with (
+            joined(client.tracing, _trace_of(event, headers)),
+            received(client.tracing, f"event {event.type}", _span_attributes(event)),
+        ):
+            outcomes.append(await _deliver(client, event))
     return outcomes
+
+
+def _span_attributes(event: CloudEvent) -> dict[str, str]:
+    return {
+        "cloudevents.event_id": event.id,
+        "cloudevents.event_source": event.source,
+        "cloudevents.event_type": event.type,
+    }
+
+
+def _trace_of(event: CloudEvent, headers: Mapping[str, str]) -> Mapping[str, str]:
+    """The event's trace context: its ``traceparent`` / ``tracestate`` attributes (the
+    CloudEvents distributed-tracing extension), else the request's W3C headers."""
+    attributes = event.attributes
+    if isinstance(attributes.get(TRACEPARENT), str):
+        found = {TRACEPARENT: attributes[TRACEPARENT]}
+        if isinstance(attributes.get(TRACESTATE), str):
+            found[TRACESTATE] = attributes[TRACESTATE]
+        return found
+    return headers
 
 
 async def _deliver(client: Client, event: CloudEvent) -> EventOutcome:

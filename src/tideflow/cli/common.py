@@ -388,6 +388,7 @@ async def opened_runtime(
     EngineAlreadyRunning while another engine holds it, after waiting up to
     ``wait_for_engine`` seconds for it to go.
     """
+    from tideflow.observability.tracing import provider_from_environment
     from tideflow.runtime.clock import clock_from_environment
     from tideflow.runtime.lease import ttl_from_environment
     from tideflow.runtime.runtime import Runtime
@@ -400,6 +401,7 @@ async def opened_runtime(
     except ValueError as exc:
         raise fail_usage(str(exc)) from None
     limits = limits or Limits.from_env(os.environ)
+    tracer_provider = provider_from_environment(os.environ, "tideflow")  # before any write
     store = build_store(url, create=create, upgrade=upgrade)
     rt = Runtime(
         store=store,
@@ -413,6 +415,7 @@ async def opened_runtime(
         lease_ttl=lease_ttl,
         wait_for_engine=wait_for_engine,
         sweep_interval=sweep_interval,
+        tracer_provider=tracer_provider,
     )
     for listener in listeners:
         rt.add_listener(listener)

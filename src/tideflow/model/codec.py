@@ -136,6 +136,7 @@ def state_to_data(state: RunState) -> dict[str, Any]:
         "compensate_requested": state.compensate_requested,
         "compensation": _shallow(comp) if comp is not None else None,
         "retries": state.retries,
+        "trace": state.trace,
     }
 
 
@@ -183,6 +184,7 @@ def _build(data: dict[str, Any]) -> RunState:
         compensate_requested=data["compensate_requested"],
         compensation=CompensationState(**comp) if comp is not None else None,
         retries=data.get("retries", 0),
+        trace=data.get("trace"),  # absent before tracing
     )
 
 

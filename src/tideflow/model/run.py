@@ -166,6 +166,9 @@ class RunState:
     compensation: CompensationState | None = None
     retries: int = 0
     """How many times an operator retried the run (``RunRetried``)."""
+    trace: str | None = None
+    """The W3C ``traceparent`` of the run's span, fixed when the run was created with
+    tracing on (tideflow.observability.tracing); None otherwise. No event changes it."""
 
     @property
     def is_terminal(self) -> bool:
@@ -181,6 +184,7 @@ def new_run_state(
     created_at: float,
     parent_run_id: str | None = None,
     parent_step_key: str | None = None,
+    trace: str | None = None,
 ) -> RunState:
     """A pending run; ``RunStarted`` makes it run."""
     return RunState(
@@ -191,4 +195,5 @@ def new_run_state(
         created_at=created_at,
         parent_run_id=parent_run_id,
         parent_step_key=parent_step_key,
+        trace=trace,
     )

@@ -93,9 +93,11 @@ class Catalog:
         input: Any,
         parent: str | None = None,
         parent_step: str | None = None,
+        trace: str | None = None,
     ) -> tuple[str, RunState | None]:
         """Store a new pending run: ``(run_id, state)``; for an idempotency key already
-        used nothing is written: ``(the existing run's id, None)``."""
+        used nothing is written: ``(the existing run's id, None)``. ``trace``: the
+        ``traceparent`` of the run's span (``RunState.trace``)."""
         self.plans.add(plan)
         state = new_run_state(
             run_id=run_id,
@@ -105,6 +107,7 @@ class Catalog:
             created_at=self._clock.now(),
             parent_run_id=parent,
             parent_step_key=parent_step,
+            trace=trace,
         )
         state.input = input
         stored_id, created = await self._store.create_run(state, idempotency_key)

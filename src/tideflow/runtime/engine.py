@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-from tideflow.bus.base import Bus, partition_of
+from tideflow.bus.base import NO_HEADERS, Bus, partition_of
 from tideflow.client import EngineLink
 from tideflow.model.commands import RunFinished, StartChildRun
 from tideflow.model.events import Event, RunStarted, TaskStarted
@@ -30,6 +31,11 @@ from tideflow.runtime.scheduler import Scheduler
 from tideflow.runtime.sweep import Sweep
 from tideflow.runtime.timers import TimerWheel
 from tideflow.store.base import Store
+
+if TYPE_CHECKING:
+    from tideflow.bus.base import Headers
+    from tideflow.model.commands import DispatchTask
+    from tideflow.observability.tracing import Tracing
 
 
 class Engine(EngineLink, Runs):
@@ -50,8 +56,11 @@ class Engine(EngineLink, Runs):
         run_cache_size: int = DEFAULT_RUN_CACHE_SIZE,
         sweep_interval: float = 0.0,
         ownership: Ownership | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
-        """``sweep_interval``: seconds between two rounds of the reconciliation sweep
+        """``tracing``: tasks carry their run's trace context in their headers, and a child
+        run's span is a child of its parent's (tideflow.observability.tracing).
+        ``sweep_interval``: seconds between two rounds of the reconciliation sweep
         (runtime/sweep.py), 0 for none; it repairs only the runs this engine owns.
         ``ownership``: in a cluster, the partitions this engine applies (the partition
         manager changes them: ``take``, ``drop``); None applies every partition."""
@@ -95,6 +104,9 @@ class Engine(EngineLink, Runs):
             batch_size=batch_size,
             ownership=ownership,
         )
+        self.tracing = tracing
+        if tracing is not None:
+            self.relay.task_headers = self._task_headers
         self.sweep = Sweep(
             store=store,
             runs=self.runs,
@@ -210,14 +222,41 @@ class Engine(EngineLink, Runs):
         parent = command.run_id if command.wait else None
         step = command.step_key if command.wait else None
         key = f"child:{command.child_run_id}"
-        run_id, state = await catalog.create(
-            plan, command.child_run_id, key, command.input, parent, step
-        )
+        if self.tracing is None:
+            run_id, state = await catalog.create(
+                plan, command.child_run_id, key, command.input, parent, step
+            )
+        else:
+            with self.tracing.run_span(
+                run_id=command.child_run_id,
+                workflow=plan.name,
+                version=plan.version,
+                parent=self.tracing.run_context(command.run_id, self._trace_of(command.run_id)),
+                parent_run_id=command.run_id,
+            ) as trace:
+                run_id, state = await catalog.create(
+                    plan, command.child_run_id, key, command.input, parent, step, trace
+                )
         if state is None:
             return await self.state(run_id)
         if self.ownership is None or self.ownership.owns(run_id):
             self.runs.add(state)  # another server's child is loaded by that server
         return state
+
+    def _trace_of(self, run_id: str) -> str | None:
+        """The stored trace context of a run in memory (the runs whose tasks are dispatched
+        are: they were just applied, or recovered); None derives it from the run id."""
+        live = self.runs.hit(run_id)
+        return None if live is None else live.state.trace
+
+    def _task_headers(self, task: DispatchTask) -> Headers:
+        tracing = self.tracing
+        if tracing is None:
+            return NO_HEADERS
+        live = self.runs.hit(task.run_id)
+        if live is None:
+            return tracing.task_headers(task.run_id, "", None)
+        return tracing.task_headers(task.run_id, live.state.workflow, live.state.trace)
 
     def _timer_fired(self, run_id: str, timer_id: str) -> None:
         self.relay.timer_fired(run_id, timer_id)

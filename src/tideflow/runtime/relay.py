@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tideflow.bus.base import Bus, CancelAttempt, RunEnded
+from tideflow.bus.base import Bus, CancelAttempt, Headers, Message, RunEnded
 from tideflow.errors import TideflowError
 from tideflow.model.commands import (
     CancelChildRun,
@@ -133,6 +133,9 @@ class Relay:
         self._closed = False
         self._unannounced = 0
         """Batches of run ends not announced since the last one that was (bus failures)."""
+        self.task_headers: Callable[[DispatchTask], Headers] | None = None
+        """The headers of each task published (the run's trace context, when tracing is
+        on); None publishes bare tasks."""
 
     # -- what others read -------------------------------------------------------
 
@@ -296,8 +299,13 @@ class Relay:
         return None
 
     def _tasks_effect(self, tasks: list[DispatchTask]) -> Effect:
+        headers = self.task_headers
+        messages: Sequence[DispatchTask | Message[DispatchTask]] = (
+            tasks if headers is None else [Message(task, headers(task)) for task in tasks]
+        )
+
         async def act() -> None:
-            await self._bus.publish_tasks(tasks)
+            await self._bus.publish_tasks(messages)
 
         return Effect(f"dispatch {len(tasks)} task(s)", tasks[0].run_id, act)
 

@@ -44,6 +44,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from tideflow.bus.base import Bus, RunEnded, Stream
 from tideflow.client import Client, EngineLink
@@ -246,8 +247,13 @@ async def connect(
     max_step_output: int = storable.MAX_STEP_OUTPUT,
     max_run_input: int = storable.MAX_RUN_INPUT,
     apply_timeout: float = APPLY_TIMEOUT,
+    tracer_provider: Any = None,
 ) -> AsyncIterator[Client]:
-    """A client on a cluster's store and bus, opened (and closed on exit); no engine."""
+    """A client on a cluster's store and bus, opened (and closed on exit); no engine.
+    ``tracer_provider``: the runs it starts join the caller's trace (docs/observability.md)."""
+    from tideflow.observability.tracing import Tracing
+
+    tracing = None if tracer_provider is None else Tracing(tracer_provider)
     if isinstance(store, str):
         from tideflow.store import open_store
 
@@ -277,6 +283,7 @@ async def connect(
                 new_event_id=lambda: f"{prefix}-{next(counter)}",
                 max_step_output=max_step_output,
                 bus=bus,
+                tracing=tracing,
             )
         finally:
             await link.close()

@@ -22,7 +22,7 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tideflow.bus.backends.local import LocalBus
 from tideflow.bus.base import Bus
@@ -50,6 +50,9 @@ from tideflow.worker.executors.registry import ExecutorRegistry
 from tideflow.worker.interceptors import Interceptor
 from tideflow.worker.pool import WorkerPool
 from tideflow.worker.secrets import SecretProvider
+
+if TYPE_CHECKING:
+    from tideflow.observability.tracing import Tracing
 
 log = logging.getLogger("tideflow.runtime")
 
@@ -79,8 +82,13 @@ class Runtime:
         on_lease_lost: Callable[[], None] | None = None,
         sweep_interval: float = DEFAULT_SWEEP_INTERVAL,
         cluster: bool = False,
+        tracer_provider: Any = None,
     ) -> None:
-        """``interceptors`` wrap every attempt the workers run, outermost first (see
+        """``tracer_provider`` (an OpenTelemetry ``TracerProvider``; the ``otel`` extra)
+        turns tracing on: a trace per run, a span per step attempt, trace context in task
+        headers and ``http`` steps' requests (tideflow.observability.tracing,
+        docs/observability.md); None: no tracing, and OpenTelemetry is not imported.
+        ``interceptors`` wrap every attempt the workers run, outermost first (see
         tideflow.worker.interceptors): metrics, tracing, your own policies.
         ``sweep_interval``: seconds between two rounds of the reconciliation sweep
         (runtime/sweep.py; 0 turns it off); only a runtime that recovers (the store's
@@ -109,6 +117,9 @@ class Runtime:
         self._running = False
         self._prefix = uuid.uuid4().hex[:10]
         self._ids = itertools.count(1)
+        self.tracing = None if tracer_provider is None else _tracing(tracer_provider)
+        if self.tracing is not None:
+            interceptors = [self.tracing.interceptor, *interceptors]
         catalog = Catalog(
             self.store,
             self.executors,
@@ -153,6 +164,7 @@ class Runtime:
             run_cache_size=run_cache_size,
             sweep_interval=sweep if recover else 0.0,
             ownership=ownership,
+            tracing=self.tracing,
         )
         self.partitions = (
             PartitionManager(
@@ -175,6 +187,7 @@ class Runtime:
             new_event_id=self.new_event_id,
             max_step_output=max_step_output,
             bus=self.bus,
+            tracing=self.tracing,
         )
         """Start, steer and read runs (every run method of the runtime is the client's)."""
 
@@ -362,3 +375,9 @@ class Runtime:
 
 
 __all__ = ["EventSink", "Listener", "Runtime"]
+
+
+def _tracing(tracer_provider: Any) -> Tracing:
+    from tideflow.observability.tracing import Tracing
+
+    return Tracing(tracer_provider)

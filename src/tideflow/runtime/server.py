@@ -186,12 +186,22 @@ def check_embedded_store(store: str) -> None:
         )
 
 
+def _tracer_provider(service: str) -> Any:
+    """OpenTelemetry tracing when ``OTEL_TRACES_EXPORTER`` asks for it (docs/observability.md)."""
+    import os
+
+    from tideflow.observability.tracing import provider_from_environment
+
+    return provider_from_environment(os.environ, service)
+
+
 def _runtime(options: ServerOptions) -> Runtime:
     common: dict[str, Any] = {
         "store": options.store,
         "recover": True,
         "lease_ttl": options.lease_ttl,
         "wait_for_engine": options.wait_for_engine,
+        "tracer_provider": _tracer_provider("tideflow-server"),
         **options.runtime,
     }
     if options.embedded:

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tideflow import faults
+from tideflow.bus.base import Headers
 from tideflow.errors import StepError
 from tideflow.model import storable
 from tideflow.model.commands import DispatchTask
@@ -49,12 +50,14 @@ __all__ = [
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ExecuteInput:
     """One attempt: the task as dispatched, its context, and the config and input the
-    executor gets (links may replace these two, e.g. with secret values filled in)."""
+    executor gets (links may replace these two, e.g. with secret values filled in);
+    ``headers`` are the task message's (W3C ``traceparent``: the run's span)."""
 
     task: DispatchTask
     context: StepContext
     config: Any
     input: Any
+    headers: Headers = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -37,7 +37,7 @@ import logging
 import random
 from collections.abc import Callable, Collection, Sequence
 
-from tideflow.bus.base import Bus, CancelAttempt, Control, Delivery, Stream
+from tideflow.bus.base import NO_HEADERS, Bus, CancelAttempt, Control, Delivery, Headers, Stream
 from tideflow.model import storable
 from tideflow.model.commands import DispatchTask
 from tideflow.model.events import Event, TaskCompleted, TaskFailed, TaskLost
@@ -197,7 +197,9 @@ class WorkerPool:
                 if not self._draining:
                     ran = True
                     self._executing.add(key)
-                    event = await self._execute(delivery.body, delivery.deliveries)
+                    event = await self._execute(
+                        delivery.body, delivery.deliveries, delivery.headers
+                    )
         except asyncio.CancelledError:
             pass  # cancelled while it waited for a slot
         finally:
@@ -238,7 +240,9 @@ class WorkerPool:
                 except Exception:
                     log.exception("the lease of %s could not be extended", delivery.body.run_id)
 
-    async def _execute(self, task: DispatchTask, delivery: int = 1) -> Event | None:
+    async def _execute(
+        self, task: DispatchTask, delivery: int = 1, headers: Headers = NO_HEADERS
+    ) -> Event | None:
         ctx = StepContext(
             run_id=task.run_id,
             step_id=task.step_id,
@@ -251,7 +255,9 @@ class WorkerPool:
             if not await self._starts.report(task, delivery):
                 return self._lost(task, delivery)  # it must not run
             out = await self._chain.execute(
-                ExecuteInput(task=task, context=ctx, config=task.config, input=task.input)
+                ExecuteInput(
+                    task=task, context=ctx, config=task.config, input=task.input, headers=headers
+                )
             )
         except asyncio.CancelledError:
             return None

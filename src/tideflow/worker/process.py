@@ -221,7 +221,16 @@ def _pool(
         new_event_id=lambda: f"{prefix}-{next(ids)}",
         start_durably=starts,
         max_output=options.max_output,
+        interceptors=_tracing(),
     )
+
+
+def _tracing() -> list[Any]:
+    """The attempt-span interceptor when ``OTEL_TRACES_EXPORTER`` asks for tracing."""
+    from tideflow.observability.tracing import Tracing, provider_from_environment
+
+    provider = provider_from_environment(os.environ, "tideflow-worker")
+    return [] if provider is None else [Tracing(provider).interceptor]
 
 
 def _started(options: WorkerOptions, bus: Bus) -> None:

@@ -9,8 +9,17 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+_NO_HEADERS: Mapping[str, str] = {}
+OUTGOING_HEADERS: ContextVar[Mapping[str, str]] = ContextVar(
+    "tideflow_outgoing_headers", default=_NO_HEADERS
+)
+"""Headers an executor adds to the requests it makes for the attempt running in this
+context, unless the step sets them itself: an interceptor puts them here (the tracing one,
+tideflow.observability.tracing, the attempt span's W3C ``traceparent``); empty otherwise."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

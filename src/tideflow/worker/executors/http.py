@@ -26,7 +26,7 @@ import orjson
 
 from tideflow.errors import StepTimeout
 from tideflow.model.action_schemas import HTTP_CONFIG_SCHEMA
-from tideflow.worker.executors.base import Executor, StepContext
+from tideflow.worker.executors.base import OUTGOING_HEADERS, Executor, StepContext
 from tideflow.worker.executors.config import check_config, seconds
 from tideflow.worker.executors.errors import (
     HttpClientError,
@@ -133,6 +133,8 @@ class HttpExecutor(Executor):
         for key, value in (cfg.get("headers") or {}).items():
             headers[key] = _header_value(value)
         headers.setdefault("idempotency-key", ctx.idempotency_key)
+        for key, value in OUTGOING_HEADERS.get().items():  # trace context, when tracing is on
+            headers.setdefault(key, value)
         try:
             return self.client.build_request(
                 method,
