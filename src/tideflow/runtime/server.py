@@ -186,6 +186,7 @@ def _runtime(options: ServerOptions) -> Runtime:
         "recover": True,
         "lease_ttl": options.lease_ttl,
         "wait_for_engine": options.wait_for_engine,
+        "schedules": True,
         **options.runtime,
     }
     if options.embedded:
