@@ -26,7 +26,7 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tideflow.core.schedule_slots import fire_time, iso_slot, slot_after
 from tideflow.errors import DefinitionInactive, NotFound
@@ -47,6 +47,7 @@ __all__ = [
     "fresh_row",
     "idempotency_key",
     "run_input",
+    "schedule_data",
     "set_paused",
     "start_slot",
     "sync_workflow",
@@ -58,6 +59,27 @@ __all__ = [
 UPDATE_ATTEMPTS = 5
 """Reads and revision-checked writes of one row before giving up (another writer kept
 changing it)."""
+
+
+def schedule_data(row: ScheduleRow) -> dict[str, Any]:
+    """A schedule as the CLI's --json and the HTTP API show it (times ISO 8601 UTC)."""
+
+    def at(moment: float | None) -> str | None:
+        return None if moment is None else iso_slot(moment)
+
+    return {
+        "workflow": row.workflow,
+        "id": row.schedule_id,
+        "version": row.version,
+        "origin": str(row.origin),
+        "spec": row.spec.to_data(),
+        "paused": row.paused,
+        "next_slot": at(row.next_slot),
+        "next_fire_at": None if row.paused else at(row.fire_at),
+        "last_slot": at(row.last_slot),
+        "last_run_id": row.last_run_id,
+        "buffered_slot": at(row.buffered_slot),
+    }
 
 
 def idempotency_key(workflow: str, schedule_id: str, slot: float) -> str:
