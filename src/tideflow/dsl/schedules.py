@@ -116,7 +116,7 @@ def _cron(check: Check, value: Any, path: DataPath) -> None:
 def cron_problem(expression: str) -> str | None:
     """Why croniter refuses ``expression`` (None: it is valid)."""
     fields = expression.split()
-    if not 5 <= len(fields) <= 6:
+    if not (5 <= len(fields) <= 6 or (len(fields) == 1 and fields[0].startswith("@"))):
         return f"expected 5 or 6 fields, got {len(fields)}"
     try:
         croniter(expression)

@@ -54,6 +54,11 @@ async def test_every_route_has_its_schemas() -> None:
         "/runs/{run_id}/cancel",
         "/runs/{run_id}/retry",
         "/runs/{run_id}/signals",
+        "/schedules",
+        "/schedules/{workflow}/{schedule_id}",
+        "/schedules/{workflow}/{schedule_id}/pause",
+        "/schedules/{workflow}/{schedule_id}/resume",
+        "/schedules/{workflow}/{schedule_id}/trigger",
         "/events",
     }
     assert {key for key, op in operations.items() if "requestBody" in op} == TAKES_A_BODY

@@ -58,12 +58,17 @@ async def settle(rt: Runtime) -> None:
     await rt.schedules.settled()
 
 
-async def advance(rt: Runtime, clock: ManualClock, seconds: float, step: float = HOUR) -> None:
-    """Move time forward ``step`` at a time, letting the schedules fire after each step."""
+async def advance(
+    rt: Runtime, clock: ManualClock, seconds: float, step: float = HOUR, *, finish: bool = True
+) -> None:
+    """Move time forward ``step`` at a time, letting the schedules fire after each step
+    and (with ``finish``) the runs they started end."""
     end = clock.now() + seconds
     while clock.now() < end:
         clock.advance(min(step, end - clock.now()))
         await settle(rt)
+        for run_id in await rt.unfinished() if finish else ():
+            await rt.wait(run_id, 10.0)
 
 
 async def scheduled(rt: Runtime) -> list[str]:
@@ -177,10 +182,10 @@ async def test_a_server_down_for_three_slots_catches_up_as_told(
 async def overlapping(rt: Runtime, clock: ManualClock, overlap: str) -> list[str]:
     """An hourly schedule whose first run waits for a signal over three slots."""
     await rt.register(definition({"every": "1h", "overlap": overlap}, waits=True))
-    await advance(rt, clock, HOUR)
+    await advance(rt, clock, HOUR, finish=False)
     [first] = await run_ids(rt)
     await wait_until(rt, first, step_is("hold", "waiting"))
-    await advance(rt, clock, 3 * HOUR)  # three more slots while it waits
+    await advance(rt, clock, 3 * HOUR, finish=False)  # three more slots while it waits
     return [first]
 
 
@@ -193,7 +198,7 @@ async def test_overlap_skip_starts_nothing_while_the_previous_run_is_unfinished(
     await rt.wait(first)
     await settle(rt)
     assert await run_ids(rt) == [first]  # nothing was kept
-    await advance(rt, clock, HOUR)
+    await advance(rt, clock, HOUR, finish=False)
     assert len(await run_ids(rt)) == 2
 
 
