@@ -240,13 +240,12 @@ async def delete(store: Store, workflow: str, schedule_id: str) -> None:
 
 async def trigger(client: Client, workflow: str, schedule_id: str, now: float) -> str:
     """Start the schedule's run now, whatever its overlap and even when paused, with
-    ``scheduled_at`` now: the run id. Its next slot is unchanged."""
+    ``scheduled_at`` now: the run id. Its next slot is unchanged. What refuses the start
+    (the input, a deactivated version) is raised."""
     row = await find(client.store, workflow, schedule_id)
-    run_id = await start_slot(
-        client, row, now, key=f"{idempotency_key(workflow, schedule_id, now)}:now"
-    )
-    if run_id is None:
-        raise NotFound(f"schedule {workflow}/{schedule_id} could not start a run (see the log)")
+    plan = await client.definition(row.workflow, row.version)
+    key = f"{idempotency_key(workflow, schedule_id, now)}:now"
+    run_id, _ = await client.launch(plan, run_input(row.spec, now), idempotency_key=key)
 
     async def change(current: ScheduleRow) -> ScheduleRow:
         return dataclasses.replace(current, last_run_id=run_id)
