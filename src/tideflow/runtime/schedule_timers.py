@@ -120,9 +120,10 @@ class ScheduleTimers:
             await self.fire()
         except Exception as exc:  # the store is down: try again a little later
             log.warning(
-                "schedules could not be fired (%s: %s); trying again", type(exc).__name__, exc
-            )
-            self._set_wake(self._clock.now() + RETRY_AFTER)
+                "schedules could not be fired (%s: %s); trying again in %gs",
+                type(exc).__name__, exc, RETRY_AFTER,
+            )  # fmt: skip
+            self._set_wake(self._clock.now() + RETRY_AFTER, earlier_only=True)
 
     def _arm_sweep(self) -> None:
         if self._sweep_interval <= 0 or self._closed:
@@ -198,7 +199,7 @@ class ScheduleTimers:
                 )  # fmt: skip
                 retry = now + RETRY_AFTER
         if retry is not None:
-            self._set_wake(retry)
+            self._set_wake(retry, earlier_only=True)
             return
         if len(due) >= BATCH:
             self._again = True
@@ -261,11 +262,13 @@ class ScheduleTimers:
             buffered_slot=buffered,
         )
 
-    def _set_wake(self, when: float) -> None:
+    def _set_wake(self, when: float, *, earlier_only: bool = False) -> None:
+        """Wake up at ``when`` (instead of the wake-up set; ``earlier_only``: unless that
+        one comes first)."""
         if self._closed:
             return
         if self._wake is not None:
-            if self._wake[0] == when:
+            if self._wake[0] == when or (earlier_only and self._wake[0] < when):
                 return
             self._wake[1].cancel()
         self._wake = (when, self._clock.call_at(when, self._woken))
