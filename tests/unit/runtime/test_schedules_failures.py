@@ -15,9 +15,25 @@ from tideflow.store.backends.memory import MemoryStore
 from tideflow.store.base import RunFilter
 from tideflow.testing.clock import ManualClock
 
-from .test_schedules import HOUR, MONDAY, advance, settle
-
 RETRY = 1.0
+HOUR = 3600.0
+MONDAY = 1_799_020_800.0
+"""Monday 4 January 2027, 00:00 UTC."""
+
+
+async def settle(rt: Runtime) -> None:
+    assert rt.schedules is not None
+    await rt.schedules.settled()
+
+
+async def advance(rt: Runtime, clock: ManualClock, seconds: float, *, finish: bool = True) -> None:
+    """An hour at a time, letting the schedules fire (and, with ``finish``, their runs end)."""
+    end = clock.now() + seconds
+    while clock.now() < end:
+        clock.advance(min(HOUR, end - clock.now()))
+        await settle(rt)
+        for run_id in await rt.unfinished() if finish else ():
+            await rt.wait(run_id, 10.0)
 
 
 class FlakyStore(MemoryStore):
