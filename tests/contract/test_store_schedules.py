@@ -102,6 +102,9 @@ async def test_a_spec_this_tideflow_cannot_read_is_named(sql_backend: Backend) -
     await sql_backend.raw("""UPDATE schedules SET spec = '{"id": "morning", "overlap": "x"}'""")
     with pytest.raises(StateFormatError, match=r"schedule report/morning.*'x'"):
         await store.list_schedules()
+    await store.insert_schedule(row("other"))
+    # the timers skip it (logged) rather than hold up every other schedule
+    assert [r.workflow for r in await store.due_schedules(math.inf)] == ["other"]
 
 
 async def test_a_store_at_schema_6_upgrades_to_hold_schedules(sql_backend: Backend) -> None:

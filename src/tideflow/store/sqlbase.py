@@ -6,6 +6,7 @@ database; the row shapes, JSON encoding, plan decoding and error wording live he
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -469,6 +470,18 @@ def schedule_from_row(row: Sequence[Any]) -> ScheduleRow:
         revision=int(revision),
         updated_at=float(updated_at),
     )
+
+
+def due_schedule_rows(rows: Iterable[Sequence[Any]]) -> list[ScheduleRow]:
+    """``schedule_from_row`` of each row; a row that cannot be read is left out and
+    logged (it would otherwise hold up every other schedule's slots)."""
+    decoded = []
+    for row in rows:
+        try:
+            decoded.append(schedule_from_row(row))
+        except codec.StateFormatError as exc:
+            logging.getLogger("tideflow.schedules").error("%s: it does not fire", exc)
+    return decoded
 
 
 def _spec(workflow: str, schedule_id: str, text: str) -> ScheduleSpec:

@@ -455,7 +455,7 @@ class PostgresStore(LeaseAndInbox, Store):
         low = -math.inf if after is None else after
         async with self._connection() as conn:
             rows = await conn.fetch(Q["due_schedules"], low, before, limit)
-        return [sb.schedule_from_row(tuple(row)) for row in rows]
+        return sb.due_schedule_rows(tuple(row) for row in rows)
 
     async def runs_waiting_for(self, signal: str) -> list[str]:
         async with self._connection() as conn:

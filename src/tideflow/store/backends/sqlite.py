@@ -513,7 +513,7 @@ class SqliteStore(Store):
         low = -math.inf if after is None else after
         params = (low, before, limit)
         rows = await self._run(lambda: self.conn.execute(Q["due_schedules"], params).fetchall())
-        return [sb.schedule_from_row(row) for row in rows]
+        return sb.due_schedule_rows(rows)
 
     async def runs_waiting_for(self, signal: str) -> list[str]:
         rows = await self._run(
