@@ -99,6 +99,7 @@ def test_every_example_is_covered_here() -> None:
         "map_items.yaml",
         "order_saga.yaml",
         "polling_loop.yaml",
+        "scheduled_report.yaml",
     }
     assert {p.name for p in example_files()} == covered
 
