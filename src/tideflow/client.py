@@ -218,6 +218,20 @@ class Client:
         """One schedule; ``NotFound``."""
         return await schedules.find(self.store, workflow, schedule_id)
 
+    async def create_schedule(self, workflow: str, schedule: Mapping[str, Any]) -> ScheduleRow:
+        """Add a schedule to a registered workflow: one mapping as ``schedule:`` takes,
+        with an ``id`` (``{"id": "nightly", "cron": "0 2 * * *", "timezone": "UTC"}``). It
+        starts the workflow's highest active version; registering versions leaves it
+        alone. ``DefinitionError`` (every problem of the mapping), ``NotFound``,
+        ``InputValidationError``, ``DefinitionConflict`` (the id is taken)."""
+        row = await schedules.create(self, workflow, schedule, self._clock.now())
+        self._schedules_changed()
+        return row
+
+    def check_input(self, plan: Plan, input: Any) -> None:
+        """Refuse an input that does not fit the plan or cannot be stored."""
+        self._catalog.check_input(plan, input)
+
     async def pause_schedule(self, workflow: str, schedule_id: str) -> bool:
         """Pause a schedule (it starts no run until resumed): whether it was running;
         ``NotFound``."""

@@ -235,6 +235,13 @@ class HttpClient:
         body = await self._call("GET", "/schedules", params={"workflow": workflow})
         return [dict(row) for row in body["schedules"]]
 
+    async def create_schedule(self, workflow: str, schedule: Mapping[str, Any]) -> dict[str, Any]:
+        """``POST /schedules``: the schedule made, as ``schedules`` shows it."""
+        body = await self._call(
+            "POST", "/schedules", json={"workflow": workflow, "schedule": dict(schedule)}
+        )
+        return dict(body)
+
     async def pause_schedule(self, workflow: str, schedule_id: str) -> bool:
         return await self._schedule_change(workflow, schedule_id, "pause")
 

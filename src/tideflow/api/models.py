@@ -267,3 +267,11 @@ class ScheduleDeleted(BaseModel):
     workflow: str
     id: str
     deleted: bool = True
+
+
+class CreateSchedule(Request):
+    workflow: str = Field(min_length=1, description="A registered workflow")
+    schedule: dict[str, Any] = Field(
+        description="One schedule as `schedule:` takes it, with an id: "
+        '{"id": "nightly", "cron": "0 2 * * *", "timezone": "Europe/Paris"}'
+    )

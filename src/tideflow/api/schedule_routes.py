@@ -1,6 +1,7 @@
 """The REST routes of schedules (docs/schedules.md, docs/api.md): list and read them
-(viewer), pause, resume and trigger them (operator: action ``schedules``), delete them
-(admin: action ``definitions``, since it changes what the deployment runs)."""
+(viewer), pause, resume and trigger them (operator: action ``schedules``), create and
+delete them (admin: action ``definitions``, since that changes what the deployment
+runs)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from fastapi import FastAPI, Query
 
 from tideflow.api.auth_http import allow
 from tideflow.api.models import (
+    CreateSchedule,
     ScheduleChange,
     ScheduleDeleted,
     ScheduleList,
@@ -23,6 +25,8 @@ from tideflow.runtime.schedules import schedule_data
 __all__ = ["schedule_routes"]
 
 READ, STEER, DELETE = allow(Action.READ), allow(Action.SCHEDULES), allow(Action.DEFINITIONS)
+"""Reads; pause, resume, trigger; create and delete (which change what the deployment
+runs, like registering a definition)."""
 
 
 def schedule_routes(app: FastAPI, client: Client) -> None:
@@ -33,6 +37,14 @@ def schedule_routes(app: FastAPI, client: Client) -> None:
         """The schedules (of one workflow, when given) with their next fire times."""
         rows = await client.schedules(workflow)
         return ScheduleList(schedules=[ScheduleView(**schedule_data(r)) for r in rows])
+
+    @app.post("/schedules", status_code=201, tags=["schedules"], dependencies=[DELETE])
+    async def create_schedule(body: CreateSchedule) -> ScheduleView:
+        """Add a schedule to a registered workflow (it starts the highest active version;
+        registering versions leaves it alone); 409 when the id is taken, 422 for a bad
+        schedule."""
+        row = await client.create_schedule(body.workflow, body.schedule)
+        return ScheduleView(**schedule_data(row))
 
     @app.get("/schedules/{workflow}/{schedule_id}", tags=["schedules"], dependencies=[READ])
     async def get_schedule(workflow: str, schedule_id: str) -> ScheduleView:

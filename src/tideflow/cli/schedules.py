@@ -15,6 +15,7 @@ from tideflow.cli.common import (
     JsonOption,
     StoreOption,
     out,
+    parse_json_option,
     run_async,
     table_console,
     write_json,
@@ -22,7 +23,7 @@ from tideflow.cli.common import (
 from tideflow.cli.remote import ServerOption, TokenOption, check_server
 
 schedules_app = typer.Typer(
-    help="List, pause, resume, trigger and delete the schedules of registered workflows.",
+    help="List, create, pause, resume, trigger and delete the schedules of workflows.",
     no_args_is_help=True,
 )
 
@@ -80,6 +81,34 @@ def list_cmd(
             row["last_run_id"] or "-",
         )
     table_console().print(table)
+
+
+@schedules_app.command("create")
+def create_cmd(
+    workflow: WorkflowArgument,
+    schedule: Annotated[
+        str,
+        typer.Argument(
+            metavar="SCHEDULE",
+            help="One schedule as `schedule:` takes it, with an id: JSON text, or @file.json.",
+            show_default=False,
+        ),
+    ],
+    store: StoreOption = DEFAULT_STORE,
+    bus: BusOption = None,
+    server: ServerOption = None,
+    token: TokenOption = None,
+) -> None:
+    """Add a schedule to a registered workflow, besides its definition's: it starts the
+    workflow's highest active version, and registering versions leaves it alone.
+
+    Examples:
+      tideflow schedules create daily-report '{"id": "eod", "cron": "0 18 * * 1-5"}'
+    """
+    check_server(server, store, bus)
+    spec = parse_json_option(schedule, "SCHEDULE")
+    row = run_async(_call((store, bus, server, token), "create", workflow, spec))
+    out.print(f"{workflow} {row['id']}: created, next fire {row['next_fire_at']}", markup=False)
 
 
 @schedules_app.command("pause")
@@ -168,7 +197,7 @@ def _report(workflow: str, schedule_id: str, what: str, changed: bool) -> None:
     out.print(f"{workflow} {schedule_id}: {what}{tail}", markup=False)
 
 
-async def _call(target: Target, action: str, *args: str) -> Any:
+async def _call(target: Target, action: str, *args: Any) -> Any:
     """Do ``action`` through the client the target reaches (the store's, the cluster's,
     or the server's HTTP API)."""
     from tideflow.client import Client
@@ -180,6 +209,8 @@ async def _call(target: Target, action: str, *args: str) -> Any:
             return await _remote(client, action, *args)
         if action == "list":
             return [schedule_data(row) for row in await client.schedules()]
+        if action == "create":
+            return schedule_data(await client.create_schedule(*args))
         if action == "pause":
             return await client.pause_schedule(*args)
         if action == "resume":
@@ -189,10 +220,11 @@ async def _call(target: Target, action: str, *args: str) -> Any:
         return await client.delete_schedule(*args)
 
 
-async def _remote(client: Any, action: str, *args: str) -> Any:
+async def _remote(client: Any, action: str, *args: Any) -> Any:
     """The same over HTTP (remote_http.HttpClient's schedule methods)."""
     method = {
         "list": "schedules",
+        "create": "create_schedule",
         "pause": "pause_schedule",
         "resume": "resume_schedule",
         "trigger": "trigger_schedule",

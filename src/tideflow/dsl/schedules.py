@@ -26,7 +26,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 from croniter import croniter
 
 from tideflow.dsl.durations import parse_duration
-from tideflow.dsl.loader import DataPath, did_you_mean
+from tideflow.dsl.loader import DataPath, Reporter, did_you_mean
+from tideflow.dsl.positions import Positions
 from tideflow.dsl.schema_values import (
     Check,
     Validator,
@@ -38,9 +39,16 @@ from tideflow.dsl.schema_values import (
     mapping,
     positive_duration,
 )
+from tideflow.errors import DefinitionError
 from tideflow.model.schedules import Catchup, Overlap, ScheduleSpec
 
-__all__ = ["MAX_SCHEDULES", "SCHEDULE_KEYS", "check_schedule", "normal_schedules"]
+__all__ = [
+    "MAX_SCHEDULES",
+    "SCHEDULE_KEYS",
+    "check_schedule",
+    "normal_schedules",
+    "parse_schedule",
+]
 
 MAX_SCHEDULES = 20
 DEFAULT_ID = "default"
@@ -129,6 +137,10 @@ def _timezone(check: Check, value: Any, path: DataPath) -> None:
     if not expect(check, value, path, str, "an IANA time zone name"):
         return
     if zone_or_none(value) is None:
+        if not _zones():  # zoneinfo finds no IANA database at all on this machine
+            hint = "this machine has no IANA time zone database: install one (pip install tzdata)"
+            check.error(path, f"unknown time zone {value!r}", hint)
+            return
         suggestion = did_you_mean(value, _zones())
         hint = f"did you mean '{suggestion}'? " if suggestion else ""
         check.error(
@@ -201,6 +213,22 @@ _FIELDS: Mapping[str, Validator] = {
     "input": _input,
 }
 SCHEDULE_KEYS = frozenset(_FIELDS)
+
+
+def parse_schedule(value: Any) -> ScheduleSpec:
+    """One schedule given through the client (``Client.create_schedule``): a mapping as
+    ``schedule:`` takes, with an ``id``; ``DefinitionError`` lists every problem."""
+    report = Reporter(positions=Positions())
+    check = Check(report, {})
+    if expect(check, value, ("schedule",), dict, "a schedule mapping {id, cron or every, …}"):
+        check_schedule(check, value, ("schedule",))
+        if "id" not in value:
+            check.error(
+                ("schedule",), "a schedule made through the client needs an id", "add id: <name>"
+            )
+    if report.has_errors:
+        raise DefinitionError(report.diagnostics)
+    return _normal(value)
 
 
 def normal_schedules(value: Any) -> list[dict[str, Any]]:

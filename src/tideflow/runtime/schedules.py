@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from tideflow.core.schedule_slots import fire_time, iso_slot, slot_after
-from tideflow.errors import DefinitionInactive, NotFound
+from tideflow.errors import DefinitionConflict, DefinitionInactive, NotFound
 from tideflow.model.schedules import ScheduleOrigin, ScheduleRow, ScheduleSpec
 from tideflow.model.states import RUN_TERMINAL
 from tideflow.store.base import Store
@@ -42,6 +42,7 @@ log = logging.getLogger("tideflow.schedules")
 
 __all__ = [
     "UPDATE_ATTEMPTS",
+    "create",
     "delete",
     "find",
     "fresh_row",
@@ -178,6 +179,13 @@ async def sync_workflow(store: Store, workflow: str, now: float) -> None:
             fresh = fresh_row(workflow, version, spec, now, ScheduleOrigin.DEFINITION)
             if await store.insert_schedule(fresh):
                 log.info("schedule %s/%s (%s) added", workflow, schedule_id, spec.every_text)
+            elif any(r.schedule_id == schedule_id and r.origin is ScheduleOrigin.CLIENT
+                     for r in await store.list_schedules(workflow)):  # fmt: skip
+                log.warning(
+                    "schedule %s/%s of version %s is not live: a schedule made through the "
+                    "client has that id (delete it to let the definition's take its place)",
+                    workflow, schedule_id, version,
+                )  # fmt: skip
             continue
         if row.version != version or row.spec != spec:
             await _follow(store, row, version, spec, now)
@@ -206,6 +214,31 @@ async def _live_plan(store: Store, workflow: str) -> Plan | None:
         return await store.get_definition(workflow)
     except (DefinitionInactive, NotFound):
         return None
+
+
+async def create(client: Client, workflow: str, raw: Any, now: float) -> ScheduleRow:
+    """Add a schedule to a registered workflow through the client (origin ``client``): it
+    starts the workflow's highest active version, and registrations leave it alone.
+    ``DefinitionError`` for a bad schedule, ``NotFound`` for an unknown workflow,
+    ``InputValidationError`` for an input the workflow's schema refuses,
+    ``DefinitionConflict`` when the workflow has a schedule with that id."""
+    from tideflow.dsl.schedules import parse_schedule
+
+    spec = parse_schedule(raw)
+    plan = await client.store.get_definition(workflow)
+    client.check_input(plan, run_input(spec, now))
+    row = fresh_row(workflow, None, spec, now, ScheduleOrigin.CLIENT)
+    if await client.store.insert_schedule(row):
+        log.info("schedule %s/%s (%s) created", workflow, spec.id, spec.every_text)
+        return row
+    existing = await find(client.store, workflow, spec.id, deleted=True)
+    if existing.deleted:  # a definition's, deleted: the client's takes its place
+        await client.store.remove_schedule(workflow, spec.id)
+        return await create(client, workflow, raw, now)
+    raise DefinitionConflict(
+        f"workflow {workflow!r} has a schedule {spec.id!r} already (from its "
+        f"{existing.origin}): give the new one another id, or delete that one first"
+    )
 
 
 async def set_paused(
@@ -243,7 +276,7 @@ async def trigger(client: Client, workflow: str, schedule_id: str, now: float) -
     ``scheduled_at`` now: the run id. Its next slot is unchanged. What refuses the start
     (the input, a deactivated version) is raised."""
     row = await find(client.store, workflow, schedule_id)
-    plan = await client.definition(row.workflow, row.version)
+    plan = await client.store.get_definition(row.workflow, row.version)
     key = f"{idempotency_key(workflow, schedule_id, now)}:now"
     run_id, _ = await client.launch(plan, run_input(row.spec, now), idempotency_key=key)
 
@@ -266,7 +299,7 @@ async def start_slot(
     from tideflow.errors import DefinitionError, InputValidationError
 
     try:
-        plan = await client.definition(row.workflow, row.version)
+        plan = await client.store.get_definition(row.workflow, row.version)
         run_id, created = await client.launch(
             plan,
             run_input(row.spec, slot),

@@ -56,6 +56,20 @@ def test_list_pause_resume_trigger_delete(workdir: Workdir) -> None:
     assert deleted.stdout.strip() == "report often: deleted"
     assert set(listed(workdir)) == {"morning"}
 
+    created = invoke(
+        "schedules", "create", "report", '{"id": "eod", "cron": "0 18 * * 1-5"}',
+        "--store", workdir.store,
+    )  # fmt: skip
+    assert created.exit_code == 0, created.stderr
+    assert created.stdout.startswith("report eod: created, next fire 20")
+    assert set(listed(workdir)) == {"morning", "eod"}
+    bad = invoke(
+        "schedules", "create", "report", '{"id": "x", "every": "0s"}', "--store", workdir.store
+    )
+    assert bad.exit_code == 2 and "every must be greater than zero" in bad.stderr
+
     missing = invoke("schedules", "pause", "report", "often", "--store", workdir.store)
     assert missing.exit_code == 2
-    assert "no schedule 'often' of workflow 'report' (its schedules: morning)" in missing.stderr
+    assert (
+        "no schedule 'often' of workflow 'report' (its schedules: eod, morning)" in missing.stderr
+    )

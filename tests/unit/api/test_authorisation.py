@@ -55,6 +55,7 @@ ROUTES: dict[tuple[str, str], Action | None] = {
     ("POST", "/runs/{run_id}/retry"): Action.RETRY,
     ("POST", "/runs/{run_id}/signals"): Action.SIGNAL,
     ("GET", "/schedules"): Action.READ,
+    ("POST", "/schedules"): Action.DEFINITIONS,
     ("GET", "/schedules/{workflow}/{schedule_id}"): Action.READ,
     ("POST", "/schedules/{workflow}/{schedule_id}/pause"): Action.SCHEDULES,
     ("POST", "/schedules/{workflow}/{schedule_id}/resume"): Action.SCHEDULES,
@@ -69,6 +70,10 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/runs/{run_id}/cancel"): {"reason": "matrix"},
     ("POST", "/runs/{run_id}/retry"): {"reason": "matrix"},
     ("POST", "/runs/{run_id}/signals"): {"name": "go", "payload": {"ok": True}},
+    ("POST", "/schedules"): {
+        "workflow": "waiting",
+        "schedule": {"id": "extra", "every": "1h", "input": {"order_id": "x"}},
+    },
 }
 GATEWAY = {("POST", "/events")}
 REFUSED = ["no header", "malformed", "unknown id", "wrong secret", "revoked"]
@@ -199,7 +204,7 @@ async def test_a_viewer_never_runs_work_and_an_operator_never_registers(world: W
     runs_work = [k for k, a in ROUTES.items() if a in {Action.START, Action.CANCEL,
                                                           Action.SIGNAL, Action.RETRY}]  # fmt: skip
     registers = [k for k, a in ROUTES.items() if a is Action.DEFINITIONS]
-    assert len(runs_work) == 4 and len(registers) == 4
+    assert len(runs_work) == 4 and len(registers) == 5
     before = await world.state()
     for key in runs_work:
         assert (await world.call(key, "viewer")).status_code == 403, key

@@ -19,6 +19,7 @@ TAKES_A_BODY = {
     ("post", "/runs/{run_id}/retry"),
     ("post", "/runs/{run_id}/signals"),
     ("post", "/events"),
+    ("post", "/schedules"),
 }
 
 

@@ -78,6 +78,15 @@ async def test_schedules_over_http(served: Served) -> None:
             await c.delete_schedule("nightly", "often")  # an operator may not delete
 
     async with HttpClient(served.url, token=served.tokens[Role.ADMIN]) as admin:
+        made = await admin.create_schedule("nightly", {"id": "late", "cron": "0 23 * * *"})
+        assert made["origin"] == "client" and made["version"] is None
+        with pytest.raises(errors.DefinitionConflict, match="has a schedule 'late' already"):
+            await admin.create_schedule("nightly", {"id": "late", "every": "1h"})
+        with pytest.raises(errors.DefinitionError, match="invalid cron expression"):
+            await admin.create_schedule("nightly", {"id": "bad", "cron": "0 25 * * *"})
+        with pytest.raises(errors.NotFound):
+            await admin.create_schedule("nope", {"id": "x", "every": "1h"})
+        await admin.delete_schedule("nightly", "late")
         await admin.delete_schedule("nightly", "often")
         assert [r["id"] for r in await admin.schedules()] == ["early"]
         with pytest.raises(errors.NotFound):

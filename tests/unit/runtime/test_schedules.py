@@ -302,3 +302,47 @@ async def test_a_0230_slot_on_the_spring_forward_night_fires_at_0300(
             "2027-03-28T01:00:00Z",  # 03:00 CEST: 02:30 does not exist that night
             "2027-03-29T00:30:00Z",  # 02:30 CEST
         ]
+
+
+# -- made through the client -------------------------------------------------------------
+
+
+async def test_a_schedule_made_through_the_client_fires_and_outlives_registrations(
+    rt: Runtime, clock: ManualClock
+) -> None:
+    await rt.register({**definition({"id": "def", "every": "1d"})})
+    row = await rt.client.create_schedule("report", {"id": "extra", "every": "1h"})
+    assert (row.origin, row.version) == ("client", None)
+    await advance(rt, clock, 2 * HOUR)
+    assert await scheduled(rt) == ["2027-01-03T01:00:00Z", "2027-01-03T02:00:00Z"]
+    await rt.register(definition({"id": "def", "every": "1d"}, version="2"))
+    assert [(r.schedule_id, r.version) for r in await rt.client.schedules()] == [
+        ("def", "2"),
+        ("extra", None),
+    ]
+    await rt.client.delete_schedule("report", "extra")
+    assert [r.schedule_id for r in await rt.client.schedules()] == ["def"]
+
+
+async def test_a_schedule_the_client_cannot_make_changes_nothing(rt: Runtime) -> None:
+    from tideflow.errors import DefinitionConflict, DefinitionError, InputValidationError
+
+    strict = definition({"id": "def", "every": "1d"})
+    strict["input"] = {"type": "object", "required": ["customer"]}
+    strict["schedule"]["input"] = {"customer": "acme"}
+    await rt.register(strict)
+    with pytest.raises(DefinitionError, match="unknown time zone 'Mars/Olympus'"):
+        await rt.client.create_schedule(
+            "report", {"id": "x", "cron": "* * * * *", "timezone": "Mars/Olympus"}
+        )
+    with pytest.raises(DefinitionError, match="needs an id"):
+        await rt.client.create_schedule("report", {"every": "1h"})
+    with pytest.raises(InputValidationError):
+        await rt.client.create_schedule("report", {"id": "x", "every": "1h"})
+    with pytest.raises(DefinitionConflict, match="schedule 'def' already"):
+        await rt.client.create_schedule(
+            "report", {"id": "def", "every": "1h", "input": {"customer": "b"}}
+        )
+    with pytest.raises(NotFound):
+        await rt.client.create_schedule("nope", {"id": "x", "every": "1h"})
+    assert [r.schedule_id for r in await rt.client.schedules()] == ["def"]
