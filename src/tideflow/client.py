@@ -75,12 +75,21 @@ if TYPE_CHECKING:
     from tideflow.bus.base import Bus
     from tideflow.runtime.catalog import Catalog
     from tideflow.runtime.clock import Clock
+    from tideflow.runtime.why import Diagnosis
 
 __all__ = ["Client", "EngineLink"]
 
 
 class EngineLink(ABC):
     """How a client reaches the engine that owns runs (the one seam between the two)."""
+
+    engine_here: bool = False
+    """Whether the engine is in this process (an embedded `Runtime`'s own)."""
+
+    def relaying(self, run_id: str) -> list[tuple[str, int]]:
+        """The run's effects this engine failed to carry out and tries again: (what,
+        tries); an engine elsewhere is not asked (its outbox rows are read instead)."""
+        return []
 
     @abstractmethod
     async def deliver(self, events: Sequence[Event]) -> None:
@@ -420,7 +429,11 @@ class Client:
 
     async def plan(self, run_id: str) -> Plan:
         """The plan the run pinned when it started."""
-        return await self._catalog.plans.get((await self._link.state(run_id)).plan_hash)
+        return await self.pinned(await self._link.state(run_id))
+
+    async def pinned(self, state: RunState) -> Plan:
+        """The plan a run state pinned (one read of the run for state and plan)."""
+        return await self._catalog.plans.get(state.plan_hash)
 
     async def wait(self, run_id: str, timeout: float | None = None) -> RunResult:
         """Wait until the run is in a terminal state and return its result."""
@@ -438,6 +451,23 @@ class Client:
         if self._bus is None:
             raise BusError("this client has no bus to ask for its queues")
         return await self._bus.queue_stats()
+
+    @property
+    def engine_here(self) -> bool:
+        """Whether this client's engine runs in this process (a `Runtime`'s client)."""
+        return self._link.engine_here
+
+    def relaying(self, run_id: str) -> builtins.list[tuple[str, int]]:
+        """The run's effects the engine tries again after a failure (`EngineLink`)."""
+        return self._link.relaying(run_id)
+
+    async def why(self, run_id: str) -> Diagnosis:
+        """Why the run is where it is: what each of its unfinished steps waits for, read
+        from the store (and the bus's queues, when this client has a bus); changes
+        nothing (runtime/why.py). ``NotFound``."""
+        from tideflow.runtime.why import diagnose
+
+        return await diagnose(self, run_id, now=self._clock.now())
 
     async def unfinished(self) -> builtins.list[str]:
         """Ids of the runs in the store that have not ended."""

@@ -12,6 +12,7 @@
     ├── RunNotRetryable            a retry of a run that is not failed or timed out
     ├── DefinitionConflict         (name, version) already registered with other content
     ├── DefinitionInactive         the version asked for is deactivated: it starts no run
+    ├── RunExists                  a start with a run id that a stored run has already
     ├── RuntimeNotStarted          a Runtime used before ``start()`` / ``async with``
     ├── EngineError                a run's event could not be applied or stored: the run failed
     ├── EngineAlreadyRunning       another live engine holds the store's lease
@@ -153,6 +154,11 @@ class DefinitionConflict(TideflowError):
 
 class DefinitionInactive(TideflowError):
     """The definition version asked for is deactivated: it starts no new run."""
+
+
+class RunExists(TideflowError):
+    """A run with this id is stored already: give the new run another id, or none (a
+    fresh one is made), or an idempotency key to start it only once."""
 
 
 class UnknownSignal(TideflowError):

@@ -42,10 +42,11 @@ from tideflow import errors
 from tideflow.api.problem_types import ERRORS, TYPE_PREFIX
 from tideflow.bus.base import QueueStats
 from tideflow.errors import Diagnostic, RemoteProblem, ServerUnreachable, TideflowError
-from tideflow.model.plan import Priority
+from tideflow.model.plan import Plan, Priority
 from tideflow.model.states import RUN_TERMINAL, RunStatus, SignalOutcome
 from tideflow.model.versions import version_key
 from tideflow.runtime.result import RunResult, StepResult
+from tideflow.runtime.why import Diagnosis
 from tideflow.store.base import DefinitionSummary, HistoryEntry, RunFilter, RunPage, RunSummary
 
 __all__ = ["HttpClient", "RemoteDefinition", "RemoteProblem", "ServerUnreachable"]
@@ -195,9 +196,17 @@ class HttpClient:
 
     # -- definitions ------------------------------------------------------------
 
-    async def register(self, definition: Mapping[str, Any] | str | Path) -> RemoteDefinition:
-        """Register a definition: a mapping, YAML text, or the path of a file (read here,
-        sent as its text)."""
+    async def register(self, definition: Mapping[str, Any] | str | Path | Any) -> RemoteDefinition:
+        """Register a definition: a mapping, YAML text, the path of a file (read here,
+        sent as its text), or a Plan, Workflow builder or Python definition file
+        (``flow.py[:name]``), compiled here and sent as its normalised definition (the
+        server compiles it again: its ``python`` steps must import on the workers)."""
+        from tideflow.runtime.definitions import is_python_reference
+
+        if not isinstance(definition, Mapping | str | Path) or is_python_reference(
+            definition, files_only=True
+        ):
+            definition = compiled_here(definition).source
         if isinstance(definition, Mapping):
             body = await self._call("POST", "/definitions", json=dict(definition))
         else:
@@ -263,32 +272,47 @@ class HttpClient:
 
     async def start(
         self,
-        workflow: str,
+        workflow: str | Plan | Any,
         input: Any = None,
         *,
         version: str | None = None,
+        run_id: str | None = None,
         idempotency_key: str | None = None,
     ) -> str:
         started, _ = await self.launch(
-            workflow, input, version=version, idempotency_key=idempotency_key
+            workflow, input, version=version, run_id=run_id, idempotency_key=idempotency_key
         )
         return started
 
     async def launch(
         self,
-        workflow: str,
+        workflow: str | Plan | Any,
         input: Any = None,
         *,
         version: str | None = None,
+        run_id: str | None = None,
         idempotency_key: str | None = None,
     ) -> tuple[str, bool]:
+        """``start``, saying whether a run was created. ``workflow`` is a registered
+        name, or (as for `Client.start`) a Plan or a Workflow builder, registered first
+        (the same content again changes nothing) and started at its version."""
+        if not isinstance(workflow, str):
+            registered = await self.register(workflow)
+            workflow, version = registered.name, registered.version
         request: dict[str, Any] = {"workflow": workflow, "input": input}
-        if version is not None:
-            request["version"] = version
-        if idempotency_key is not None:
-            request["idempotency_key"] = idempotency_key
+        for key, value in (
+            ("version", version),
+            ("run_id", run_id),
+            ("idempotency_key", idempotency_key),
+        ):
+            if value is not None:
+                request[key] = value
         body = await self._call("POST", "/runs", json=request)
         return str(body["run_id"]), bool(body["created"])
+
+    async def why(self, run_id: str) -> Diagnosis:
+        """Why the run is where it is, as the server sees it (runtime/why.py)."""
+        return Diagnosis.of(await self._call("GET", f"/runs/{_seg(run_id)}/why"))
 
     async def signal(
         self, run_id: str, name: str, payload: Any = None, *, signal_id: str | None = None
@@ -404,6 +428,15 @@ def _seg(part: str) -> str:
     from urllib.parse import quote
 
     return quote(part, safe="")
+
+
+def compiled_here(definition: Any) -> Plan:
+    """A Plan, Workflow builder or Python definition file compiled in this process, with
+    the executors of this installation (their action schemas check the steps)."""
+    from tideflow.runtime.definitions import coerce_plan
+    from tideflow.worker.executors.registry import ExecutorRegistry
+
+    return coerce_plan(definition, ExecutorRegistry())
 
 
 def _text_of(definition: str | Path) -> str:

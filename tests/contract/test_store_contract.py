@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from tideflow.dsl import compile_definition
-from tideflow.errors import DefinitionConflict, DefinitionInactive, NotFound
+from tideflow.errors import DefinitionConflict, DefinitionInactive, NotFound, RunExists
 from tideflow.model import codec
 from tideflow.model.events import SignalReceived
 from tideflow.model.plan import Plan
@@ -160,6 +160,30 @@ async def test_create_run_with_idempotency_key(store: Store) -> None:
         await store.get_run("r2")
     assert [r.run_id for r in (await store.list_runs()).runs] == ["r1"]
     assert await store.create_run(second, "key-2") == ("r2", True)
+
+
+@pytest.mark.parametrize("key", [None, "another-key"])
+async def test_a_run_id_taken_already_is_refused_and_the_stored_run_kept(
+    store: Store, key: str | None
+) -> None:
+    plan = short_plan()
+    first = new_run_state(
+        run_id="r1", workflow=plan.name, version="1", plan_hash=plan.hash, created_at=T0
+    )
+    first.input = {"first": True}
+    assert await store.create_run(first, "key-1") == ("r1", True)
+    again = new_run_state(
+        run_id="r1", workflow=plan.name, version="1", plan_hash=plan.hash, created_at=T0 + 1
+    )
+    again.input = {"first": False}
+    with pytest.raises(RunExists, match="r1"):
+        await store.create_run(again, key)
+    assert (await store.load_run("r1")).snapshot.input == {"first": True}
+    if key is not None:  # the refused start did not take the key
+        third = new_run_state(
+            run_id="r3", workflow=plan.name, version="1", plan_hash=plan.hash, created_at=T0
+        )
+        assert await store.create_run(third, key) == ("r3", True)
 
 
 @pytest.mark.parametrize(("batch_size", "snapshot_every"), [(1, 0), (3, 2), (4, 3), (100, 4)])

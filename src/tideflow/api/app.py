@@ -25,6 +25,7 @@ from fastapi.exceptions import RequestValidationError
 
 from tideflow.api import auth_http, problems
 from tideflow.api.auth_http import allow
+from tideflow.api.changes import RunChanges
 from tideflow.api.event_sources import EventSources
 from tideflow.api.events import event_routes
 from tideflow.api.models import (
@@ -46,14 +47,18 @@ from tideflow.api.models import (
     StartedRun,
     StartRun,
     StoredDefinition,
+    WhyView,
 )
 from tideflow.api.problems import Problem
 from tideflow.api.schedule_routes import schedule_routes
+from tideflow.api.run_views import run_view_routes
 from tideflow.bus.base import unserved
 from tideflow.client import Client
 from tideflow.model.states import RunStatus
 from tideflow.model.tokens import Action
 from tideflow.store.base import RunFilter
+from tideflow.ui.app import ui_app
+from tideflow.ui.sessions import Sessions
 
 __all__ = ["create_app"]
 
@@ -96,14 +101,25 @@ def create_app(
     auth: bool = True,
     max_body: int = DEFAULT_MAX_BODY,
     event_sources: EventSources | None = None,
+    changes: RunChanges | None = None,
+    sessions: Sessions | None = None,
+    ui: bool = True,
 ) -> FastAPI:
     """The API over ``client``; request bodies over ``max_body`` bytes are refused (413).
     With ``auth`` (the default) a request needs an API token of ``client.store`` whose
     role allows the route's action; ``auth=False`` checks none (serve it on loopback).
     ``POST /events`` takes events from the sources ``event_sources`` lists, and from API
-    tokens that may signal (none: API tokens only), with or without ``auth``."""
+    tokens that may signal (none: API tokens only), with or without ``auth``.
+
+    The web UI is served under ``/ui`` unless not ``ui``; its browser sessions are
+    ``sessions`` (default: logging in with an API token, or none without ``auth``;
+    ``Sessions.local()`` for `tideflow ui`). ``changes`` is the hub the engine tells of
+    run changes (api/changes.py), which the event streams wait on (without it they read
+    the store every few seconds)."""
     app = FastAPI(title="tideflow", version="1", responses=_ERRORS)
-    auth_http.enable(app, client.store if auth else None)
+    if sessions is None and auth:
+        sessions = Sessions(store=client.store)
+    auth_http.enable(app, client.store if auth else None, sessions)
     problems.install(app, max_body)
     document = app.openapi
 
@@ -117,7 +133,10 @@ def create_app(
     _definition_routes(app, client)
     _run_routes(app, client)
     schedule_routes(app, client)
+    run_view_routes(app, client, changes or RunChanges())
     event_routes(app, client, event_sources or EventSources())
+    if ui:
+        app.mount("/ui", ui_app(sessions), name="ui")
     return app
 
 
@@ -230,7 +249,11 @@ def _run_routes(app: FastAPI, client: Client) -> None:
     async def start_run(body: StartRun, response: Response) -> StartedRun:
         """Start a run (201); 200 with the existing run when ``idempotency_key`` was used."""
         run_id, created = await client.launch(
-            body.workflow, body.input, version=body.version, idempotency_key=body.idempotency_key
+            body.workflow,
+            body.input,
+            version=body.version,
+            run_id=body.run_id,
+            idempotency_key=body.idempotency_key,
         )
         response.status_code = 201 if created else 200
         response.headers["Location"] = f"/runs/{run_id}"
@@ -265,6 +288,13 @@ def _run_routes(app: FastAPI, client: Client) -> None:
     async def run_history(run_id: str) -> History:
         """Everything that happened to the run, in order (sensitive fields masked)."""
         return History.of(run_id, await client.history(run_id))
+
+    @app.get("/runs/{run_id}/why", tags=["runs"], dependencies=[READ])
+    async def why_run(run_id: str) -> WhyView:
+        """Why the run is where it is: what each unfinished step waits for and since when
+        (a signal, a timer, a queue no worker reads, a worker gone, a child run, a join),
+        effects waiting to be relayed, or no live engine for it. Changes nothing."""
+        return WhyView.of(await client.why(run_id))
 
     @app.post("/runs/{run_id}/cancel", status_code=202, tags=["runs"], dependencies=[CANCEL])
     async def cancel_run(run_id: str, body: Reason | None = None) -> RunStatusView:

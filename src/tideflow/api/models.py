@@ -11,6 +11,7 @@ from tideflow.bus.base import QueueStats
 from tideflow.model.plan import Plan
 from tideflow.model.states import SignalOutcome
 from tideflow.runtime.result import RunResult
+from tideflow.runtime.why import Diagnosis, WhyKind
 from tideflow.store.base import DefinitionSummary, HistoryEntry, RunPage, RunSummary
 
 
@@ -84,6 +85,14 @@ class StartRun(Request):
     input: Any = None
     idempotency_key: str | None = Field(
         None, min_length=1, max_length=200, description="A second start with it starts nothing."
+    )
+    run_id: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$",
+        description="The new run's id (default: a fresh one); a stored run's id is a 409 "
+        "run-exists.",
     )
 
 
@@ -166,6 +175,26 @@ class HistoryRow(BaseModel):
     kind: str
     event: dict[str, Any]
     transitions: list[dict[str, Any]]
+
+
+class WhyReason(BaseModel):
+    kind: WhyKind = Field(description="What the run (or one of its steps) waits on.")
+    text: str = Field(description="One sentence for a person, with what to do if anything.")
+    step: str | None = Field(None, description="The step instance's key, for a step's reason.")
+    since: float | None = None
+    at: float | None = Field(None, description="When it is due (a timer, a timeout).")
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class WhyView(BaseModel):
+    run_id: str
+    status: str
+    checked_at: float
+    reasons: list[WhyReason]
+
+    @classmethod
+    def of(cls, diagnosis: Diagnosis) -> WhyView:
+        return cls.model_validate(diagnosis.to_dict())
 
 
 class History(BaseModel):

@@ -37,6 +37,7 @@ ERRORS: Mapping[type[TideflowError], tuple[int, str]] = {
     # the request conflicts with what is stored
     errors.DefinitionConflict: (409, "definition-conflict"),
     errors.DefinitionInactive: (409, "definition-inactive"),
+    errors.RunExists: (409, "run-exists"),
     errors.RunNotRetryable: (409, "run-not-retryable"),
     errors.IllegalTransition: (409, "illegal-transition"),
     errors.ConcurrencyConflict: (409, "concurrency-conflict"),

@@ -33,7 +33,7 @@ from tideflow.errors import BusError, EngineAlreadyRunning, TideflowError
 if TYPE_CHECKING:
     from tideflow.client import Client
     from tideflow.remote_http import HttpClient
-    from tideflow.runtime.server import Service
+    from tideflow.runtime.server import Listener, Service
 
 BUS_ENV = "TIDEFLOW_BUS"
 
@@ -254,7 +254,9 @@ def server_cmd(
         raise fail_usage(f"--max-body: {exc.message}") from None
     if max_body is not None and body_limit < 1:
         raise fail_usage("--max-body must be at least 1 byte")
-    services = (_http_service(http, not no_auth, event_sources, body_limit),) if http else ()
+    services, listeners = (
+        _http_service(http, not no_auth, event_sources, body_limit) if http else ((), ())
+    )
     _log_level(verbose)
     if standby:
         logging.getLogger("tideflow.server").warning(
@@ -273,6 +275,7 @@ def server_cmd(
             "sweep_interval": sweep_interval,
         },
         services=services,
+        listeners=listeners,
         embedded=embedded,
         workers=(workers or 32) if embedded else 0,
         executors=registry() if embedded else None,
@@ -281,11 +284,16 @@ def server_cmd(
     raise typer.Exit(code)
 
 
-def _http_service(address: str, auth: bool, event_sources: Path | None, max_body: int) -> Service:
-    """The REST API on ``address``, a listening socket already (a refused address, a port
-    in use or a bad sources file is an exit 2 before the server starts); API tokens unless
-    not ``auth``."""
+def _http_service(
+    address: str, auth: bool, event_sources: Path | None, max_body: int
+) -> tuple[tuple[Service], tuple[Listener]]:
+    """The REST API and the web UI on ``address``, a listening socket already (a refused
+    address, a port in use or a bad sources file is an exit 2 before the server starts);
+    API tokens unless not ``auth``. With it, the listener that tells the UI's event
+    streams of the runs' changes."""
     try:
+        from tideflow.api.app import DEFAULT_MAX_BODY
+        from tideflow.api.changes import RunChanges
         from tideflow.api.event_sources import EventSources, EventSourcesError
         from tideflow.api.serving import AddressRefused, http_api, listen, parse_address
     except ImportError as exc:
@@ -303,11 +311,16 @@ def _http_service(address: str, auth: bool, event_sources: Path | None, max_body
         raise fail_usage(str(exc)) from None
     except OSError as exc:
         raise fail_usage(f"--http {address}: cannot listen there: {exc.strerror or exc}") from None
-    if max_body:
-        return functools.partial(
-            http_api, sock=sock, auth=auth, event_sources=sources, max_body=max_body
-        )
-    return functools.partial(http_api, sock=sock, auth=auth, event_sources=sources)
+    changes = RunChanges()
+    service = functools.partial(
+        http_api,
+        sock=sock,
+        auth=auth,
+        event_sources=sources,
+        changes=changes,
+        max_body=max_body or DEFAULT_MAX_BODY,
+    )
+    return (service,), (changes.listener,)
 
 
 async def _serve(options: Any, serve: Any) -> int:

@@ -37,6 +37,7 @@ definitions_app = typer.Typer(
 
 @definitions_app.command("register")
 def register_cmd(
+    ctx: typer.Context,
     files: Annotated[
         list[Path], typer.Argument(help="Definition files (YAML or JSON).", show_default=False)
     ],
@@ -54,7 +55,7 @@ def register_cmd(
       tideflow definitions register flows/*.yaml
       tideflow definitions register order.yaml --store postgresql://tideflow@db/tideflow
     """
-    check_server(server, store, bus)
+    check_server(ctx, server)
     remote = (server, token) if server else None
     for line in run_async(_register(store, files, remote)):
         out.print(line, markup=False)
@@ -83,6 +84,7 @@ async def _register(url: str, files: list[Path], remote: Remote) -> list[str]:
 
 @definitions_app.command("list")
 def list_cmd(
+    ctx: typer.Context,
     name: Annotated[str | None, typer.Option("--name", help="Only this workflow.")] = None,
     as_json: JsonOption = False,
     store: StoreOption = DEFAULT_STORE,
@@ -97,7 +99,7 @@ def list_cmd(
       tideflow definitions list
       tideflow definitions list --name order-fulfillment --json
     """
-    check_server(server, store, bus)
+    check_server(ctx, server)
     rows = run_async(_list(store, name, (server, token) if server else None))
     if as_json:
         write_json({"definitions": rows})
@@ -136,6 +138,7 @@ NameArgument = Annotated[str, typer.Argument(help="The workflow name.", show_def
 
 @definitions_app.command("activate")
 def activate_cmd(
+    ctx: typer.Context,
     name: NameArgument,
     version: VersionArgument,
     store: StoreOption = DEFAULT_STORE,
@@ -149,7 +152,7 @@ def activate_cmd(
     Examples:
       tideflow definitions activate order-fulfillment 1.2.0
     """
-    check_server(server, store, bus)
+    check_server(ctx, server)
     remote = (server, token) if server else None
     changed = run_async(_set_active(store, remote, name, version, True))
     _report_activity(name, version, changed, True)
@@ -157,6 +160,7 @@ def activate_cmd(
 
 @definitions_app.command("deactivate")
 def deactivate_cmd(
+    ctx: typer.Context,
     name: NameArgument,
     version: VersionArgument,
     store: StoreOption = DEFAULT_STORE,
@@ -172,7 +176,7 @@ def deactivate_cmd(
     Examples:
       tideflow definitions deactivate order-fulfillment 1.1.0
     """
-    check_server(server, store, bus)
+    check_server(ctx, server)
     remote = (server, token) if server else None
     changed = run_async(_set_active(store, remote, name, version, False))
     _report_activity(name, version, changed, False)
@@ -193,6 +197,7 @@ def _report_activity(name: str, version: str, changed: bool, active: bool) -> No
 
 @definitions_app.command("show")
 def show_cmd(
+    ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="The workflow name.", show_default=False)],
     version: Annotated[
         str | None,
@@ -210,7 +215,7 @@ def show_cmd(
       tideflow definitions show order-fulfillment
       tideflow definitions show order-fulfillment --version 1.2.0 --json
     """
-    check_server(server, store, bus)
+    check_server(ctx, server)
     source = run_async(_show(store, name, version, (server, token) if server else None))
     if as_json:
         write_json(source)

@@ -7,6 +7,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import typer
 from rich.markup import escape
 from rich.table import Table
 
@@ -17,6 +18,7 @@ from tideflow.cli.remote import ServerOption, TokenOption, check_server, http_cl
 
 
 def queues_cmd(
+    ctx: typer.Context,
     bus: ClusterBusOption = "",
     as_json: JsonOption = False,
     server: ServerOption = None,
@@ -36,7 +38,7 @@ def queues_cmd(
       TIDEFLOW_BUS=nats://mq:4222 tideflow queues --json
       tideflow queues --server http://tideflow:8080 --token tf_...
     """
-    check_server(server, bus=bus)
+    check_server(ctx, server)
     rows = run_async(_read_remote(server, token)) if server else run_async(_read(_bus_url(bus)))
     if as_json:
         write_json({"queues": [row_json(r) for r in rows], "unserved": unserved(rows)})

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from tideflow.cli.common import DEFAULT_STORE, fail_usage
+from tideflow.cli.common import fail_usage
 from tideflow.remote_http import HttpClient
 
 SERVER_ENV = "TIDEFLOW_SERVER"
@@ -40,17 +40,29 @@ TokenOption = Annotated[
 ]
 
 
-def check_server(server: str | None, store: str = DEFAULT_STORE, bus: str | None = None) -> None:
-    """A usage error (exit 2) for --server beside a --store (other than the default) or a
-    --bus, on the command line or from their variables: which one to use is unclear."""
+def check_server(context: typer.Context, server: str | None) -> None:
+    """A usage error (exit 2) for --server beside a --store or a --bus, on the command line
+    or from their variables, even one that names the default store: which one to use is
+    unclear."""
     if not server:
         return
-    given = [name for name, on in (("--store", store != DEFAULT_STORE), ("--bus", bool(bus))) if on]
+    given = [
+        option
+        for option, name in (("--store", "store"), ("--bus", "bus"))
+        if _was_given(context, name)
+    ]
     if given:
         raise fail_usage(
             f"--server talks to the server's HTTP API: leave out {' and '.join(given)} "
             "(or TIDEFLOW_STORE / TIDEFLOW_BUS)"
         )
+
+
+def _was_given(context: typer.Context, name: str) -> bool:
+    """Whether the option ``name`` came from the command line or its variable, not from
+    its default."""
+    source = context.get_parameter_source(name)
+    return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")
 
 
 @contextlib.asynccontextmanager

@@ -48,7 +48,8 @@ from tideflow.cli.render import (
 )
 from tideflow.cli.resume import resume_run_cmd
 from tideflow.cli.runs_start import start_cmd, wait_cmd
-from tideflow.cli.waits import waits_of
+from tideflow.cli.waits import waits_of, waits_of_reasons
+from tideflow.cli.why import why_cmd
 from tideflow.core.reopen import RETRYABLE
 from tideflow.model.states import RunStatus
 from tideflow.remote_http import HttpClient
@@ -72,6 +73,7 @@ RUN_STATUSES = [status.value for status in RunStatus]
 
 @runs_app.command("list")
 def list_cmd(
+    ctx: typer.Context,
     status: Annotated[
         str | None,
         typer.Option("--status", help=f"Only runs in this state: {', '.join(RUN_STATUSES)}."),
@@ -111,7 +113,7 @@ def list_cmd(
       tideflow runs list --workflow order-fulfillment --limit 20 --json
       tideflow runs list --cursor MTcx... --store sqlite:///orders.db
     """
-    check_server(server, store, bus)
+    check_server(ctx, server)
     if status is not None and status not in RUN_STATUSES:
         raise fail_usage(f"--status {status!r} is not a run state: use {', '.join(RUN_STATUSES)}")
     after = parse_since(since, time.time()) if since is not None else None
@@ -148,6 +150,7 @@ async def _list(
 
 @runs_app.command("show")
 def show_cmd(
+    ctx: typer.Context,
     run_id: RunArgument,
     as_json: JsonOption = False,
     store: StoreOption = DEFAULT_STORE,
@@ -166,7 +169,7 @@ def show_cmd(
       tideflow runs show 3f2a9c...
       tideflow runs show 3f2a9c... --json
     """
-    check_server(server, store, bus)
+    check_server(ctx, server)
     summary, result, waits = run_async(_show(store, bus, server, token, run_id))
     if as_json:
         write_json(run_json(summary, result, waits))
@@ -180,7 +183,7 @@ async def _show(
     async with reached(url, bus, server, token) as client:
         summary = await known_run(client, run_id, server or url)
         if isinstance(client, HttpClient):
-            waits: dict[str, dict[str, Any]] = {}  # the API shows no run state
+            waits = waits_of_reasons(await client.why(run_id))
         else:
             waits = waits_of(await client.state(run_id), await client.plan(run_id))
         return summary, await client.get(run_id), waits
@@ -191,6 +194,7 @@ async def _show(
 
 @runs_app.command("history")
 def history_cmd(
+    ctx: typer.Context,
     run_id: RunArgument,
     as_json: JsonOption = False,
     store: StoreOption = DEFAULT_STORE,
@@ -209,7 +213,7 @@ def history_cmd(
       tideflow runs history 3f2a9c...
       tideflow runs history 3f2a9c... --json | jq '.events[].kind'
     """
-    check_server(server, store, bus)
+    check_server(ctx, server)
     entries = run_async(_history(store, bus, server, token, run_id))
     if as_json:
         write_json(history_json(run_id, entries))
@@ -230,6 +234,7 @@ async def _history(
 
 @runs_app.command("cancel")
 def cancel_cmd(
+    ctx: typer.Context,
     run_id: RunArgument,
     reason: Annotated[
         str, typer.Option("--reason", help="Recorded in the run's history.")
@@ -253,7 +258,7 @@ def cancel_cmd(
       tideflow runs cancel 3f2a9c...
       tideflow runs cancel 3f2a9c... --reason "duplicate order"
     """
-    check_server(server, store, bus)
+    check_server(ctx, server)
     applied = run_async(
         _apply(
             Target(store, bus, server, token),
@@ -271,6 +276,7 @@ CANCELLABLE = frozenset({RunStatus.PENDING.value, RunStatus.RUNNING.value})
 
 @runs_app.command("signal")
 def signal_cmd(
+    ctx: typer.Context,
     run_id: RunArgument,
     name: Annotated[
         str, typer.Argument(help="The signal name a `wait` step waits for.", show_default=False)
@@ -312,7 +318,7 @@ def signal_cmd(
     value = parse_json_option(payload, "--payload")
     if signal_id is not None and not signal_id.strip():
         raise fail_usage("--signal-id cannot be empty: leave it out for a new id")
-    check_server(server, store, bus)
+    check_server(ctx, server)
     applied = run_async(
         _apply(
             Target(store, bus, server, token),
@@ -386,6 +392,7 @@ def _nothing_to_do(run_id: str, status: str, action: str) -> NoReturn:
 
 @runs_app.command("retry")
 def retry_cmd(
+    ctx: typer.Context,
     run_id: RunArgument,
     reason: Annotated[
         str, typer.Option("--reason", help="Recorded in the run's history.")
@@ -409,7 +416,7 @@ def retry_cmd(
       tideflow runs retry 3f2a9c... --reason "payment service is back"
       tideflow runs resume 3f2a9c...
     """
-    check_server(server, store, bus)
+    check_server(ctx, server)
     applied = run_async(
         _apply(
             Target(store, bus, server, token),
@@ -463,6 +470,7 @@ def _report_applied(url: str, run_id: str, applied: Applied) -> None:
 runs_app.command("resume")(resume_run_cmd)
 runs_app.command("start")(start_cmd)
 runs_app.command("wait")(wait_cmd)
+runs_app.command("why")(why_cmd)
 
 
 __all__ = ["runs_app"]

@@ -36,6 +36,7 @@ from tideflow.cli.common import (
 from tideflow.cli.remote import ServerOption, TokenOption, check_server
 from tideflow.cli.render import print_result
 from tideflow.remote_http import HttpClient
+from tideflow.runtime.definitions import is_python_reference
 from tideflow.runtime.result import RunResult
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ TimeoutOption = Annotated[
 
 
 def start_cmd(
+    ctx: typer.Context,
     workflow: Annotated[
         str,
         typer.Argument(
@@ -91,12 +93,13 @@ def start_cmd(
       tideflow runs start flows/order.yaml --input '{"order_id": "A1"}' --bus redis://mq:6379/0
       tideflow runs start order-fulfillment -i @order.json --wait --json
     """
-    check_server(server, store, bus)
+    check_server(ctx, server)
     value = parse_json_option(input, "--input")
     use_working_directory_modules()
     # over HTTP a definition file is read here and registered first (the server cannot
     # see this machine's files)
-    file = Path(workflow) if server and Path(workflow).is_file() else None
+    local = Path(workflow).is_file() or is_python_reference(workflow, files_only=True)
+    file = workflow if server and local else None
     target = (store, bus, server, token)
     run_id, name, result = run_async(
         _start(target, workflow, file, value, version, idempotency_key, wait, timeout)
@@ -119,7 +122,7 @@ def start_cmd(
 async def _start(
     target: tuple[str, str | None, str | None, str | None],
     workflow: str,
-    file: Path | None,
+    file: str | None,
     value: object,
     version: str | None,
     key: str | None,
@@ -139,6 +142,7 @@ async def _start(
 
 
 def wait_cmd(
+    ctx: typer.Context,
     run_id: RunArgument,
     timeout: TimeoutOption = None,
     as_json: JsonOption = False,
@@ -157,7 +161,7 @@ def wait_cmd(
       tideflow runs wait 3f2a9c... --timeout 60
       tideflow runs wait 3f2a9c... --json | jq .status
     """
-    check_server(server, store, bus)
+    check_server(ctx, server)
     result = run_async(_wait(store, bus, server, token, run_id, timeout))
     if result is None:
         err.print(f"run {run_id} had not ended after {timeout:g}s; it goes on", markup=False)

@@ -33,6 +33,11 @@ from tideflow.store.base import Store
 
 
 class Engine(EngineLink, Runs):
+    engine_here = True
+
+    def relaying(self, run_id: str) -> list[tuple[str, int]]:
+        return self.relay.pending_for(run_id)
+
     def __init__(
         self,
         *,

@@ -141,6 +141,10 @@ class Relay:
         """Effects that have failed and wait to be tried again (or are being tried)."""
         return len(self._pending)
 
+    def pending_for(self, run_id: str) -> list[tuple[str, int]]:
+        """The run's effects that failed and wait to be tried again: (what, tries so far)."""
+        return sorted((e.what, e.tries) for e in self._pending if e.run_id == run_id)
+
     @property
     def relayed(self) -> list[str]:
         """Outbox ids whose effect succeeded and that the store has not forgotten yet."""

@@ -278,7 +278,8 @@ class Store(ABC):
         self, state: RunState, idempotency_key: str | None = None
     ) -> tuple[str, bool]:
         """Store a new (pending) run: ``(run_id, True)``. With an idempotency key already
-        used, nothing is written and the existing run's id comes back: ``(id, False)``."""
+        used, nothing is written and the existing run's id comes back: ``(id, False)``;
+        ``RunExists`` (nothing written) for a run id that is stored already."""
 
     @abstractmethod
     async def load_run(self, run_id: str) -> StoredRun:

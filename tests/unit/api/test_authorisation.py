@@ -51,6 +51,7 @@ ROUTES: dict[tuple[str, str], Action | None] = {
     ("GET", "/runs"): Action.READ,
     ("GET", "/runs/{run_id}"): Action.READ,
     ("GET", "/runs/{run_id}/history"): Action.READ,
+    ("GET", "/runs/{run_id}/why"): Action.READ,
     ("POST", "/runs/{run_id}/cancel"): Action.CANCEL,
     ("POST", "/runs/{run_id}/retry"): Action.RETRY,
     ("POST", "/runs/{run_id}/signals"): Action.SIGNAL,
@@ -61,6 +62,13 @@ ROUTES: dict[tuple[str, str], Action | None] = {
     ("POST", "/schedules/{workflow}/{schedule_id}/resume"): Action.SCHEDULES,
     ("POST", "/schedules/{workflow}/{schedule_id}/trigger"): Action.SCHEDULES,
     ("DELETE", "/schedules/{workflow}/{schedule_id}"): Action.DEFINITIONS,
+    ("GET", "/runs/{run_id}/state"): Action.READ,
+    ("GET", "/runs/{run_id}/graph"): Action.READ,
+    ("GET", "/runs/{run_id}/steps/{step_id}"): Action.READ,
+    ("GET", "/runs/{run_id}/attempts"): Action.READ,
+    ("GET", "/definitions/{name}/{version}/graph"): Action.READ,
+    ("GET", "/streams/runs/{run_id}"): Action.READ,
+    ("GET", "/streams/runs"): Action.READ,
 }
 """Every route and the action it needs (None: open to anyone)."""
 BODIES: dict[tuple[str, str], Any] = {
@@ -74,6 +82,10 @@ BODIES: dict[tuple[str, str], Any] = {
         "workflow": "waiting",
         "schedule": {"id": "extra", "every": "1h", "input": {"order_id": "x"}},
     },
+}
+QUERIES: dict[tuple[str, str], dict[str, Any]] = {
+    ("GET", "/streams/runs/{run_id}"): {"max_events": 1},  # the run waits: the stream would not end
+    ("GET", "/streams/runs"): {"max_events": 1},
 }
 GATEWAY = {("POST", "/events")}
 REFUSED = ["no header", "malformed", "unknown id", "wrong secret", "revoked"]
@@ -101,11 +113,14 @@ class World:
             run_id=self.run_id,
             name="waiting",
             version="1",
+            step_id="ask",
             workflow="waiting",
             schedule_id="default",
         )
-        body = BODIES.get(key)
-        return await self.api.request(method, url, json=body, headers=self.headers[credentials])
+        body, params = BODIES.get(key), QUERIES.get(key)
+        return await self.api.request(
+            method, url, json=body, params=params, headers=self.headers[credentials]
+        )
 
     async def state(self) -> tuple[object, ...]:
         """What a request could change: runs, their history, definitions, tokens."""

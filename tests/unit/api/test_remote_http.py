@@ -17,11 +17,19 @@ from tideflow.api.serving import address_of, http_api, listen
 from tideflow.lifecycle import Stop
 from tideflow.model.states import RunStatus, SignalOutcome
 from tideflow.model.tokens import Role
-from tideflow.remote_http import PROBLEM_CLASSES, HttpClient, RemoteProblem, ServerUnreachable
+from tideflow.remote_http import (
+    PROBLEM_CLASSES,
+    HttpClient,
+    RemoteProblem,
+    ServerUnreachable,
+    compiled_here,
+)
 from tideflow.runtime.runtime import Runtime
 from tideflow.store.base import RunFilter
+from tideflow.testing.waiting import step_is, wait_until
 from tideflow.worker.executors.functions import register, unregister
 
+ROOT = Path(__file__).resolve().parents[3]
 WAITING = textwrap.dedent(
     """
     name: waiting
@@ -189,3 +197,38 @@ async def test_a_server_that_is_not_there_is_named() -> None:
             await c.list()
     with pytest.raises(ValueError, match="http"):
         HttpClient("127.0.0.1:8080")
+
+
+async def test_a_start_names_its_run_and_a_taken_id_is_refused(served: Served) -> None:
+    async with HttpClient(served.url, token=served.admin) as c:
+        await c.register(WAITING)
+        assert await c.start("waiting", {"order_id": "A1"}, run_id="order-A1") == "order-A1"
+        with pytest.raises(errors.RunExists, match="order-A1"):
+            await c.start("waiting", {"order_id": "B2"}, run_id="order-A1")
+        assert (await served.rt.client.state("order-A1")).input == {"order_id": "A1"}
+        await wait_until(served.rt, "order-A1", step_is("ask", "waiting"))
+        why = await c.why("order-A1")
+        assert why.run_id == "order-A1" and why.status == "running"
+        assert [(r.kind.value, r.step) for r in why.reasons] == [
+            ("waiting_for_signal", "ask"),
+            ("join", "after"),
+        ]
+        with pytest.raises(RemoteProblem) as shape:  # not a path segment: refused by the API
+            await c.start("waiting", {"order_id": "C3"}, run_id="../etc")
+        assert shape.value.status == 422 and "run_id" in shape.value.message
+
+
+async def test_a_python_definition_is_compiled_here_and_registered_there(
+    served: Served,
+) -> None:
+    builder = ROOT / "examples" / "python_builder.py"
+    async with HttpClient(served.url, token=served.admin) as c:
+        registered = await c.register(builder)
+        assert (registered.name, registered.version) == ("python-builder", "1.0.0")
+        local = compiled_here(builder)
+        assert registered.hash == local.hash  # the server compiled the same definition
+        run_id = await c.start(local, {"name": "Ada", "words": ["tide", "flow"]}, run_id="ada")
+        assert run_id == "ada"
+        result = await c.wait(run_id, timeout=30)
+        assert result.status == "succeeded", result
+        assert result.output == {"text": "Hello, Ada! You gave 2 words, 8 letters."}

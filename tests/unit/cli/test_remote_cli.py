@@ -20,6 +20,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner, Result
 
+from tideflow.cli.common import DEFAULT_STORE
 from tideflow.cli.main import app
 
 WAITING = textwrap.dedent(
@@ -27,7 +28,7 @@ WAITING = textwrap.dedent(
     name: waiting
     version: "1"
     steps:
-      - {id: ask, type: wait, signal: go}
+      - {id: ask, type: wait, signal: go, match: "{{ signal.ok == true }}", timeout: 1h}
       - {id: after, type: noop, depends_on: [ask]}
     output: "{{ steps.ask.output }}"
     """
@@ -107,12 +108,27 @@ def test_runs_and_definitions_over_http(server: Server, tmp_path: Path) -> None:
     show = invoke(server, "runs", "show", run_id, "--json")
     assert show.exit_code == 0, show.output
     assert json.loads(show.stdout)["run_id"] == run_id
+    why = invoke(server, "runs", "why", run_id, "--json")  # the server's engine is live
+    assert why.exit_code == 0, why.output
+    kinds = {r["kind"] for r in json.loads(why.stdout)["reasons"]}
+    assert kinds & {"not_started", "waiting_for_signal"}, kinds
+    for _ in range(200):  # until the server has the run at its wait: then the views agree
+        remote = json.loads(invoke(server, "runs", "show", run_id, "--json").stdout)
+        if remote["steps"].get("ask", {}).get("status") == "waiting":
+            break
+        time.sleep(0.05)
+    local = json.loads(_tool("runs", "show", run_id, "--json", "--store", server.store).stdout)
+    assert remote["steps"]["ask"]["waiting_for"] == local["steps"]["ask"]["waiting_for"]
+    assert remote["steps"]["ask"]["waiting_for"]["match"] == "signal.ok == true"
+    assert "timeout_at" in remote["steps"]["ask"]["waiting_for"]
     signalled = invoke(server, "runs", "signal", run_id, "go", "-p", '{"ok": true}')
     assert signalled.exit_code == 0, signalled.output
     assert f"sent to run {run_id}" in signalled.stderr
     waited = invoke(server, "runs", "wait", run_id, "--timeout", "60", "--json")
     assert waited.exit_code == 0, waited.output
     assert json.loads(waited.stdout)["output"] == {"ok": True}
+    ended_why = invoke(server, "runs", "why", run_id)
+    assert ended_why.exit_code == 0 and "the run has ended: succeeded" in ended_why.stdout
     runs = json.loads(invoke(server, "runs", "list", "--json").stdout)["runs"]
     assert run_id in [r["run_id"] for r in runs]
     history = json.loads(invoke(server, "runs", "history", run_id, "--json").stdout)
@@ -136,6 +152,8 @@ def test_refusals_exit_2_saying_what_the_server_said(server: Server) -> None:
     assert stranger.exit_code == 2 and "Bearer" in stranger.stderr
     both = invoke(server, "runs", "list", "--store", server.store)
     assert both.exit_code == 2 and "leave out --store" in both.stderr
+    default = invoke(server, "definitions", "list", "--store", DEFAULT_STORE)
+    assert default.exit_code == 2 and "leave out --store" in default.stderr  # typed, so refused
     bus = invoke(server, "queues", "--bus", "redis://127.0.0.1:1/0")
     assert bus.exit_code == 2 and "leave out --bus" in bus.stderr
 

@@ -22,7 +22,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tideflow.errors import DefinitionConflict, NotFound
+from tideflow.errors import DefinitionConflict, NotFound, RunExists
 from tideflow.model import codec
 from tideflow.model.events import ErrorInfo, Event, Transition
 from tideflow.model.plan import Plan
@@ -201,6 +201,9 @@ class MemoryStore(Store):
             existing = self._idempotency.get(idempotency_key)
             if existing is not None:
                 return existing, False
+        if state.run_id in self._runs:
+            raise RunExists(f"run {state.run_id} exists already")
+        if idempotency_key is not None:
             self._idempotency[idempotency_key] = state.run_id
         snapshot = _snapshot(state)
         at = state.created_at

@@ -26,7 +26,7 @@ from urllib.parse import unquote, urlsplit
 
 import asyncpg  # type: ignore[import-untyped]
 
-from tideflow.errors import NotFound
+from tideflow.errors import NotFound, RunExists
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
 from tideflow.model.schedules import ScheduleRow
@@ -348,7 +348,7 @@ class PostgresStore(LeaseAndInbox, Store):
                 return state.run_id, True
             existing = await conn.fetchval(Q["run_by_idempotency_key"], idempotency_key)
         if existing is None:
-            raise StoreError(f"run {state.run_id} already exists")
+            raise RunExists(f"run {state.run_id} exists already")
         return str(existing), False
 
     async def load_run(self, run_id: str) -> StoredRun:

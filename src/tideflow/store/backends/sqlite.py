@@ -31,7 +31,7 @@ from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tideflow.errors import NotFound
+from tideflow.errors import NotFound, RunExists
 from tideflow.model.events import Event
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
@@ -386,7 +386,7 @@ class SqliteStore(Store):
             existing = self.conn.execute(Q["run_by_idempotency_key"], (idempotency_key,))
             found = existing.fetchone()
             if found is None:
-                raise StoreError(f"run {state.run_id} already exists")
+                raise RunExists(f"run {state.run_id} exists already")
             return found[0], False
 
         return await self._run(insert)
