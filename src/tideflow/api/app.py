@@ -50,8 +50,8 @@ from tideflow.api.models import (
     WhyView,
 )
 from tideflow.api.problems import Problem
-from tideflow.api.schedule_routes import schedule_routes
 from tideflow.api.run_views import run_view_routes
+from tideflow.api.schedule_routes import schedule_routes
 from tideflow.bus.base import unserved
 from tideflow.client import Client
 from tideflow.model.states import RunStatus

@@ -40,6 +40,7 @@ Target = tuple[str, str | None, str | None, str | None]
 
 @schedules_app.command("list")
 def list_cmd(
+    ctx: typer.Context,
     workflow: Annotated[
         str | None, typer.Option("--workflow", help="Only this workflow's schedules.")
     ] = None,
@@ -55,7 +56,7 @@ def list_cmd(
       tideflow schedules list
       tideflow schedules list --workflow daily-report --json
     """
-    check_server(server, store, bus)
+    check_server(ctx, server)
     rows = run_async(_call((store, bus, server, token), "list"))
     if as_json:
         write_json({"schedules": rows})
@@ -85,6 +86,7 @@ def list_cmd(
 
 @schedules_app.command("create")
 def create_cmd(
+    ctx: typer.Context,
     workflow: WorkflowArgument,
     schedule: Annotated[
         str,
@@ -105,7 +107,7 @@ def create_cmd(
     Examples:
       tideflow schedules create daily-report '{"id": "eod", "cron": "0 18 * * 1-5"}'
     """
-    check_server(server, store, bus)
+    check_server(ctx, server)
     spec = parse_json_option(schedule, "SCHEDULE")
     row = run_async(_call((store, bus, server, token), "create", workflow, spec))
     out.print(f"{workflow} {row['id']}: created, next fire {row['next_fire_at']}", markup=False)
@@ -113,6 +115,7 @@ def create_cmd(
 
 @schedules_app.command("pause")
 def pause_cmd(
+    ctx: typer.Context,
     workflow: WorkflowArgument,
     schedule_id: IdArgument,
     store: StoreOption = DEFAULT_STORE,
@@ -125,13 +128,14 @@ def pause_cmd(
     Examples:
       tideflow schedules pause daily-report default
     """
-    check_server(server, store, bus)
+    check_server(ctx, server)
     changed = run_async(_call((store, bus, server, token), "pause", workflow, schedule_id))
     _report(workflow, schedule_id, "paused", changed)
 
 
 @schedules_app.command("resume")
 def resume_cmd(
+    ctx: typer.Context,
     workflow: WorkflowArgument,
     schedule_id: IdArgument,
     store: StoreOption = DEFAULT_STORE,
@@ -145,13 +149,14 @@ def resume_cmd(
     Examples:
       tideflow schedules resume daily-report default
     """
-    check_server(server, store, bus)
+    check_server(ctx, server)
     changed = run_async(_call((store, bus, server, token), "resume", workflow, schedule_id))
     _report(workflow, schedule_id, "resumed", changed)
 
 
 @schedules_app.command("trigger")
 def trigger_cmd(
+    ctx: typer.Context,
     workflow: WorkflowArgument,
     schedule_id: IdArgument,
     store: StoreOption = DEFAULT_STORE,
@@ -165,7 +170,7 @@ def trigger_cmd(
     Examples:
       tideflow schedules trigger daily-report default
     """
-    check_server(server, store, bus)
+    check_server(ctx, server)
     out.print(
         run_async(_call((store, bus, server, token), "trigger", workflow, schedule_id)),
         markup=False,
@@ -174,6 +179,7 @@ def trigger_cmd(
 
 @schedules_app.command("delete")
 def delete_cmd(
+    ctx: typer.Context,
     workflow: WorkflowArgument,
     schedule_id: IdArgument,
     store: StoreOption = DEFAULT_STORE,
@@ -187,7 +193,7 @@ def delete_cmd(
     Examples:
       tideflow schedules delete daily-report default
     """
-    check_server(server, store, bus)
+    check_server(ctx, server)
     run_async(_call((store, bus, server, token), "delete", workflow, schedule_id))
     out.print(f"{workflow} {schedule_id}: deleted", markup=False)
 
