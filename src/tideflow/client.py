@@ -47,8 +47,10 @@ from tideflow.model import storable
 from tideflow.model.events import CancelRequested, Event, RunRetried, RunStarted, SignalReceived
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
+from tideflow.model.schedules import ScheduleRow
 from tideflow.model.states import RunStatus, SignalOutcome
 from tideflow.model.versions import version_key
+from tideflow.runtime import schedules
 from tideflow.runtime.catalog import started_event
 from tideflow.runtime.correlate import Correlator
 from tideflow.runtime.result import RunResult, result_of
@@ -136,6 +138,9 @@ class Client:
         self._new_id = new_event_id
         self._max_step_output = max_step_output
         self._correlator = Correlator(store)
+        self.schedules_changed: Callable[[], None] | None = None
+        """Called after this client changed a schedule or a definition (a runtime that
+        fires schedules looks at them again at once)."""
 
     @classmethod
     def connect(
@@ -173,8 +178,12 @@ class Client:
     # -- starting and steering runs ---------------------------------------------
 
     async def register(self, definition: Any) -> Plan:
-        """Register a definition (Plan, Workflow builder, mapping, YAML text or file path)."""
-        return await self._catalog.register(definition)
+        """Register a definition (Plan, Workflow builder, mapping, YAML text or file path).
+        Its ``schedule:`` becomes the workflow's schedules when it is the highest active
+        version (runtime/schedules.py)."""
+        plan = await self._catalog.register(definition)
+        await self._sync_schedules(plan.name)
+        return plan
 
     def compile(self, definition: Any) -> Plan:
         """Compile a definition without registering it (what ``register`` accepts);
@@ -199,8 +208,74 @@ class Client:
     async def activate(self, name: str, version: str, active: bool = True) -> bool:
         """Activate (or, with ``active=False``, deactivate) a registered version: whether
         that changed anything; ``NotFound``. A deactivated version starts no new run (by
-        name, by version, or from an event); its runs go on."""
-        return await self.store.set_definition_active(name, version, active)
+        name, by version, or from an event); its runs go on. The workflow's schedules
+        become those of its highest active version."""
+        changed = await self.store.set_definition_active(name, version, active)
+        if changed:
+            await self._sync_schedules(name)
+        return changed
+
+    async def _sync_schedules(self, name: str) -> None:
+        await schedules.sync_workflow(self.store, name, self._clock.now())
+        self._schedules_changed()
+
+    def _schedules_changed(self) -> None:
+        if self.schedules_changed is not None:
+            self.schedules_changed()
+
+    # -- schedules (runtime/schedules.py, docs/schedules.md) ----------------------
+
+    async def schedules(self, workflow: str | None = None) -> builtins.list[ScheduleRow]:
+        """The schedules (of ``workflow`` only, when given) with their next fire times,
+        by workflow then id; deleted ones are left out."""
+        return [r for r in await self.store.list_schedules(workflow) if not r.deleted]
+
+    async def schedule(self, workflow: str, schedule_id: str) -> ScheduleRow:
+        """One schedule; ``NotFound``."""
+        return await schedules.find(self.store, workflow, schedule_id)
+
+    async def create_schedule(self, workflow: str, schedule: Mapping[str, Any]) -> ScheduleRow:
+        """Add a schedule to a registered workflow: one mapping as ``schedule:`` takes,
+        with an ``id`` (``{"id": "nightly", "cron": "0 2 * * *", "timezone": "UTC"}``). It
+        starts the workflow's highest active version; registering versions leaves it
+        alone. ``DefinitionError`` (every problem of the mapping), ``NotFound``,
+        ``InputValidationError``, ``DefinitionConflict`` (the id is taken)."""
+        row = await schedules.create(self, workflow, schedule, self._clock.now())
+        self._schedules_changed()
+        return row
+
+    def check_input(self, plan: Plan, input: Any) -> None:
+        """Refuse an input that does not fit the plan or cannot be stored."""
+        self._catalog.check_input(plan, input)
+
+    async def pause_schedule(self, workflow: str, schedule_id: str) -> bool:
+        """Pause a schedule (it starts no run until resumed): whether it was running;
+        ``NotFound``."""
+        changed = await schedules.set_paused(
+            self.store, workflow, schedule_id, True, self._clock.now()
+        )
+        self._schedules_changed()
+        return changed
+
+    async def resume_schedule(self, workflow: str, schedule_id: str) -> bool:
+        """Resume a paused schedule from its next slot (the slots that passed while it was
+        paused start nothing): whether it was paused; ``NotFound``."""
+        changed = await schedules.set_paused(
+            self.store, workflow, schedule_id, False, self._clock.now()
+        )
+        self._schedules_changed()
+        return changed
+
+    async def trigger_schedule(self, workflow: str, schedule_id: str) -> str:
+        """Start the schedule's run now (whatever ``overlap``, paused or not), with
+        ``inputs.scheduled_at`` now: its run id; ``NotFound``."""
+        return await schedules.trigger(self, workflow, schedule_id, self._clock.now())
+
+    async def delete_schedule(self, workflow: str, schedule_id: str) -> None:
+        """Delete a schedule: it starts no run any more. Registering the same version
+        again does not bring it back; a new version with that schedule does. ``NotFound``."""
+        await schedules.delete(self.store, workflow, schedule_id)
+        self._schedules_changed()
 
     async def start(
         self,

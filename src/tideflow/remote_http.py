@@ -236,6 +236,38 @@ class HttpClient:
         body = await self._call("POST", f"/definitions/{_seg(name)}/{_seg(version)}/{verb}")
         return bool(body["changed"])
 
+    # -- schedules (docs/schedules.md) ------------------------------------------
+
+    async def schedules(self, workflow: str | None = None) -> builtins.list[dict[str, Any]]:
+        """The schedules as ``GET /schedules`` shows them (``tideflow schedules list
+        --json``'s rows; times ISO 8601 UTC)."""
+        body = await self._call("GET", "/schedules", params={"workflow": workflow})
+        return [dict(row) for row in body["schedules"]]
+
+    async def create_schedule(self, workflow: str, schedule: Mapping[str, Any]) -> dict[str, Any]:
+        """``POST /schedules``: the schedule made, as ``schedules`` shows it."""
+        body = await self._call(
+            "POST", "/schedules", json={"workflow": workflow, "schedule": dict(schedule)}
+        )
+        return dict(body)
+
+    async def pause_schedule(self, workflow: str, schedule_id: str) -> bool:
+        return await self._schedule_change(workflow, schedule_id, "pause")
+
+    async def resume_schedule(self, workflow: str, schedule_id: str) -> bool:
+        return await self._schedule_change(workflow, schedule_id, "resume")
+
+    async def trigger_schedule(self, workflow: str, schedule_id: str) -> str:
+        path = f"/schedules/{_seg(workflow)}/{_seg(schedule_id)}/trigger"
+        return str((await self._call("POST", path))["run_id"])
+
+    async def delete_schedule(self, workflow: str, schedule_id: str) -> None:
+        await self._call("DELETE", f"/schedules/{_seg(workflow)}/{_seg(schedule_id)}")
+
+    async def _schedule_change(self, workflow: str, schedule_id: str, verb: str) -> bool:
+        body = await self._call("POST", f"/schedules/{_seg(workflow)}/{_seg(schedule_id)}/{verb}")
+        return bool(body["changed"])
+
     # -- starting and steering runs ---------------------------------------------
 
     async def start(

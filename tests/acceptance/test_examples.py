@@ -99,6 +99,7 @@ def test_every_example_is_covered_here() -> None:
         "map_items.yaml",
         "order_saga.yaml",
         "polling_loop.yaml",
+        "scheduled_report.yaml",
     }
     assert {p.name for p in example_files()} == covered
 
@@ -660,3 +661,38 @@ def test_cli_runs_validates_and_draws_the_python_builder_example() -> None:
 
     done = cli("run", "examples/python_builder.py", "--input", '{"name": "Ada"}')
     assert done.returncode == 2  # the input schema requires words
+
+
+# --- scheduled report ---------------------------------------------------------------------
+
+
+async def test_the_scheduled_report_runs_every_weekday_morning_and_hourly_on_weekends() -> None:
+    """A week on a manual clock, from Monday 4 January 2027 00:00 UTC: five weekday runs
+    at 06:00 Paris (05:00 UTC) and the weekend's hourly runs (48 slots from Saturday
+    00:00 Paris, Friday 23:00 UTC, to Sunday 23:00 Paris)."""
+    from datetime import UTC, datetime
+
+    from tideflow.store.base import RunFilter
+
+    monday = datetime(2027, 1, 4, tzinfo=UTC).timestamp()
+    clock = ManualClock(start=monday)
+    async with Runtime(clock=clock, schedules=True, sweep_interval=0) as rt:
+        assert rt.schedules is not None
+        await rt.register(EXAMPLES / "scheduled_report.yaml")
+        await rt.schedules.settled()  # the first slot's wake-up is armed
+        end = monday + 7 * 24 * HOUR
+        while clock.now() < end:  # from one armed timer to the next, as time would go
+            upcoming = [t for t in clock.pending() if t > clock.now()]
+            clock.advance(min([*upcoming, end]) - clock.now())
+            await rt.schedules.settled()
+            for run_id in await rt.unfinished():  # each run ends before the next slot
+                await rt.wait(run_id, RUN_TIMEOUT)
+        page = await rt.client.list(RunFilter(workflow="scheduled-report"), limit=200)
+        results = [await rt.wait(r.run_id, RUN_TIMEOUT) for r in page.runs]
+    outputs = sorted(str(r.output) for r in results)
+    weekdays = [o for o in outputs if o.endswith(".pdf")]
+    assert weekdays == [f"sales-2027-01-{d:02d}T05:00:00Z.pdf" for d in range(4, 9)]
+    weekend = [o for o in outputs if o.endswith(".csv")]
+    assert len(weekend) == 48
+    assert weekend[0] == "sales-2027-01-08T23:00:00Z.csv"  # Saturday 00:00 in Paris
+    assert all(r.succeeded for r in results)

@@ -153,6 +153,13 @@ def same_state(a: RunState, b: RunState) -> bool:
     return codec.state_to_data(a) == codec.state_to_data(b)
 
 
-UNDO_SCHEMA_6 = ("DROP TABLE definition_triggers", "ALTER TABLE definitions DROP COLUMN active")
-"""What migration 6 added (the same on SQLite and PostgreSQL), to make a store as an older
-tideflow left it."""
+UNDO_SCHEMA_7 = ("DROP TABLE schedules",)
+"""What migration 7 added (the same on SQLite and PostgreSQL)."""
+
+UNDO_SCHEMA_6 = (
+    *UNDO_SCHEMA_7,
+    "DROP TABLE definition_triggers",
+    "ALTER TABLE definitions DROP COLUMN active",
+)
+"""What migrations 6 and 7 added (the same on SQLite and PostgreSQL), to make a store as an
+older tideflow left it."""

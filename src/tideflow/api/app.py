@@ -6,7 +6,8 @@
 
 Routes (docs/api.md): ``/health``, ``/ready``; ``/definitions`` (validate, register,
 list, get by name and version); ``/runs`` (start, list, get, history, cancel, retry,
-signals); ``/events``, the CloudEvents gateway (api/events.py, docs/events.md). Bodies
+signals); ``/schedules`` (list, get, pause, resume, trigger, delete:
+api/schedule_routes.py); ``/events``, the CloudEvents gateway (api/events.py, docs/events.md). Bodies
 are JSON, a definition may also be YAML (``application/yaml``); every error is a problem
 (api/problems.py). Every route but ``/health``, ``/ready`` and ``/events`` (and the OpenAPI
 document) needs an API token whose role allows its action (``allow`` on the route,
@@ -50,6 +51,7 @@ from tideflow.api.models import (
 )
 from tideflow.api.problems import Problem
 from tideflow.api.run_views import run_view_routes
+from tideflow.api.schedule_routes import schedule_routes
 from tideflow.bus.base import unserved
 from tideflow.client import Client
 from tideflow.model.states import RunStatus
@@ -131,6 +133,7 @@ def create_app(
     _service_routes(app, client)
     _definition_routes(app, client)
     _run_routes(app, client)
+    schedule_routes(app, client)
     run_view_routes(app, client, changes or RunChanges())
     event_routes(app, client, event_sources or EventSources())
     if ui:

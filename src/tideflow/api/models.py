@@ -257,3 +257,50 @@ class QueueRow(BaseModel):
 class QueueList(BaseModel):
     queues: list[QueueRow]
     unserved: list[str] = Field(description="Queues with tasks waiting and no consumer")
+
+
+class ScheduleView(BaseModel):
+    """A schedule and its next fire time (times ISO 8601 UTC)."""
+
+    workflow: str
+    id: str
+    version: str | None = Field(description="The definition version it comes from")
+    origin: str
+    spec: dict[str, Any] = Field(description="The schedule's normal form (durations in seconds)")
+    paused: bool
+    next_slot: str | None = Field(description="The next slot (None: no slot left)")
+    next_fire_at: str | None = Field(description="When it fires: the slot plus its jitter")
+    last_slot: str | None
+    last_run_id: str | None
+    buffered_slot: str | None = Field(description="buffer_one: the slot waiting for its turn")
+
+
+class ScheduleList(BaseModel):
+    schedules: list[ScheduleView]
+
+
+class ScheduleChange(BaseModel):
+    workflow: str
+    id: str
+    paused: bool
+    changed: bool = Field(description="False when the schedule already was so")
+
+
+class ScheduleTriggered(BaseModel):
+    workflow: str
+    id: str
+    run_id: str
+
+
+class ScheduleDeleted(BaseModel):
+    workflow: str
+    id: str
+    deleted: bool = True
+
+
+class CreateSchedule(Request):
+    workflow: str = Field(min_length=1, description="A registered workflow")
+    schedule: dict[str, Any] = Field(
+        description="One schedule as `schedule:` takes it, with an id: "
+        '{"id": "nightly", "cron": "0 2 * * *", "timezone": "Europe/Paris"}'
+    )

@@ -52,6 +52,7 @@ from tideflow.cli.queues import queues_cmd
 from tideflow.cli.render import print_result
 from tideflow.cli.resume import resume_cmd
 from tideflow.cli.runs import runs_app
+from tideflow.cli.schedules import schedules_app
 from tideflow.cli.tokens import tokens_app
 from tideflow.cli.ui import ui_cmd
 from tideflow.cli.validate import definition_directory, graph_cmd, load_definition, validate_cmd
@@ -79,6 +80,7 @@ app.add_typer(runs_app, name="runs")
 app.add_typer(db_app, name="db")
 app.add_typer(definitions_app, name="definitions")
 app.add_typer(tokens_app, name="tokens")
+app.add_typer(schedules_app, name="schedules")
 app.command("resume")(resume_cmd)
 app.command("server")(server_cmd)
 app.command("worker")(worker_cmd)

@@ -33,6 +33,7 @@ from typing import Any
 from tideflow.dsl.durations import parse_duration
 from tideflow.dsl.inputs import ActionTypes, duration_config_keys
 from tideflow.dsl.loader import DataPath, Positions
+from tideflow.dsl.schedules import normal_schedules
 from tideflow.dsl.schema import ACTION_STEP_KEYS, BACKOFFS, COMPENSATE_KEYS
 from tideflow.model.plan import ENGINE_TYPES
 
@@ -80,6 +81,8 @@ def normalize(
         out["timeout"] = parse_duration(data["timeout"])
     if "triggers" in data:
         out["triggers"] = [_trigger(t) for t in data["triggers"]]
+    if "schedule" in data:
+        out["schedule"] = normal_schedules(data["schedule"])
     if data.get("on_failure", "fail") != "fail":
         out["on_failure"] = data["on_failure"]
     out["steps"] = normaliser.steps(data["steps"], ("steps",))

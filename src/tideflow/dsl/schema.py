@@ -17,6 +17,7 @@ from typing import Any
 from tideflow.dsl.durations import parse_duration
 from tideflow.dsl.inputs import ActionTypes, check_action_config, direct_config_keys
 from tideflow.dsl.loader import DataPath, Reporter
+from tideflow.dsl.schedules import check_schedule
 from tideflow.dsl.schema_values import (
     BACKOFFS,
     CASE_KEYS,
@@ -400,6 +401,7 @@ _TOP_FIELDS: Mapping[str, Validator] = {
     "output": anything,
     "steps": _steps,
     "triggers": _triggers,
+    "schedule": check_schedule,
 }
 _RETRY_FIELDS: Mapping[str, Validator] = {
     "max_attempts": int_at_least(1),

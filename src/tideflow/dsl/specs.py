@@ -33,6 +33,7 @@ from tideflow.model.plan import (
     TriggerSpec,
     WaitSpec,
 )
+from tideflow.model.schedules import ScheduleSpec
 
 __all__ = ["build_plan", "plan_hash"]
 
@@ -69,6 +70,7 @@ def build_plan(
         on_failure=OnError(normal.get("on_failure", "fail")),
         output=output,
         triggers=triggers,
+        schedules=tuple(ScheduleSpec.of(s) for s in normal.get("schedule", ())),
         source=normal,
         owners={s: e.owner for s, e in index.entries.items() if e.owner is not None},
     )

@@ -17,6 +17,7 @@ from typing import Any, Literal
 import orjson
 
 from tideflow.model.expressions import Expression, Template
+from tideflow.model.schedules import ScheduleSpec
 
 DEFAULT_SIGNAL_BUFFER = 24 * 3600.0
 """Seconds a `wait` without ``buffer`` keeps a signal that arrives before it starts."""
@@ -249,6 +250,8 @@ class Plan:
     output: Template | None = None
     triggers: tuple[TriggerSpec, ...] = ()
     """Events that start a run of this definition (``triggers:``)."""
+    schedules: tuple[ScheduleSpec, ...] = ()
+    """When runs of this definition start by themselves (``schedule:``)."""
     source: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """The normalised definition the plan was compiled from (JSON-compatible)."""
     owners: Mapping[str, str] = field(default_factory=dict)

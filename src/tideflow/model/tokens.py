@@ -27,6 +27,8 @@ class Action(StrEnum):
     """Send a signal (or an event) to a run."""
     RETRY = "retry"
     """Retry a failed or timed-out run."""
+    SCHEDULES = "schedules"
+    """Pause, resume and trigger schedules (deleting one is ``DEFINITIONS``)."""
     DEFINITIONS = "definitions"
     """Register definitions, activate and deactivate their versions."""
     TOKENS = "tokens"
@@ -39,9 +41,10 @@ class Role(StrEnum):
     VIEWER = "viewer"
     """Reads only."""
     OPERATOR = "operator"
-    """Runs work: start, cancel, signal, retry (and read)."""
+    """Runs work: start, cancel, signal, retry, pause/resume/trigger schedules (and read)."""
     ADMIN = "admin"
-    """Changes the deployment: definitions and tokens (and everything an operator does)."""
+    """Changes the deployment: definitions (and deleting schedules) and tokens (and
+    everything an operator does)."""
 
     def allows(self, action: Action) -> bool:
         return action in PERMISSIONS[self]
@@ -62,7 +65,13 @@ class Role(StrEnum):
 
 
 _VIEWER = frozenset({Action.READ})
-_OPERATOR = _VIEWER | {Action.START, Action.CANCEL, Action.SIGNAL, Action.RETRY}
+_OPERATOR = _VIEWER | {
+    Action.START,
+    Action.CANCEL,
+    Action.SIGNAL,
+    Action.RETRY,
+    Action.SCHEDULES,
+}
 PERMISSIONS: dict[Role, frozenset[Action]] = {
     Role.VIEWER: _VIEWER,
     Role.OPERATOR: _OPERATOR,

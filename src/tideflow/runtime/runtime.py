@@ -42,6 +42,7 @@ from tideflow.runtime.partitions import Ownership, PartitionManager
 from tideflow.runtime.relay import EventSink, Listener
 from tideflow.runtime.result import RunResult
 from tideflow.runtime.runs import DEFAULT_RUN_CACHE_SIZE
+from tideflow.runtime.schedule_timers import ScheduleTimers
 from tideflow.runtime.sweep import DEFAULT_INTERVAL as DEFAULT_SWEEP_INTERVAL
 from tideflow.runtime.sweep import check_interval
 from tideflow.store.backends.memory import MemoryStore
@@ -83,6 +84,7 @@ class Runtime:
         sweep_interval: float = DEFAULT_SWEEP_INTERVAL,
         cluster: bool = False,
         tracer_provider: Any = None,
+        schedules: bool = False,
     ) -> None:
         """``tracer_provider`` (an OpenTelemetry ``TracerProvider``; the ``otel`` extra)
         turns tracing on: a trace per run, a span per step attempt, trace context in task
@@ -99,7 +101,11 @@ class Runtime:
         ``cluster=True`` (`tideflow server`): instead of the store's one engine lease, this
         engine holds leases on a share of the bus's event partitions beside any number of
         other servers and applies only those (runtime/partitions.py); ``lease_ttl`` is
-        their lifetime, ``wait_for_engine`` how long to wait for an embedded engine."""
+        their lifetime, ``wait_for_engine`` how long to wait for an embedded engine.
+
+        ``schedules=True`` (`tideflow server` sets it): this runtime fires the store's
+        schedules (runtime/schedule_timers.py; any number of runtimes may, each slot
+        starts one run)."""
         if isinstance(store, str):
             from tideflow.store import open_store
 
@@ -190,6 +196,15 @@ class Runtime:
             tracing=self.tracing,
         )
         """Start, steer and read runs (every run method of the runtime is the client's)."""
+        self.schedules = (
+            ScheduleTimers(self.store, self.client, self.clock, sweep_interval=sweep)
+            if schedules
+            else None
+        )
+        """The schedules' timers, when this runtime fires schedules."""
+        if self.schedules is not None:
+            self.client.schedules_changed = self.schedules.changed
+            self._engine.listeners.append(self.schedules.run_changed)
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -213,6 +228,7 @@ class Runtime:
         if self.partitions is not None:  # each partition is recovered as it is taken
             self._engine.start()
             await self.partitions.start()
+            await self._start_schedules()
             return
         if self._recover_on_start:
             # Before the scheduler applies anything: what recovery finds in flight must be
@@ -222,9 +238,16 @@ class Runtime:
         self._engine.start()
         if self._seat is not None:
             self._seat.start(self._lease_lost)
+        await self._start_schedules()
+
+    async def _start_schedules(self) -> None:
+        if self.schedules is not None:
+            await self.schedules.start()
 
     async def close(self) -> None:
         self._running = False
+        if self.schedules is not None:
+            self.schedules.close()
         if self._seat is not None:
             await self._seat.stop_listening()
         await self._workers.close()

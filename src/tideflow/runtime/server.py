@@ -202,6 +202,7 @@ def _runtime(options: ServerOptions) -> Runtime:
         "lease_ttl": options.lease_ttl,
         "wait_for_engine": options.wait_for_engine,
         "tracer_provider": _tracer_provider("tideflow-server"),
+        "schedules": True,
         **options.runtime,
     }
     if options.embedded:

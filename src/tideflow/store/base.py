@@ -48,6 +48,7 @@ from tideflow.model.commands import (
 from tideflow.model.events import Event, Transition
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
+from tideflow.model.schedules import ScheduleRow
 from tideflow.model.tokens import ApiToken
 
 OUTBOX_COMMANDS = (RunFinished, StartChildRun, CancelChildRun, EmitEvent)
@@ -314,6 +315,35 @@ class Store(ABC):
     ) -> list[DueTimer]:
         """Armed timers with ``after < fire_at <= before``, soonest first (then by run
         and timer id), at most ``limit``."""
+
+    # -- schedules (model/schedules.py, runtime/schedules.py) -------------------------
+
+    @abstractmethod
+    async def list_schedules(self, workflow: str | None = None) -> list[ScheduleRow]:
+        """Every schedule row (deleted ones too), of ``workflow`` or of all, by workflow
+        then schedule id."""
+
+    @abstractmethod
+    async def insert_schedule(self, row: ScheduleRow) -> bool:
+        """Add a schedule row (its ``revision`` is 0); False when (workflow, schedule id)
+        has one already (nothing changes)."""
+
+    @abstractmethod
+    async def update_schedule(self, row: ScheduleRow) -> bool:
+        """Write every field of the row if the stored one is still at ``row.revision``
+        (which is then bumped); False, changing nothing, when it is not (another writer
+        came first: read it again) or when there is no such row."""
+
+    @abstractmethod
+    async def remove_schedule(self, workflow: str, schedule_id: str) -> bool:
+        """Drop a schedule row: whether there was one."""
+
+    @abstractmethod
+    async def due_schedules(
+        self, before: float, limit: int = 1000, *, after: float | None = None
+    ) -> list[ScheduleRow]:
+        """The live rows (neither paused nor deleted, with a ``fire_at``) whose ``fire_at``
+        is in (``after``, ``before``], soonest first (index ``schedules_fire_at``)."""
 
     @abstractmethod
     async def runs_waiting_for(self, signal: str) -> list[str]:

@@ -6,6 +6,7 @@ database; the row shapes, JSON encoding, plan decoding and error wording live he
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from tideflow.model import codec
 from tideflow.model.events import Event
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
+from tideflow.model.schedules import ScheduleOrigin, ScheduleRow, ScheduleSpec
 from tideflow.model.tokens import ApiToken, stored_role
 from tideflow.model.versions import latest, version_key
 from tideflow.store.base import (
@@ -418,3 +420,81 @@ def no_definition(name: str, version: str | None, known: Sequence[str]) -> NotFo
 
 def no_run(run_id: str) -> NotFound:
     return NotFound(f"no run {run_id!r}")
+
+
+# -- schedules ---------------------------------------------------------------------
+
+
+def schedule_values(row: ScheduleRow) -> tuple[Any, ...]:
+    """(version, origin, spec, paused, deleted, next_slot, fire_at, last_slot,
+    last_run_id, buffered_slot): what an insert and an update write alike."""
+    return (
+        row.version,
+        str(row.origin),
+        dumps(row.spec.to_data()),
+        row.paused,
+        row.deleted,
+        row.next_slot,
+        row.fire_at,
+        row.last_slot,
+        row.last_run_id,
+        row.buffered_slot,
+    )
+
+
+def schedule_insert_params(row: ScheduleRow, now: float) -> tuple[Any, ...]:
+    return (row.workflow, row.schedule_id, *schedule_values(row), now)
+
+
+def schedule_update_params(row: ScheduleRow, now: float) -> tuple[Any, ...]:
+    return (*schedule_values(row), now, row.workflow, row.schedule_id, row.revision)
+
+
+def schedule_from_row(row: Sequence[Any]) -> ScheduleRow:
+    """A ``ScheduleRow`` of a ``list_schedules`` / ``due_schedules`` row."""
+    (workflow, schedule_id, version, origin, spec, paused, deleted) = row[:7]
+    next_slot, fire_at, last_slot, last_run_id, buffered_slot, revision, updated_at = row[7:]
+    return ScheduleRow(
+        workflow=workflow,
+        schedule_id=schedule_id,
+        version=version,
+        origin=ScheduleOrigin(origin),
+        spec=_spec(workflow, schedule_id, spec),
+        paused=bool(paused),
+        deleted=bool(deleted),
+        next_slot=_float(next_slot),
+        fire_at=_float(fire_at),
+        last_slot=_float(last_slot),
+        last_run_id=last_run_id,
+        buffered_slot=_float(buffered_slot),
+        revision=int(revision),
+        updated_at=float(updated_at),
+    )
+
+
+def due_schedule_rows(rows: Iterable[Sequence[Any]]) -> list[ScheduleRow]:
+    """``schedule_from_row`` of each row; a row that cannot be read is left out and
+    logged (it would otherwise hold up every other schedule's slots)."""
+    decoded = []
+    for row in rows:
+        try:
+            decoded.append(schedule_from_row(row))
+        except codec.StateFormatError as exc:
+            logging.getLogger("tideflow.schedules").error("%s: it does not fire", exc)
+    return decoded
+
+
+def _spec(workflow: str, schedule_id: str, text: str) -> ScheduleSpec:
+    what = f"the spec of schedule {workflow}/{schedule_id}"
+    data = loads(text, what)
+    try:
+        return ScheduleSpec.of(data)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise codec.StateFormatError(
+            f"{what} cannot be read ({type(exc).__name__}: {exc}): register the workflow's "
+            f"definition again, or delete the schedule"
+        ) from None
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)

@@ -238,7 +238,7 @@ async def test_a_name_is_stored_stripped() -> None:
 
 # -- roles ---------------------------------------------------------------------------
 
-OPERATIONS = {Action.START, Action.CANCEL, Action.SIGNAL, Action.RETRY}
+OPERATIONS = {Action.START, Action.CANCEL, Action.SIGNAL, Action.RETRY, Action.SCHEDULES}
 
 
 def principal(role: Role) -> Principal:

@@ -25,6 +25,7 @@ WAITING = {
     "name": "waiting",
     "version": "1",
     "input": {"type": "object", "required": ["order_id"]},
+    "schedule": {"every": "1h", "input": {"order_id": "scheduled"}},
     "steps": [
         {"id": "ask", "type": "wait", "signal": "go"},
         {"id": "after", "type": "noop", "depends_on": ["ask"]},
@@ -54,6 +55,13 @@ ROUTES: dict[tuple[str, str], Action | None] = {
     ("POST", "/runs/{run_id}/cancel"): Action.CANCEL,
     ("POST", "/runs/{run_id}/retry"): Action.RETRY,
     ("POST", "/runs/{run_id}/signals"): Action.SIGNAL,
+    ("GET", "/schedules"): Action.READ,
+    ("POST", "/schedules"): Action.DEFINITIONS,
+    ("GET", "/schedules/{workflow}/{schedule_id}"): Action.READ,
+    ("POST", "/schedules/{workflow}/{schedule_id}/pause"): Action.SCHEDULES,
+    ("POST", "/schedules/{workflow}/{schedule_id}/resume"): Action.SCHEDULES,
+    ("POST", "/schedules/{workflow}/{schedule_id}/trigger"): Action.SCHEDULES,
+    ("DELETE", "/schedules/{workflow}/{schedule_id}"): Action.DEFINITIONS,
     ("GET", "/runs/{run_id}/state"): Action.READ,
     ("GET", "/runs/{run_id}/graph"): Action.READ,
     ("GET", "/runs/{run_id}/steps/{step_id}"): Action.READ,
@@ -70,6 +78,10 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/runs/{run_id}/cancel"): {"reason": "matrix"},
     ("POST", "/runs/{run_id}/retry"): {"reason": "matrix"},
     ("POST", "/runs/{run_id}/signals"): {"name": "go", "payload": {"ok": True}},
+    ("POST", "/schedules"): {
+        "workflow": "waiting",
+        "schedule": {"id": "extra", "every": "1h", "input": {"order_id": "x"}},
+    },
 }
 QUERIES: dict[tuple[str, str], dict[str, Any]] = {
     ("GET", "/streams/runs/{run_id}"): {"max_events": 1},  # the run waits: the stream would not end
@@ -97,7 +109,14 @@ class World:
 
     async def call(self, key: tuple[str, str], credentials: str) -> httpx.Response:
         method, path = key
-        url = path.format(run_id=self.run_id, name="waiting", version="1", step_id="ask")
+        url = path.format(
+            run_id=self.run_id,
+            name="waiting",
+            version="1",
+            step_id="ask",
+            workflow="waiting",
+            schedule_id="default",
+        )
         body, params = BODIES.get(key), QUERIES.get(key)
         return await self.api.request(
             method, url, json=body, params=params, headers=self.headers[credentials]
@@ -109,7 +128,9 @@ class World:
         histories = [len(await self.rt.client.history(r.run_id)) for r in runs]
         definitions = await self.rt.client.definitions()
         tokens = [(t.token_id, t.revoked_at) for t in await self.rt.store.list_tokens()]
+        schedules = [(s.key, s.paused, s.deleted) for s in await self.rt.store.list_schedules()]
         return (
+            schedules,
             [(r.run_id, r.status) for r in runs],
             histories,
             [(d.name, d.version, d.active) for d in definitions],
@@ -198,7 +219,7 @@ async def test_a_viewer_never_runs_work_and_an_operator_never_registers(world: W
     runs_work = [k for k, a in ROUTES.items() if a in {Action.START, Action.CANCEL,
                                                           Action.SIGNAL, Action.RETRY}]  # fmt: skip
     registers = [k for k, a in ROUTES.items() if a is Action.DEFINITIONS]
-    assert len(runs_work) == 4 and len(registers) == 3
+    assert len(runs_work) == 4 and len(registers) == 5
     before = await world.state()
     for key in runs_work:
         assert (await world.call(key, "viewer")).status_code == 403, key

@@ -20,6 +20,7 @@ TAKES_A_BODY = {
     ("post", "/runs/{run_id}/retry"),
     ("post", "/runs/{run_id}/signals"),
     ("post", "/events"),
+    ("post", "/schedules"),
 }
 
 
@@ -56,6 +57,11 @@ async def test_every_route_has_its_schemas() -> None:
         "/runs/{run_id}/cancel",
         "/runs/{run_id}/retry",
         "/runs/{run_id}/signals",
+        "/schedules",
+        "/schedules/{workflow}/{schedule_id}",
+        "/schedules/{workflow}/{schedule_id}/pause",
+        "/schedules/{workflow}/{schedule_id}/resume",
+        "/schedules/{workflow}/{schedule_id}/trigger",
         "/runs/{run_id}/state",
         "/runs/{run_id}/graph",
         "/runs/{run_id}/steps/{step_id}",

@@ -27,6 +27,7 @@ from tideflow.model import codec
 from tideflow.model.events import ErrorInfo, Event, Transition
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
+from tideflow.model.schedules import ScheduleRow
 from tideflow.model.states import RUN_TERMINAL
 from tideflow.model.tokens import ApiToken
 from tideflow.store import sqlbase as sb
@@ -122,6 +123,7 @@ class MemoryStore(Store):
         self._inbox: dict[str, Event] = {}
         self._inbox_listeners: list[InboxListener] = []
         self._tokens: dict[str, ApiToken] = {}
+        self._schedules: dict[tuple[str, str], ScheduleRow] = {}
         self._inactive: set[tuple[str, str]] = set()
         """(name, version) of the deactivated definition versions."""
 
@@ -368,6 +370,45 @@ class MemoryStore(Store):
             if low < fire_at <= before
         )
         return [DueTimer(run_id=r, timer_id=t, fire_at=f) for f, r, t in due[:limit]]
+
+    # -- schedules ---------------------------------------------------------------
+
+    async def list_schedules(self, workflow: str | None = None) -> list[ScheduleRow]:
+        return [
+            row
+            for key, row in sorted(self._schedules.items())
+            if workflow is None or key[0] == workflow
+        ]
+
+    async def insert_schedule(self, row: ScheduleRow) -> bool:
+        if row.key in self._schedules:
+            return False
+        sb.schedule_values(row)  # refuse what a SQL store could not store either
+        self._schedules[row.key] = replace(row, revision=0, updated_at=time.time())
+        return True
+
+    async def update_schedule(self, row: ScheduleRow) -> bool:
+        stored = self._schedules.get(row.key)
+        if stored is None or stored.revision != row.revision:
+            return False
+        sb.schedule_values(row)
+        self._schedules[row.key] = replace(row, revision=row.revision + 1, updated_at=time.time())
+        return True
+
+    async def remove_schedule(self, workflow: str, schedule_id: str) -> bool:
+        return self._schedules.pop((workflow, schedule_id), None) is not None
+
+    async def due_schedules(
+        self, before: float, limit: int = 1000, *, after: float | None = None
+    ) -> list[ScheduleRow]:
+        low = -math.inf if after is None else after
+        due = [
+            row
+            for row in self._schedules.values()
+            if row.live and row.fire_at is not None and low < row.fire_at <= before
+        ]
+        due.sort(key=lambda r: (r.fire_at or 0.0, r.workflow, r.schedule_id))
+        return due[:limit]
 
     async def runs_waiting_for(self, signal: str) -> list[str]:
         return sorted(self._waits.get(signal, ()))

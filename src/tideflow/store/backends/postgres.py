@@ -29,6 +29,7 @@ import asyncpg  # type: ignore[import-untyped]
 from tideflow.errors import NotFound, RunExists
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
+from tideflow.model.schedules import ScheduleRow
 from tideflow.model.tokens import ApiToken
 from tideflow.store import sqlbase as sb
 from tideflow.store.backends.postgres_inbox import DRIVER_ERRORS, LeaseAndInbox
@@ -426,6 +427,35 @@ class PostgresStore(LeaseAndInbox, Store):
         async with self._connection() as conn:
             rows = await conn.fetch(Q["due_timers"], low, before, limit)
         return [DueTimer(run_id=r, timer_id=t, fire_at=float(f)) for r, t, f in rows]
+
+    # -- schedules ---------------------------------------------------------------
+
+    async def list_schedules(self, workflow: str | None = None) -> list[ScheduleRow]:
+        async with self._connection() as conn:
+            rows = await conn.fetch(Q["list_schedules"], workflow)
+        return [sb.schedule_from_row(tuple(row)) for row in rows]
+
+    async def insert_schedule(self, row: ScheduleRow) -> bool:
+        params = sb.schedule_insert_params(row, time.time())
+        async with self._connection() as conn:
+            return await conn.fetchval(Q["insert_schedule"], *params) is not None
+
+    async def update_schedule(self, row: ScheduleRow) -> bool:
+        params = sb.schedule_update_params(row, time.time())
+        async with self._connection() as conn:
+            return await conn.fetchval(Q["update_schedule"], *params) is not None
+
+    async def remove_schedule(self, workflow: str, schedule_id: str) -> bool:
+        async with self._connection() as conn:
+            return await conn.fetchval(Q["remove_schedule"], workflow, schedule_id) is not None
+
+    async def due_schedules(
+        self, before: float, limit: int = 1000, *, after: float | None = None
+    ) -> list[ScheduleRow]:
+        low = -math.inf if after is None else after
+        async with self._connection() as conn:
+            rows = await conn.fetch(Q["due_schedules"], low, before, limit)
+        return sb.due_schedule_rows(tuple(row) for row in rows)
 
     async def runs_waiting_for(self, signal: str) -> list[str]:
         async with self._connection() as conn:

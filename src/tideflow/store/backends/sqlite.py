@@ -35,6 +35,7 @@ from tideflow.errors import NotFound, RunExists
 from tideflow.model.events import Event
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
+from tideflow.model.schedules import ScheduleRow
 from tideflow.model.tokens import ApiToken
 from tideflow.store import sqlbase as sb
 from tideflow.store.backends.sqlite_checkpoints import WRITER_PAGES, Checkpointer
@@ -486,6 +487,33 @@ class SqliteStore(Store):
             lambda: self.conn.execute(Q["due_timers"], (low, before, limit)).fetchall()
         )
         return [DueTimer(run_id=r, timer_id=t, fire_at=float(f)) for r, t, f in rows]
+
+    # -- schedules ---------------------------------------------------------------
+
+    async def list_schedules(self, workflow: str | None = None) -> list[ScheduleRow]:
+        params = (workflow, workflow)
+        rows = await self._run(lambda: self.conn.execute(Q["list_schedules"], params).fetchall())
+        return [sb.schedule_from_row(row) for row in rows]
+
+    async def insert_schedule(self, row: ScheduleRow) -> bool:
+        params = sb.schedule_insert_params(row, time.time())
+        return await self._run(self._transaction, lambda c: _changed(c, "insert_schedule", params))
+
+    async def update_schedule(self, row: ScheduleRow) -> bool:
+        params = sb.schedule_update_params(row, time.time())
+        return await self._run(self._transaction, lambda c: _changed(c, "update_schedule", params))
+
+    async def remove_schedule(self, workflow: str, schedule_id: str) -> bool:
+        params = (workflow, schedule_id)
+        return await self._run(self._transaction, lambda c: _changed(c, "remove_schedule", params))
+
+    async def due_schedules(
+        self, before: float, limit: int = 1000, *, after: float | None = None
+    ) -> list[ScheduleRow]:
+        low = -math.inf if after is None else after
+        params = (low, before, limit)
+        rows = await self._run(lambda: self.conn.execute(Q["due_schedules"], params).fetchall())
+        return sb.due_schedule_rows(rows)
 
     async def runs_waiting_for(self, signal: str) -> list[str]:
         rows = await self._run(

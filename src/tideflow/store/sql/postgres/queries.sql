@@ -272,3 +272,33 @@ RETURNING token_id;
 -- name: record_token_use
 UPDATE api_tokens SET last_used_at = $1
 WHERE token_id = $2 AND (last_used_at IS NULL OR last_used_at < $1);
+
+-- name: list_schedules
+SELECT workflow, schedule_id, version, origin, spec, paused, deleted, next_slot, fire_at,
+       last_slot, last_run_id, buffered_slot, revision, updated_at
+FROM schedules WHERE $1::text IS NULL OR workflow = $1 ORDER BY workflow, schedule_id;
+
+-- name: due_schedules
+SELECT workflow, schedule_id, version, origin, spec, paused, deleted, next_slot, fire_at,
+       last_slot, last_run_id, buffered_slot, revision, updated_at
+FROM schedules
+WHERE NOT paused AND NOT deleted AND fire_at IS NOT NULL AND fire_at > $1 AND fire_at <= $2
+ORDER BY fire_at, workflow, schedule_id LIMIT $3;
+
+-- name: insert_schedule
+INSERT INTO schedules (workflow, schedule_id, version, origin, spec, paused, deleted,
+                       next_slot, fire_at, last_slot, last_run_id, buffered_slot, revision,
+                       updated_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, 0, $13)
+ON CONFLICT (workflow, schedule_id) DO NOTHING
+RETURNING workflow;
+
+-- name: update_schedule
+UPDATE schedules SET version = $1, origin = $2, spec = $3, paused = $4, deleted = $5,
+       next_slot = $6, fire_at = $7, last_slot = $8, last_run_id = $9, buffered_slot = $10,
+       updated_at = $11, revision = revision + 1
+WHERE workflow = $12 AND schedule_id = $13 AND revision = $14
+RETURNING workflow;
+
+-- name: remove_schedule
+DELETE FROM schedules WHERE workflow = $1 AND schedule_id = $2 RETURNING workflow;

@@ -214,3 +214,31 @@ UPDATE api_tokens SET revoked_at = ? WHERE token_id = ? AND revoked_at IS NULL;
 -- name: record_token_use
 UPDATE api_tokens SET last_used_at = ?
 WHERE token_id = ? AND (last_used_at IS NULL OR last_used_at < ?);
+
+-- name: list_schedules
+SELECT workflow, schedule_id, version, origin, spec, paused, deleted, next_slot, fire_at,
+       last_slot, last_run_id, buffered_slot, revision, updated_at
+FROM schedules WHERE ? IS NULL OR workflow = ? ORDER BY workflow, schedule_id;
+
+-- name: due_schedules
+SELECT workflow, schedule_id, version, origin, spec, paused, deleted, next_slot, fire_at,
+       last_slot, last_run_id, buffered_slot, revision, updated_at
+FROM schedules
+WHERE paused = 0 AND deleted = 0 AND fire_at IS NOT NULL AND fire_at > ? AND fire_at <= ?
+ORDER BY fire_at, workflow, schedule_id LIMIT ?;
+
+-- name: insert_schedule
+INSERT INTO schedules (workflow, schedule_id, version, origin, spec, paused, deleted,
+                       next_slot, fire_at, last_slot, last_run_id, buffered_slot, revision,
+                       updated_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?)
+ON CONFLICT (workflow, schedule_id) DO NOTHING;
+
+-- name: update_schedule
+UPDATE schedules SET version = ?, origin = ?, spec = ?, paused = ?, deleted = ?,
+       next_slot = ?, fire_at = ?, last_slot = ?, last_run_id = ?, buffered_slot = ?,
+       updated_at = ?, revision = revision + 1
+WHERE workflow = ? AND schedule_id = ? AND revision = ?;
+
+-- name: remove_schedule
+DELETE FROM schedules WHERE workflow = ? AND schedule_id = ?;

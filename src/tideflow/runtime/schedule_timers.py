@@ -1,0 +1,278 @@
+"""The schedules' timers in a runtime that fires them (``Runtime(schedules=True)``,
+`tideflow server`).
+
+Every schedule row's ``fire_at`` is a durable timer (runtime/schedules.py). This holds one
+wake-up on the ``Clock``, for the soonest ``fire_at`` of the live rows (``Store.
+due_schedules``, index ``schedules_fire_at``). At that wake-up (and at start) it *fires*:
+for each row now due it works out the slots to start (``core.schedule_slots.due_slots``:
+``catchup`` decides what to do with the slots that passed while no server ran), applies
+``overlap`` against the schedule's previous run, starts the runs, and advances the row by
+a revision-checked update; then it arms the wake-up for the next ``fire_at``. No polling:
+with no live schedule there is no wake-up.
+
+What wakes it besides its timer: a change made through this runtime's client (register,
+activate, pause, resume, delete: ``changed``), the end of a run some ``buffer_one``
+schedule waits for (a relay listener: ``run_changed``), and, every ``sweep_interval``
+seconds, a reconciliation round for what other processes changed in the store (a
+schedule paused by `tideflow schedules pause --store …`) and for a buffered run whose
+end was announced while no runtime listened.
+
+Several servers fire the same rows side by side: each slot's run has one idempotency key,
+so the second start returns the first's run, and only one update of a row wins; the loser
+reads the row again and finds nothing left to do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from tideflow.core.schedule_slots import due_slots, fire_time, iso_slot
+from tideflow.model.events import Transition
+from tideflow.model.run import RunState
+from tideflow.model.schedules import Overlap, ScheduleRow
+from tideflow.runtime import schedules
+from tideflow.runtime.clock import Clock, TimerHandle
+from tideflow.store.base import Store
+
+if TYPE_CHECKING:
+    from tideflow.client import Client
+
+log = logging.getLogger("tideflow.schedules")
+
+__all__ = ["BATCH", "RETRY_AFTER", "ScheduleTimers"]
+
+BATCH = 100
+"""Most due rows one round reads (more are read by the next round, at once)."""
+RETRY_AFTER = 1.0
+"""Seconds before a round that failed (the store is down) is tried again."""
+
+
+class ScheduleTimers:
+    def __init__(
+        self, store: Store, client: Client, clock: Clock, *, sweep_interval: float = 30.0
+    ) -> None:
+        self._store = store
+        self._client = client
+        self._clock = clock
+        self._sweep_interval = sweep_interval
+        self._wake: tuple[float, TimerHandle] | None = None
+        self._sweep: TimerHandle | None = None
+        self._round: asyncio.Task[None] | None = None
+        self._again = False
+        self._closed = True
+        self._buffering: set[str] = set()
+        """Workflows with a ``buffer_one`` schedule: their run ends are looked at."""
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        """Make the rows follow the definitions stored (registered before this version of
+        tideflow, or while no server ran), then fire what is due and arm the wake-up."""
+        self._closed = False
+        now = self._clock.now()
+        for name in sorted({d.name for d in await self._store.list_definitions()}):
+            await schedules.sync_workflow(self._store, name, now)
+        await self._reconcile()
+        self._arm_sweep()
+
+    def close(self) -> None:
+        self._closed = True
+        for handle in (self._wake[1] if self._wake else None, self._sweep):
+            if handle is not None:
+                handle.cancel()
+        self._wake = self._sweep = None
+        for task in self._tasks:
+            task.cancel()
+
+    async def settled(self) -> None:
+        """Wait until no round is in progress or asked for (for tests)."""
+        while self._tasks or self._round is not None:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            if self._round is not None:
+                await asyncio.shield(self._round)
+
+    # -- what wakes it ------------------------------------------------------------
+
+    def changed(self) -> None:
+        """A schedule or a definition changed through this runtime: look again now."""
+        self._spawn()
+
+    def run_changed(self, state: RunState, transitions: Sequence[Transition]) -> None:
+        """A relay listener: a run of a workflow some ``buffer_one`` schedule has ended."""
+        if state.is_terminal and state.workflow in self._buffering:
+            self._spawn(state.workflow)
+
+    def _spawn(self, ended: str | None = None) -> None:
+        if self._closed:
+            return
+        task = asyncio.get_running_loop().create_task(self._logged(ended))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _logged(self, ended: str | None = None) -> None:
+        try:
+            if ended is not None:
+                await self._buffered(ended)
+            await self.fire()
+        except Exception as exc:  # the store is down: try again a little later
+            log.warning(
+                "schedules could not be fired (%s: %s); trying again in %gs",
+                type(exc).__name__, exc, RETRY_AFTER,
+            )  # fmt: skip
+            self._set_wake(self._clock.now() + RETRY_AFTER, earlier_only=True)
+
+    def _arm_sweep(self) -> None:
+        if self._sweep_interval <= 0 or self._closed:
+            return
+        self._sweep = self._clock.call_at(self._clock.now() + self._sweep_interval, self._swept)
+
+    def _swept(self) -> None:
+        self._sweep = None
+        if not self._closed:
+            self._spawn_sweep()
+            self._arm_sweep()
+
+    def _spawn_sweep(self) -> None:
+        task = asyncio.get_running_loop().create_task(self._sweep_round())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _sweep_round(self) -> None:
+        try:
+            await self._reconcile()
+        except Exception as exc:
+            log.warning("schedules sweep failed (%s: %s)", type(exc).__name__, exc)
+
+    async def _reconcile(self) -> None:
+        """Read every row (a small table): which workflows buffer, which buffered runs
+        are owed (their previous run ended while no runtime listened); then fire."""
+        rows = await self._store.list_schedules()
+        self._buffering = {r.workflow for r in rows if r.spec.overlap is Overlap.BUFFER_ONE}
+        for row in rows:
+            if row.live and row.buffered_slot is not None:
+                await self._advance(row)
+        await self.fire()
+
+    async def _buffered(self, workflow: str) -> None:
+        for row in await self._store.list_schedules(workflow):
+            if row.live and row.buffered_slot is not None:
+                await self._advance(row)
+
+    # -- firing -------------------------------------------------------------------
+
+    async def fire(self) -> None:
+        """Fire the rows due now and arm the wake-up for the next; rounds never overlap
+        (one asked for meanwhile runs after)."""
+        if self._round is not None:
+            self._again = True
+            await asyncio.shield(self._round)
+            return
+        self._round = asyncio.ensure_future(self._rounds())
+        try:
+            await asyncio.shield(self._round)
+        finally:
+            self._round = None
+
+    async def _rounds(self) -> None:
+        self._again = True
+        while self._again and not self._closed:
+            self._again = False
+            await self._one_round()
+
+    async def _one_round(self) -> None:
+        now = self._clock.now()
+        due = await self._store.due_schedules(now, BATCH)
+        retry: float | None = None
+        for row in due:
+            if row.spec.overlap is Overlap.BUFFER_ONE:
+                self._buffering.add(row.workflow)
+            try:
+                await self._advance(row)
+            except Exception as exc:  # this row only: the others fire on time
+                log.warning(
+                    "schedule %s/%s could not be fired (%s: %s); trying again in %gs",
+                    row.workflow, row.schedule_id, type(exc).__name__, exc, RETRY_AFTER,
+                )  # fmt: skip
+                retry = now + RETRY_AFTER
+        if retry is not None:
+            self._set_wake(retry, earlier_only=True)
+            return
+        if len(due) >= BATCH:
+            self._again = True
+            return
+        later = await self._store.due_schedules(math.inf, 1, after=now)
+        if later and later[0].fire_at is not None:
+            self._set_wake(later[0].fire_at)
+        elif self._wake is not None:
+            self._wake[1].cancel()
+            self._wake = None
+
+    async def _advance(self, row: ScheduleRow) -> None:
+        """Start what the row owes at this moment and write it back; when another server
+        wrote it first, read it again (it then owes nothing, or what is left)."""
+
+        async def change(current: ScheduleRow) -> ScheduleRow | None:
+            if not current.live:
+                return None
+            return await self._owed(current, self._clock.now())
+
+        await schedules.updated(self._store, row.workflow, row.schedule_id, change)
+
+    async def _owed(self, row: ScheduleRow, now: float) -> ScheduleRow | None:
+        last_run, buffered = row.last_run_id, row.buffered_slot
+        started = False
+        if buffered is not None and not await schedules.unfinished(self._store, last_run):
+            last_run = await schedules.start_slot(self._client, row, buffered) or last_run
+            buffered, started = None, True
+        if row.next_slot is None or (row.fire_at is not None and row.fire_at > now):
+            return (
+                dataclasses.replace(row, last_run_id=last_run, buffered_slot=None)
+                if started
+                else None
+            )
+        due = due_slots(row.spec, row.workflow, row.next_slot, now)
+        if due.missed:
+            log.info(
+                "schedule %s/%s: %d slot(s) passed while no server fired them; catchup %s",
+                row.workflow, row.schedule_id, due.missed, row.spec.catchup,
+            )  # fmt: skip
+        for slot in due.slots:
+            if row.spec.overlap is Overlap.ALLOW or not await schedules.unfinished(
+                self._store, last_run
+            ):
+                last_run = await schedules.start_slot(self._client, row, slot) or last_run
+            elif row.spec.overlap is Overlap.BUFFER_ONE and buffered is None:
+                buffered = slot
+            else:
+                log.info(
+                    "schedule %s/%s: slot %s skipped, run %s has not ended (overlap %s)",
+                    row.workflow, row.schedule_id, iso_slot(slot), last_run, row.spec.overlap,
+                )  # fmt: skip
+        next_slot = due.next_slot
+        return dataclasses.replace(
+            row,
+            next_slot=next_slot,
+            fire_at=None if next_slot is None else fire_time(row.spec, row.workflow, next_slot),
+            last_slot=due.slots[-1] if due.slots else row.last_slot,
+            last_run_id=last_run,
+            buffered_slot=buffered,
+        )
+
+    def _set_wake(self, when: float, *, earlier_only: bool = False) -> None:
+        """Wake up at ``when`` (instead of the wake-up set; ``earlier_only``: unless that
+        one comes first)."""
+        if self._closed:
+            return
+        if self._wake is not None:
+            if self._wake[0] == when or (earlier_only and self._wake[0] < when):
+                return
+            self._wake[1].cancel()
+        self._wake = (when, self._clock.call_at(when, self._woken))
+
+    def _woken(self) -> None:
+        self._wake = None
+        self._spawn()
