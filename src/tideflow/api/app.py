@@ -16,11 +16,12 @@ authenticates each event's source itself (or an API token that may signal), alwa
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 import orjson
 from fastapi import FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.responses import PlainTextResponse
 
 from tideflow.api import auth_http, problems
 from tideflow.api.auth_http import allow
@@ -50,11 +51,27 @@ from tideflow.api.models import (
 from tideflow.api.problems import Problem
 from tideflow.bus.base import unserved
 from tideflow.client import Client
+from tideflow.errors import NotFound
 from tideflow.model.states import RunStatus
 from tideflow.model.tokens import Action
 from tideflow.store.base import RunFilter
 
-__all__ = ["create_app"]
+__all__ = ["Metrics", "create_app"]
+
+
+class Metrics(Protocol):
+    """What ``GET /metrics`` serves and the gateway counts into
+    (tideflow.observability.metrics.EngineMetrics)."""
+
+    content_type: str
+
+    async def exposition(self) -> bytes:
+        """The Prometheus text of a scrape, levels read now."""
+        ...
+
+    def gateway_outcome(self, outcome: str, count: int = 1) -> None:
+        """The gateway took ``count`` events with this ``outcome``."""
+
 
 DEFAULT_MAX_BODY = 1 << 20
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
@@ -95,12 +112,15 @@ def create_app(
     auth: bool = True,
     max_body: int = DEFAULT_MAX_BODY,
     event_sources: EventSources | None = None,
+    metrics: Metrics | None = None,
 ) -> FastAPI:
     """The API over ``client``; request bodies over ``max_body`` bytes are refused (413).
     With ``auth`` (the default) a request needs an API token of ``client.store`` whose
     role allows the route's action; ``auth=False`` checks none (serve it on loopback).
     ``POST /events`` takes events from the sources ``event_sources`` lists, and from API
-    tokens that may signal (none: API tokens only), with or without ``auth``."""
+    tokens that may signal (none: API tokens only), with or without ``auth``.
+    ``metrics``: serve them on ``GET /metrics`` (role viewer) and count the gateway's
+    events into them; without, ``/metrics`` answers 404."""
     app = FastAPI(title="tideflow", version="1", responses=_ERRORS)
     auth_http.enable(app, client.store if auth else None)
     problems.install(app, max_body)
@@ -113,10 +133,36 @@ def create_app(
 
     app.openapi = openapi  # type: ignore[method-assign]
     _service_routes(app, client)
+    _metrics_route(app, metrics)
     _definition_routes(app, client)
     _run_routes(app, client)
-    event_routes(app, client, event_sources or EventSources())
+    counted = metrics.gateway_outcome if metrics is not None else None
+    event_routes(app, client, event_sources or EventSources(), counted=counted)
     return app
+
+
+_METRICS_TEXT = {
+    200: {
+        "description": "Prometheus text exposition format",
+        "content": {"text/plain": {"schema": {"type": "string"}}},
+    }
+}
+
+
+def _metrics_route(app: FastAPI, metrics: Metrics | None) -> None:
+    @app.get(
+        "/metrics",
+        tags=["service"],
+        dependencies=[READ],
+        response_class=PlainTextResponse,
+        responses=_METRICS_TEXT,  # type: ignore[arg-type]
+    )
+    async def scrape() -> Response:
+        """Prometheus metrics of this server's engine (docs/observability.md): a scraper
+        sends a viewer token as a static bearer (`authorization` in its scrape config)."""
+        if metrics is None:
+            raise NotFound("this server serves no metrics (the metrics extra is not installed)")
+        return Response(await metrics.exposition(), media_type=metrics.content_type)
 
 
 def _service_routes(app: FastAPI, client: Client) -> None:

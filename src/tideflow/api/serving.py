@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Generator
 
 import uvicorn
 
-from tideflow.api.app import DEFAULT_MAX_BODY, create_app
+from tideflow.api.app import DEFAULT_MAX_BODY, Metrics, create_app
 from tideflow.api.event_sources import EventSources
 from tideflow.client import Client
 from tideflow.errors import StoreError
@@ -119,13 +119,17 @@ async def http_api(
     max_body: int = DEFAULT_MAX_BODY,
     auth: bool = True,
     event_sources: EventSources | None = None,
+    metrics: Metrics | None = None,
 ) -> AsyncIterator[None]:
     """Serve the API on ``sock`` while the block runs, with API tokens unless ``auth`` is
-    False; when uvicorn ends on its own, the server is stopped too."""
+    False (and ``metrics`` on ``/metrics``); when uvicorn ends on its own, the server is
+    stopped too."""
     where = address_of(sock)
     await _say_how_it_is_guarded(client, where, auth)
     config = uvicorn.Config(
-        create_app(client, auth=auth, max_body=max_body, event_sources=event_sources),
+        create_app(
+            client, auth=auth, max_body=max_body, event_sources=event_sources, metrics=metrics
+        ),
         log_config=None,
         lifespan="off",
         access_log=False,

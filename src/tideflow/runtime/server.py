@@ -85,6 +85,8 @@ class ServerOptions:
     workers: int = 0
     executors: Any = None
     """The executor registry of an embedded server's workers (None: the built-in ones)."""
+    hooks: tuple[Callable[[Runtime], object], ...] = ()
+    """Called with the runtime before it starts (metrics attach themselves here)."""
 
 
 def check_urls(store: str, bus: str) -> None:
@@ -113,6 +115,8 @@ async def serve(options: ServerOptions, stop: Stop | None = None) -> int:
     stop = stop or Stop()
     stop.install()
     rt = _runtime(options)
+    for hook in options.hooks:
+        hook(rt)
     me = f"{socket.gethostname()}/{os.getpid()}"
     if options.embedded:
         log.info(
