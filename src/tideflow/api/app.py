@@ -21,7 +21,6 @@ from typing import Annotated, Any, Protocol
 import orjson
 from fastapi import FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import PlainTextResponse
 
 from tideflow.api import auth_http, problems
 from tideflow.api.auth_http import allow
@@ -129,6 +128,10 @@ def create_app(
     def openapi() -> dict[str, Any]:
         schema = document()
         auth_http.document(app, schema, _PROBLEM)
+        # /metrics answers Prometheus text only (FastAPI also lists its default JSON)
+        schema["paths"]["/metrics"]["get"]["responses"]["200"]["content"] = _METRICS_TEXT[200][
+            "content"
+        ]
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
@@ -154,7 +157,7 @@ def _metrics_route(app: FastAPI, metrics: Metrics | None) -> None:
         "/metrics",
         tags=["service"],
         dependencies=[READ],
-        response_class=PlainTextResponse,
+        response_model=None,
         responses=_METRICS_TEXT,  # type: ignore[arg-type]
     )
     async def scrape() -> Response:

@@ -66,7 +66,6 @@ this the oldest is forgotten (its attempts are then not timed, nothing else chan
 _RUN_TERMINAL = frozenset(status.value for status in RUN_TERMINAL)
 _PENDING, _RUNNING = RunStatus.PENDING.value, RunStatus.RUNNING.value
 _FAILED, _RETRYING = StepStatus.FAILED.value, StepStatus.RETRYING.value
-_OUTCOME_KINDS = (TaskCompleted, TaskFailed)
 
 AttemptKey = tuple[str, int, bool]
 """(step key, attempt, compensation) within one run."""

@@ -270,9 +270,6 @@ class Runtime:
         commits and event streams (runtime/observers.py; metrics hook in here)."""
         self._engine.observers.append(observer)
 
-    def remove_observer(self, observer: EngineObserver) -> None:
-        self._engine.observers.remove(observer)
-
     def add_event_sink(self, sink: EventSink) -> None:
         """Call ``sink(cloudevent)`` for every event an ``emit`` step publishes."""
         self._engine.sinks.append(sink)
