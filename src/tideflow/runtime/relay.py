@@ -422,12 +422,14 @@ class Relay:
     async def _run(self, effect: Effect) -> bool:
         if effect.key is not None and effect.tries == 0 and effect not in self._pending:
             self._busy[effect.key] += 1
-        with logcontext.about(effect.run_id):  # its log lines (and _failed's) are the run's
-            try:
-                await effect.act()
-            except Exception as exc:
-                self._failed(effect, exc)
-                return False
+        about = logcontext.run_id.set(effect.run_id)  # its log lines (and _failed's) are the run's
+        try:
+            await effect.act()
+        except Exception as exc:
+            self._failed(effect, exc)
+            return False
+        finally:
+            logcontext.run_id.reset(about)
         if effect.key is not None:  # done: relayed (if from the outbox) in the same step
             self._busy[effect.key] -= 1
             if not self._busy[effect.key]:

@@ -300,12 +300,14 @@ class Scheduler:
         for event in events:
             if event.run_id in failed:
                 continue
+            about = logcontext.run_id.set(event.run_id)  # its log lines are the run's
             try:
-                with logcontext.about(event.run_id):
-                    applied = await self._apply(event)
+                applied = await self._apply(event)
             except _ApplyFailed:
                 failed.add(event.run_id)
                 continue
+            finally:
+                logcontext.run_id.reset(about)
             if applied is not None:
                 batch.append(applied)
         if failed:
