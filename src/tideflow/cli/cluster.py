@@ -8,6 +8,7 @@ import contextlib
 import functools
 import logging
 import os
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -481,10 +482,11 @@ def worker_cmd(
     raise typer.Exit(run_async(work(options)))
 
 
-def _metrics_address(text: str) -> tuple[str, int]:
-    """``--metrics HOST:PORT``, checked (and the extra present) before the worker starts."""
+def _metrics_address(text: str) -> socket.socket:
+    """``--metrics HOST:PORT`` as a listening socket, bound before the worker starts (a
+    missing extra, a bad address or a port in use is an exit 2)."""
     try:
-        import prometheus_client  # noqa: F401
+        from tideflow.observability.metrics import listen
     except ImportError:
         raise fail_usage(
             "--metrics needs the metrics extra (prometheus-client): pip install 'tideflow[metrics]'"
@@ -493,7 +495,10 @@ def _metrics_address(text: str) -> tuple[str, int]:
     host = host.removeprefix("[").removesuffix("]")
     if not sep or not host or not port.isdigit() or int(port) > 65535:
         raise fail_usage(f"--metrics {text}: give HOST:PORT, such as 127.0.0.1:9464")
-    return host, int(port)
+    try:
+        return listen(host, int(port))
+    except OSError as exc:
+        raise fail_usage(f"--metrics {text}: cannot listen there: {exc.strerror or exc}") from None
 
 
 __all__ = [

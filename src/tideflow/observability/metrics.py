@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -461,12 +462,27 @@ class _Timed(Execution):
 # -- serving a port -----------------------------------------------------------------------
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (bound now, so that a port in use is known
+    before the process starts; port 0 picks a free one); ``OSError``."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1" if host == "localhost" else host, port))
+        sock.listen(64)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 async def serve_metrics(
-    metrics: EngineMetrics | WorkerMetrics, host: str, port: int
+    metrics: EngineMetrics | WorkerMetrics, sock: socket.socket
 ) -> asyncio.Server:
-    """Serve ``GET /metrics`` (and ``/``) on ``host:port`` in this event loop: a small
-    HTTP/1.1 server, so that levels are read in the loop that owns the bus, not from a
-    thread. Anything else is a 404; one request per connection."""
+    """Serve ``GET /metrics`` (and ``/``) on ``sock`` (``listen``) in this event loop: a
+    small HTTP/1.1 server, so that levels are read in the loop that owns the bus, not
+    from a thread. Anything else is a 404; one request per connection."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -490,13 +506,14 @@ async def serve_metrics(
         finally:
             writer.close()
 
-    return await asyncio.start_server(handle, host, port)
+    return await asyncio.start_server(handle, sock=sock)
 
 
 __all__ = [
     "CONTENT_TYPE",
     "EngineMetrics",
     "WorkerMetrics",
+    "listen",
     "queue_families",
     "serve_metrics",
 ]

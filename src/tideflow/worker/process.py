@@ -67,8 +67,9 @@ class WorkerOptions:
     grace: float = DEFAULT_GRACE
     store: str | None = None
     max_output: int = storable.MAX_STEP_OUTPUT
-    metrics: tuple[str, int] | None = None
-    """Serve Prometheus metrics on this (host, port) (``--metrics``; the metrics extra)."""
+    metrics: socket.socket | None = None
+    """Serve Prometheus metrics on this listening socket (``--metrics``; the metrics
+    extra)."""
 
 
 class StoreStarts:
@@ -183,7 +184,7 @@ async def work(options: WorkerOptions, stop: Stop | None = None) -> int:
             await store.open()
         interceptors: list[Interceptor] = []
         if options.metrics is not None:
-            metrics, exposed = await _serve_metrics(bus, *options.metrics)
+            metrics, exposed = await _serve_metrics(bus, options.metrics)
             interceptors.append(metrics.interceptor)
         pool = _pool(options, bus, store, executors, interceptors)
         pool.start()
@@ -208,12 +209,12 @@ async def work(options: WorkerOptions, stop: Stop | None = None) -> int:
     return 0
 
 
-async def _serve_metrics(bus: Bus, host: str, port: int) -> tuple[Any, asyncio.Server]:
-    """The worker's metrics, served on ``host:port`` (observability/metrics.py)."""
+async def _serve_metrics(bus: Bus, sock: socket.socket) -> tuple[Any, asyncio.Server]:
+    """The worker's metrics, served on ``sock`` (observability/metrics.py)."""
     from tideflow.observability.metrics import WorkerMetrics, serve_metrics
 
     metrics = WorkerMetrics(process=True).watch(bus)
-    server = await serve_metrics(metrics, host, port)
+    server = await serve_metrics(metrics, sock)
     where = server.sockets[0].getsockname()
     log.info("metrics on http://%s:%d/metrics", where[0], where[1])
     return metrics, server

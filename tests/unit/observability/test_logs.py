@@ -166,3 +166,32 @@ def test_a_bad_log_option_is_a_usage_error(args: list[str], message: str, tmp_pa
     result = CliRunner().invoke(app, ["run", str(flow), "--store", "memory://", *args])
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+@pytest.mark.parametrize(
+    ("address", "message"),
+    [
+        ("nowhere", "--metrics nowhere: give HOST:PORT, such as 127.0.0.1:9464"),
+        ("127.0.0.1:99999", "give HOST:PORT"),
+    ],
+)
+def test_a_bad_worker_metrics_address_is_a_usage_error(address: str, message: str) -> None:
+    args = ["worker", "--bus", "redis://127.0.0.1:6379/0", "--metrics", address]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def test_a_worker_metrics_port_in_use_is_a_usage_error() -> None:
+    import socket
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        result = CliRunner().invoke(app, ["worker", "--bus", "redis://x:1/0", "--metrics", address])
+    finally:
+        taken.close()
+    assert result.exit_code == 2, result.output
+    assert f"--metrics {address}: cannot listen there" in result.output

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tideflow.api import create_app
 from tideflow.api.auth import issue_token
 from tideflow.model.tokens import Role
-from tideflow.observability.metrics import EngineMetrics, WorkerMetrics, serve_metrics
+from tideflow.observability.metrics import EngineMetrics, WorkerMetrics, listen, serve_metrics
 from tideflow.runtime.observers import EngineObserver
 from tideflow.runtime.runtime import Runtime
 from tideflow.testing.waiting import step_is, wait_until
@@ -256,7 +256,7 @@ async def test_a_worker_port_serves_its_attempts_and_its_queues() -> None:
         await rt.register(BAD)
         await rt.run("ok")
         await rt.run("bad")
-        server = await serve_metrics(worker, "127.0.0.1", 0)
+        server = await serve_metrics(worker, listen("127.0.0.1", 0))
         port = server.sockets[0].getsockname()[1]
         try:
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
@@ -274,3 +274,40 @@ async def test_a_worker_port_serves_its_attempts_and_its_queues() -> None:
     assert value(samples, attempts, type="noop", outcome="succeeded") == 1
     assert value(samples, "tideflow_worker_attempts_running") == 0
     assert value(samples, "tideflow_queue_depth", queue="default", priority="high") == 0
+
+
+SAGA = {
+    "name": "saga",
+    "version": "1",
+    "on_failure": "compensate",
+    "steps": [
+        {
+            "id": "reserve",
+            "type": "python",
+            "function": "metrics.ok",
+            "compensate": {"type": "noop"},
+        },
+        {"id": "charge", "type": "python", "function": "metrics.boom", "depends_on": ["reserve"]},
+    ],
+}
+
+
+async def test_a_compensated_run_counts_once_in_the_state_it_ends_in() -> None:
+    async with Runtime(workers=2) as rt:
+        metrics = EngineMetrics().attach(rt)
+        await rt.register(SAGA)
+        assert (await rt.run("saga")).status == "compensated"
+        samples = parse((await metrics.exposition()).decode())
+    finished = {
+        dict(labels)["status"]: count
+        for (name, labels), count in samples.items()
+        if name == "tideflow_runs_finished_total"
+    }
+    assert finished == {"compensated": 1}
+    step = {"workflow": "saga", "step": "charge", "type": "python"}
+    assert value(samples, "tideflow_step_failures_total", **step) == 1
+    assert value(samples, "tideflow_step_retries_total", **step) is None
+    # the compensation's attempt is dispatched and started, and not a step duration
+    assert value(samples, "tideflow_dispatch_latency_seconds_count", queue="default") == 3
+    reserve = {"workflow": "saga", "step": "reserve", "type": "python"}
+    assert value(samples, "tideflow_step_duration_seconds_count", **reserve) == 1
