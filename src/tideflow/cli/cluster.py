@@ -303,6 +303,7 @@ def server_cmd(
             "max_step_output": limits.step_output,
             "max_run_input": limits.run_input,
             "sweep_interval": sweep_interval,
+            **_worker_metrics(metrics, embedded),
         },
         services=services,
         hooks=(metrics.attach,) if metrics is not None else (),
@@ -312,6 +313,13 @@ def server_cmd(
     )
     code = run_async(_serve(options, serve))
     raise typer.Exit(code)
+
+
+def _worker_metrics(metrics: EngineMetrics | None, embedded: bool) -> dict[str, Any]:
+    """An embedded server's workers time their attempts into the engine's metrics."""
+    if metrics is None or not embedded:
+        return {}
+    return {"interceptors": [metrics.workers().interceptor]}
 
 
 def _engine_metrics() -> EngineMetrics | None:

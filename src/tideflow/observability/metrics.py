@@ -257,6 +257,11 @@ class EngineMetrics(EngineObserver):
 
     content_type = CONTENT_TYPE
 
+    def workers(self) -> WorkerMetrics:
+        """Metrics of the workers of this process (an embedded server), in this registry:
+        ``Runtime(interceptors=[metrics.workers().interceptor])``."""
+        return WorkerMetrics(self.registry, levels=False)
+
     def gateway_outcome(self, outcome: str, count: int = 1) -> None:
         """The gateway took ``count`` events with this outcome (delivered, unmatched,
         duplicate, rejected)."""
@@ -389,9 +394,16 @@ class WorkerMetrics:
 
     content_type = CONTENT_TYPE
 
-    def __init__(self, registry: CollectorRegistry | None = None, *, process: bool = False) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        process: bool = False,
+        levels: bool = True,
+    ) -> None:
         """``process``: add the process's CPU, memory and file descriptors (a `tideflow
-        worker` process of its own)."""
+        worker` process of its own). ``levels=False``: no queue gauges and error counters
+        of its own (``EngineMetrics.workers``: the engine's registry has them)."""
         self.registry = registry or CollectorRegistry(auto_describe=True)
         r = self.registry
         self.attempts = Counter(
@@ -410,10 +422,11 @@ class WorkerMetrics:
         self.running = Gauge(
             "tideflow_worker_attempts_running", "Attempts running on this worker now", registry=r
         )
-        self.errors = _Errors(r)
         self._queues: list[QueueStats] | None = None
         self._bus: Bus | None = None
-        r.register(_LevelsCollector(lambda: _Levels(queues=self._queues)))
+        if levels:
+            self.errors = _Errors(r)
+            r.register(_LevelsCollector(lambda: _Levels(queues=self._queues)))
         if process:
             ProcessCollector(registry=r)
 

@@ -311,3 +311,15 @@ async def test_a_compensated_run_counts_once_in_the_state_it_ends_in() -> None:
     assert value(samples, "tideflow_dispatch_latency_seconds_count", queue="default") == 3
     reserve = {"workflow": "saga", "step": "reserve", "type": "python"}
     assert value(samples, "tideflow_step_duration_seconds_count", **reserve) == 1
+
+
+async def test_an_embedded_servers_workers_count_into_the_engines_registry() -> None:
+    engine = EngineMetrics()
+    async with Runtime(workers=2, interceptors=[engine.workers().interceptor]) as rt:
+        engine.attach(rt)
+        await rt.register(OK)
+        await rt.run("ok")
+        samples = parse((await engine.exposition()).decode())
+    attempts = "tideflow_worker_attempts_total"
+    assert value(samples, attempts, type="python", outcome="succeeded") == 1
+    assert value(samples, "tideflow_runs_finished_total", workflow="ok", status="succeeded") == 1
