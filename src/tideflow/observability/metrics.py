@@ -24,9 +24,6 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
     ProcessCollector,
     generate_latest,
 )
@@ -41,6 +38,7 @@ from tideflow.model.events import EVENT_KINDS, TaskCompleted, TaskFailed, TaskSt
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
 from tideflow.model.states import RUN_TERMINAL, RunStatus, StepStatus
+from tideflow.observability.series import Counts, Level, Series, Timings
 from tideflow.runtime.observers import EngineObserver
 from tideflow.store.base import AppliedEvent
 from tideflow.worker.interceptors import ExecuteInput, ExecuteOutput, Execution
@@ -68,6 +66,7 @@ _RUN_TERMINAL = frozenset(status.value for status in RUN_TERMINAL)
 _PENDING, _RUNNING = RunStatus.PENDING.value, RunStatus.RUNNING.value
 _FAILED, _RETRYING = StepStatus.FAILED.value, StepStatus.RETRYING.value
 
+_ATTEMPT_EVENTS = (TaskStarted, TaskCompleted, TaskFailed)
 AttemptKey = tuple[str, int, bool]
 """(step key, attempt, compensation) within one run."""
 
@@ -149,19 +148,16 @@ class _LevelsCollector(Collector):
 class _Errors:
     """``tideflow_store_errors_total`` and ``tideflow_bus_errors_total`` by operation."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.store = Counter(
-            "tideflow_store_errors",
-            "Store operations that failed",
-            ("operation",),
-            registry=registry,
+    def __init__(self, series: Series) -> None:
+        self.store = series.add(
+            Counts("tideflow_store_errors", "Store operations that failed", ("operation",))
         )
-        self.bus = Counter(
-            "tideflow_bus_errors", "Bus operations that failed", ("operation",), registry=registry
+        self.bus = series.add(
+            Counts("tideflow_bus_errors", "Bus operations that failed", ("operation",))
         )
 
     def count(self, exc: BaseException, operation: str) -> None:
-        (self.store if isinstance(exc, StoreError) else self.bus).labels(operation).inc()
+        (self.store if isinstance(exc, StoreError) else self.bus).inc((operation,))
 
 
 class EngineMetrics(EngineObserver):
@@ -169,66 +165,70 @@ class EngineMetrics(EngineObserver):
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.runs_started = Counter(
-            "tideflow_runs_started", "Runs started", ("workflow",), registry=r
+        series = self.series = Series(self.registry)
+        self.runs_started = series.add(
+            Counts("tideflow_runs_started", "Runs started", ("workflow",))
         )
-        self.runs_finished = Counter(
-            "tideflow_runs_finished",
-            "Runs that ended, by end state",
-            ("workflow", "status"),
-            registry=r,
+        self.runs_finished = series.add(
+            Counts(
+                "tideflow_runs_finished", "Runs that ended, by end state", ("workflow", "status")
+            )
         )
         step = ("workflow", "step", "type")
-        self.step_duration = Histogram(
-            "tideflow_step_duration_seconds",
-            "Attempts of task steps, from their start on a worker to their outcome",
-            step,
-            buckets=DURATION_BUCKETS,
-            registry=r,
+        self.step_duration = series.add(
+            Timings(
+                "tideflow_step_duration_seconds",
+                "Attempts of task steps, from their start on a worker to their outcome",
+                step,
+                DURATION_BUCKETS,
+            )
         )
-        self.step_failures = Counter(
-            "tideflow_step_failures", "Step instances that ended failed", step, registry=r
+        self.step_failures = series.add(
+            Counts("tideflow_step_failures", "Step instances that ended failed", step)
         )
-        self.step_retries = Counter(
-            "tideflow_step_retries",
-            "Attempts that failed and are retried under the step's retry policy",
-            step,
-            registry=r,
+        self.step_retries = series.add(
+            Counts(
+                "tideflow_step_retries",
+                "Attempts that failed and are retried under the step's retry policy",
+                step,
+            )
         )
-        self.dispatch_latency = Histogram(
-            "tideflow_dispatch_latency_seconds",
-            "From an attempt's dispatch to its start on a worker (ready -> started)",
-            ("queue",),
-            buckets=DURATION_BUCKETS,
-            registry=r,
+        self.dispatch_latency = series.add(
+            Timings(
+                "tideflow_dispatch_latency_seconds",
+                "From an attempt's dispatch to its start on a worker (ready -> started)",
+                ("queue",),
+                DURATION_BUCKETS,
+            )
         )
-        self.apply_latency = Histogram(
-            "tideflow_event_apply_latency_seconds",
-            "From an event's time to its batch being committed and relayed",
-            ("kind",),
-            buckets=DURATION_BUCKETS,
-            registry=r,
+        self.apply_latency = series.add(
+            Timings(
+                "tideflow_event_apply_latency_seconds",
+                "From an event's time to its batch being committed and relayed",
+                ("kind",),
+                DURATION_BUCKETS,
+            )
         )
-        self.lease_expirations = Counter(
-            "tideflow_lease_expirations",
-            "Attempts delivered again because the worker holding them stopped renewing their "
-            "lease or handed them back",
-            registry=r,
+        self.lease_expirations = series.add(
+            Counts(
+                "tideflow_lease_expirations",
+                "Attempts delivered again because the worker holding them stopped renewing "
+                "their lease or handed them back",
+            )
         )
-        self.gateway = Counter(
-            "tideflow_gateway_events",
-            "Events the gateway (POST /events) took, by outcome",
-            ("outcome",),
-            registry=r,
+        self.gateway = series.add(
+            Counts(
+                "tideflow_gateway_events",
+                "Events the gateway (POST /events) took, by outcome",
+                ("outcome",),
+            )
         )
-        self.errors = _Errors(r)
+        self.errors = _Errors(series)
         self._levels = _Levels()
-        r.register(_LevelsCollector(lambda: self._levels))
+        self.registry.register(_LevelsCollector(lambda: self._levels))
         self._attempts: dict[str, dict[AttemptKey, _Attempt]] = {}
-        self._apply_by_kind = {
-            kind: self.apply_latency.labels(name) for kind, name in EVENT_KINDS.items()
-        }
+        self._kinds = {kind: (name,) for kind, name in EVENT_KINDS.items()}
+        self._step_keys: dict[tuple[str, str], tuple[str, str, str]] = {}
         self._reads: Callable[[list[BaseException]], Awaitable[_Levels]] | None = None
         self._plans: Callable[[str], Plan | None] = lambda plan_hash: None
 
@@ -265,17 +265,18 @@ class EngineMetrics(EngineObserver):
     def gateway_outcome(self, outcome: str, count: int = 1) -> None:
         """The gateway took ``count`` events with this outcome (delivered, unmatched,
         duplicate, rejected)."""
-        self.gateway.labels(outcome).inc(count)
+        self.gateway.inc((outcome,), count)
 
     # -- the observer port ------------------------------------------------------------
 
     def applied(self, batch: Sequence[AppliedEvent], now: float) -> None:
+        apply_latency = self.apply_latency
         for applied in batch:
             event = applied.event
-            child = self._apply_by_kind.get(type(event))
-            if child is not None:
-                child.observe(max(now - event.time, 0.0))
-            if isinstance(event, TaskStarted | TaskCompleted | TaskFailed):
+            kind = self._kinds.get(type(event))
+            if kind is not None:
+                apply_latency.observe(kind, max(now - event.time, 0.0))
+            if isinstance(event, _ATTEMPT_EVENTS):
                 self._attempt_event(applied.state, event)
             if applied.transitions:
                 self._transitions(applied)
@@ -287,7 +288,7 @@ class EngineMetrics(EngineObserver):
         self.errors.count(exc, "relay")
 
     def commit_failed(self, exc: Exception) -> None:
-        self.errors.store.labels("commit").inc()
+        self.errors.store.inc(("commit",))
 
     def consume_failed(self, exc: Exception) -> None:
         self.errors.count(exc, "consume")
@@ -300,15 +301,15 @@ class EngineMetrics(EngineObserver):
         for t in applied.transitions:
             if t.subject == "run":
                 if t.old == _PENDING and t.new == _RUNNING:
-                    self.runs_started.labels(state.workflow).inc()
+                    self.runs_started.inc((state.workflow,))
                 last_run = t.new
             elif t.new == _FAILED or (t.new == _RETRYING and t.old != _RETRYING):
                 labels = self._step_labels(state, t.subject)
                 if labels is not None:
                     counter = self.step_failures if t.new == _FAILED else self.step_retries
-                    counter.labels(*labels).inc()
+                    counter.inc(labels)
         if last_run in _RUN_TERMINAL:
-            self.runs_finished.labels(state.workflow, last_run).inc()
+            self.runs_finished.inc((state.workflow, last_run))
             self._attempts.pop(state.run_id, None)
 
     def _step_labels(self, state: RunState, subject: str) -> tuple[str, str, str] | None:
@@ -341,21 +342,21 @@ class EngineMetrics(EngineObserver):
         if isinstance(event, TaskStarted):
             if attempt.started_at is None:
                 attempt.started_at = event.time
-                self.dispatch_latency.labels(attempt.queue).observe(
-                    max(event.time - attempt.dispatched_at, 0.0)
+                self.dispatch_latency.observe(
+                    (attempt.queue,), max(event.time - attempt.dispatched_at, 0.0)
                 )
             return
         started = attempt.started_at
         if started is None and event.started_at is not None:  # started and ended in one
             started = event.started_at
-            self.dispatch_latency.labels(attempt.queue).observe(
-                max(started - attempt.dispatched_at, 0.0)
+            self.dispatch_latency.observe(
+                (attempt.queue,), max(started - attempt.dispatched_at, 0.0)
             )
         assert attempts is not None
         del attempts[key]
         if started is not None and not event.compensation:
-            self.step_duration.labels(state.workflow, attempt.step_id, attempt.type).observe(
-                max(event.time - started, 0.0)
+            self.step_duration.observe(
+                (state.workflow, attempt.step_id, attempt.type), max(event.time - started, 0.0)
             )
 
 
@@ -405,30 +406,32 @@ class WorkerMetrics:
         worker` process of its own). ``levels=False``: no queue gauges and error counters
         of its own (``EngineMetrics.workers``: the engine's registry has them)."""
         self.registry = registry or CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.attempts = Counter(
-            "tideflow_worker_attempts",
-            "Attempts this worker ran, by outcome (succeeded, failed, cancelled)",
-            ("type", "outcome"),
-            registry=r,
+        series = Series(self.registry)
+        self.attempts = series.add(
+            Counts(
+                "tideflow_worker_attempts",
+                "Attempts this worker ran, by outcome (succeeded, failed, cancelled)",
+                ("type", "outcome"),
+            )
         )
-        self.duration = Histogram(
-            "tideflow_worker_attempt_duration_seconds",
-            "Attempts this worker ran, from the executor's start to its end",
-            ("type", "step"),
-            buckets=DURATION_BUCKETS,
-            registry=r,
+        self.duration = series.add(
+            Timings(
+                "tideflow_worker_attempt_duration_seconds",
+                "Attempts this worker ran, from the executor's start to its end",
+                ("type", "step"),
+                DURATION_BUCKETS,
+            )
         )
-        self.running = Gauge(
-            "tideflow_worker_attempts_running", "Attempts running on this worker now", registry=r
+        self.running = series.add(
+            Level("tideflow_worker_attempts_running", "Attempts running on this worker now")
         )
         self._queues: list[QueueStats] | None = None
         self._bus: Bus | None = None
         if levels:
-            self.errors = _Errors(r)
-            r.register(_LevelsCollector(lambda: _Levels(queues=self._queues)))
+            self.errors = _Errors(series)
+            self.registry.register(_LevelsCollector(lambda: _Levels(queues=self._queues)))
         if process:
-            ProcessCollector(registry=r)
+            ProcessCollector(registry=self.registry)
 
     def watch(self, bus: Bus) -> WorkerMetrics:
         """Read the queues of ``bus`` at scrape time."""
@@ -459,7 +462,7 @@ class _Timed(Execution):
     async def execute(self, input: ExecuteInput) -> ExecuteOutput:
         task = input.task
         m = self._m
-        m.running.inc()
+        m.running.add(1)
         began = time.perf_counter()
         outcome = "cancelled"
         try:
@@ -467,9 +470,9 @@ class _Timed(Execution):
             outcome = "failed" if out.error is not None else "succeeded"
             return out
         finally:
-            m.running.dec()
-            m.attempts.labels(task.type, outcome).inc()
-            m.duration.labels(task.type, task.step_id).observe(time.perf_counter() - began)
+            m.running.add(-1)
+            m.attempts.inc((task.type, outcome))
+            m.duration.observe((task.type, task.step_id), time.perf_counter() - began)
 
 
 # -- serving a port -----------------------------------------------------------------------
