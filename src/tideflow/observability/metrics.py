@@ -1,7 +1,9 @@
 """Prometheus metrics of an engine (``EngineMetrics``) and of a worker (``WorkerMetrics``).
 
 Each has its own ``CollectorRegistry`` (never the global one): several runtimes in one
-process, and the tests, do not collide. What the engine does is heard through its
+process, and the tests, do not collide. Counts and timings are plain numbers updated on
+the event loop and turned into Prometheus families at scrape time (observability/series.py:
+no lock and no label validation per event on the engine's hot path). What the engine does is heard through its
 observer port (runtime/observers.py: one call per committed batch, none when no metrics
 are attached); what a worker does through its interceptor chain (worker/interceptors.py);
 what is a level rather than an event (queue depth and the age of the oldest task, active
