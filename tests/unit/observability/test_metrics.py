@@ -17,10 +17,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tideflow.api import create_app
 from tideflow.api.auth import issue_token
+from tideflow.bus.backends.local import LocalBus
+from tideflow.errors import BusError, StoreUnavailable
 from tideflow.model.tokens import Role
 from tideflow.observability.metrics import EngineMetrics, WorkerMetrics, listen, serve_metrics
 from tideflow.runtime.observers import EngineObserver
 from tideflow.runtime.runtime import Runtime
+from tideflow.store.backends.memory import MemoryStore
 from tideflow.testing.waiting import step_is, wait_until
 from tideflow.worker.executors.functions import register, unregister
 
@@ -322,4 +325,43 @@ async def test_an_embedded_servers_workers_count_into_the_engines_registry() -> 
         samples = parse((await engine.exposition()).decode())
     attempts = "tideflow_worker_attempts_total"
     assert value(samples, attempts, type="python", outcome="succeeded") == 1
+    assert value(samples, "tideflow_runs_finished_total", workflow="ok", status="succeeded") == 1
+
+
+class _RefusingBus(LocalBus):
+    """Refuses the first ``refuse`` task publishes (the broker connection reset)."""
+
+    def __init__(self, refuse: int) -> None:
+        super().__init__()
+        self.refuse = refuse
+
+    async def publish_tasks(self, tasks: Any) -> None:
+        if self.refuse:
+            self.refuse -= 1
+            raise BusError("the broker connection was reset")
+        await super().publish_tasks(tasks)
+
+
+class _BusyStore(MemoryStore):
+    """Fails the first commit of a batch (the store is unavailable for a moment)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail = True
+
+    async def commit(self, batch: Any, relayed: Any = ()) -> None:
+        if batch and self.fail:
+            self.fail = False
+            raise StoreUnavailable("the disk is busy")
+        await super().commit(batch, relayed)
+
+
+async def test_bus_and_store_errors_are_counted_and_the_run_carries_on() -> None:
+    async with Runtime(workers=2, bus=_RefusingBus(2), store=_BusyStore()) as rt:
+        metrics = EngineMetrics().attach(rt)
+        await rt.register(OK)
+        assert (await rt.run("ok")).status == "succeeded"
+        samples = parse((await metrics.exposition()).decode())
+    assert value(samples, "tideflow_bus_errors_total", operation="relay") == 2
+    assert value(samples, "tideflow_store_errors_total", operation="commit") == 1
     assert value(samples, "tideflow_runs_finished_total", workflow="ok", status="succeeded") == 1
