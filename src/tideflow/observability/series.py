@@ -53,9 +53,17 @@ class Timings:
     def observe(self, key: Key, value: float) -> None:
         series = self.series.get(key)
         if series is None:
-            series = self.series[key] = [0.0] * (len(self.bounds) + 2)
+            series = self.of(key)
         series[bisect_left(self.bounds, value)] += 1  # the first bound >= value: `le`
         series[-1] += value
+
+    def of(self, key: Key) -> list[float]:
+        """The series of ``key`` (created empty), for a caller that observes into it
+        itself: ``series[bisect_left(bounds, value)] += 1; series[-1] += value``."""
+        series = self.series.get(key)
+        if series is None:
+            series = self.series[key] = [0.0] * (len(self.bounds) + 2)
+        return series
 
     def family(self) -> Metric:
         family = HistogramMetricFamily(self.name, self.doc, labels=self.labels)
