@@ -354,7 +354,11 @@ class Client:
 
     async def plan(self, run_id: str) -> Plan:
         """The plan the run pinned when it started."""
-        return await self._catalog.plans.get((await self._link.state(run_id)).plan_hash)
+        return await self.pinned(await self._link.state(run_id))
+
+    async def pinned(self, state: RunState) -> Plan:
+        """The plan a run state pinned (one read of the run for state and plan)."""
+        return await self._catalog.plans.get(state.plan_hash)
 
     async def wait(self, run_id: str, timeout: float | None = None) -> RunResult:
         """Wait until the run is in a terminal state and return its result."""

@@ -24,6 +24,7 @@ from fastapi.exceptions import RequestValidationError
 
 from tideflow.api import auth_http, problems
 from tideflow.api.auth_http import allow
+from tideflow.api.changes import RunChanges
 from tideflow.api.event_sources import EventSources
 from tideflow.api.events import event_routes
 from tideflow.api.models import (
@@ -48,12 +49,15 @@ from tideflow.api.models import (
     WhyView,
 )
 from tideflow.api.problems import Problem
+from tideflow.api.run_views import run_view_routes
 from tideflow.bus.base import unserved
 from tideflow.client import Client
 from tideflow.errors import NotFound
 from tideflow.model.states import RunStatus
 from tideflow.model.tokens import Action
 from tideflow.store.base import RunFilter
+from tideflow.ui.app import ui_app
+from tideflow.ui.sessions import Sessions
 
 __all__ = ["Metrics", "create_app"]
 
@@ -111,6 +115,9 @@ def create_app(
     auth: bool = True,
     max_body: int = DEFAULT_MAX_BODY,
     event_sources: EventSources | None = None,
+    changes: RunChanges | None = None,
+    sessions: Sessions | None = None,
+    ui: bool = True,
     metrics: Metrics | None = None,
 ) -> FastAPI:
     """The API over ``client``; request bodies over ``max_body`` bytes are refused (413).
@@ -118,10 +125,19 @@ def create_app(
     role allows the route's action; ``auth=False`` checks none (serve it on loopback).
     ``POST /events`` takes events from the sources ``event_sources`` lists, and from API
     tokens that may signal (none: API tokens only), with or without ``auth``.
+
+    The web UI is served under ``/ui`` unless not ``ui``; its browser sessions are
+    ``sessions`` (default: logging in with an API token, or none without ``auth``;
+    ``Sessions.local()`` for `tideflow ui`). ``changes`` is the hub the engine tells of
+    run changes (api/changes.py), which the event streams wait on (without it they read
+    the store every few seconds).
+
     ``metrics``: serve them on ``GET /metrics`` (role viewer) and count the gateway's
     events into them; without, ``/metrics`` answers 404."""
     app = FastAPI(title="tideflow", version="1", responses=_ERRORS)
-    auth_http.enable(app, client.store if auth else None)
+    if sessions is None and auth:
+        sessions = Sessions(store=client.store)
+    auth_http.enable(app, client.store if auth else None, sessions)
     problems.install(app, max_body)
     document = app.openapi
 
@@ -139,8 +155,11 @@ def create_app(
     _metrics_route(app, metrics)
     _definition_routes(app, client)
     _run_routes(app, client)
+    run_view_routes(app, client, changes or RunChanges())
     counted = metrics.gateway_outcome if metrics is not None else None
     event_routes(app, client, event_sources or EventSources(), counted=counted)
+    if ui:
+        app.mount("/ui", ui_app(sessions), name="ui")
     return app
 
 

@@ -27,9 +27,10 @@ from fastapi.openapi.models import HTTPBearer as HTTPBearerModel
 from fastapi.security.base import SecurityBase
 
 from tideflow.api.auth import Principal, authenticate, require
-from tideflow.errors import Forbidden
+from tideflow.errors import Forbidden, MissingToken
 from tideflow.model.tokens import Action
 from tideflow.store.base import Store
+from tideflow.ui.sessions import COOKIE, CSRF_HEADER, Sessions
 
 __all__ = ["SCHEME", "action_of", "allow", "document", "enable"]
 
@@ -38,6 +39,8 @@ log = logging.getLogger("tideflow.api.auth")
 SCHEME = "bearer"
 """The name of the security scheme in the OpenAPI document."""
 _STORE = "tideflow_token_store"
+_SESSIONS = "tideflow_ui_sessions"
+_SAFE = frozenset({"GET", "HEAD", "OPTIONS"})
 _UNAUTHENTICATED = "No live API token: missing, malformed, unknown, revoked or a wrong secret"
 _FORBIDDEN = "The token's role does not allow this action (the detail names the role needed)"
 _CHALLENGE = {
@@ -66,10 +69,13 @@ class BearerToken(SecurityBase):
 _BEARER = BearerToken()
 
 
-def enable(app: FastAPI, store: Store | None) -> None:
+def enable(app: FastAPI, store: Store | None, sessions: Sessions | None = None) -> None:
     """Check tokens against ``store`` on every route that calls ``allow``; None: check
-    nothing (an API served without authentication)."""
+    nothing (an API served without authentication). With ``sessions`` a web UI
+    session's cookie is taken too (ui/sessions.py); sessions that are ``required``
+    (`tideflow ui`) let nobody in without one, whatever ``store`` says."""
     setattr(app.state, _STORE, store)
+    setattr(app.state, _SESSIONS, sessions)
 
 
 class _Allow:
@@ -88,15 +94,31 @@ class _Allow:
                 "a route calls tideflow.api.auth_http.allow on an app without "
                 "tideflow.api.auth_http.enable(app, store) (None: no authentication)"
             ) from None
-        if store is None:
-            return None
-        principal = await authenticate(store, header)
+        sessions: Sessions | None = getattr(request.app.state, _SESSIONS, None)
+        principal = await _session_of(request, sessions)
+        if principal is None:
+            if sessions is not None and sessions.required:
+                raise MissingToken("open the web UI with the link `tideflow ui` printed")
+            if store is None:
+                return None
+            principal = await authenticate(store, header)
         try:
             require(principal, self.action)
         except Forbidden as exc:
             log.info("403 %s %s: %s", request.method, request.url.path, exc.message)
             raise
         return principal
+
+
+async def _session_of(request: Request, sessions: Sessions | None) -> Principal | None:
+    """The principal of the request's UI session cookie, if it has one and (for a method
+    that changes something) the UI's header with it."""
+    if sessions is None:
+        return None
+    cookie = request.cookies.get(COOKIE)
+    if cookie is None or (request.method not in _SAFE and CSRF_HEADER not in request.headers):
+        return None
+    return await sessions.principal(cookie)
 
 
 def allow(action: Action) -> Any:

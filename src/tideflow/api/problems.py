@@ -226,12 +226,14 @@ def install(app: FastAPI, max_body: int) -> None:
 
 
 def _errors_as_problems(responses: dict[str, Any]) -> None:
-    """FastAPI documents every response model as ``application/json``; errors are
+    """FastAPI documents every response model as ``application/json`` (or as the route's
+    own media type: ``text/event-stream`` for a stream); errors are
     ``application/problem+json``."""
     for code, response in responses.items():
         content = response.get("content", {})
-        if code[:1] in "45" and "application/json" in content:
-            content[PROBLEM_JSON] = content.pop("application/json")
+        for media in ("application/json", "text/event-stream"):
+            if code[:1] in "45" and media in content:
+                content[PROBLEM_JSON] = content.pop(media)
 
 
 class Unhandled:

@@ -20,10 +20,12 @@ from collections.abc import AsyncIterator, Generator
 import uvicorn
 
 from tideflow.api.app import DEFAULT_MAX_BODY, Metrics, create_app
+from tideflow.api.changes import RunChanges
 from tideflow.api.event_sources import EventSources
 from tideflow.client import Client
 from tideflow.errors import StoreError
 from tideflow.lifecycle import Stop
+from tideflow.ui.sessions import Sessions
 
 log = logging.getLogger("tideflow.api")
 
@@ -119,17 +121,29 @@ async def http_api(
     max_body: int = DEFAULT_MAX_BODY,
     auth: bool = True,
     event_sources: EventSources | None = None,
+    changes: RunChanges | None = None,
+    sessions: Sessions | None = None,
     metrics: Metrics | None = None,
 ) -> AsyncIterator[None]:
-    """Serve the API on ``sock`` while the block runs, with API tokens unless ``auth`` is
-    False (and ``metrics`` on ``/metrics``); when uvicorn ends on its own, the server is
-    stopped too."""
+    """Serve the API (and the web UI at ``/ui``, and ``metrics`` on ``/metrics``) on
+    ``sock`` while the block runs, with API tokens unless ``auth`` is False; ``sessions``
+    that are ``required`` (`tideflow ui`) guard it instead. ``changes``: the hub the engine
+    tells of run changes. When uvicorn ends on its own, the server is stopped too."""
     where = address_of(sock)
-    await _say_how_it_is_guarded(client, where, auth)
+    changes = changes or RunChanges()
+    if sessions is None or not sessions.required:
+        await _say_how_it_is_guarded(client, where, auth)
+    app = create_app(
+        client,
+        auth=auth,
+        max_body=max_body,
+        event_sources=event_sources,
+        changes=changes,
+        sessions=sessions,
+        metrics=metrics,
+    )
     config = uvicorn.Config(
-        create_app(
-            client, auth=auth, max_body=max_body, event_sources=event_sources, metrics=metrics
-        ),
+        app,
         log_config=None,
         lifespan="off",
         access_log=False,
@@ -145,10 +159,14 @@ async def http_api(
             stop.set("the HTTP API stopped")
 
     serving.add_done_callback(ended)
-    log.info("HTTP API listening on %s (%s)", where, "API tokens" if auth else "no authentication")
+    guard = "API tokens" if auth else "no authentication"
+    if sessions is not None and sessions.required:
+        guard = "the web UI's one-time link"
+    log.info("HTTP API listening on %s (%s)", where, guard)
     try:
         yield
     finally:
+        changes.close()  # the event streams end, so that uvicorn need not wait for them
         server.should_exit = True
         await asyncio.wait([serving])  # how it ended is logged by `ended`
         sock.close()

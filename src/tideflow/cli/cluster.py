@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from tideflow.client import Client
     from tideflow.observability.metrics import EngineMetrics
     from tideflow.remote_http import HttpClient
-    from tideflow.runtime.server import Service
+    from tideflow.runtime.server import Listener, Service
 
 BUS_ENV = "TIDEFLOW_BUS"
 
@@ -285,8 +285,8 @@ def server_cmd(
         raise fail_usage("--max-body must be at least 1 byte")
     setup_logging(verbose, log_level, log_format)
     metrics = _engine_metrics() if http else None
-    services = (
-        (_http_service(http, not no_auth, event_sources, body_limit, metrics),) if http else ()
+    services, listeners = (
+        _http_service(http, not no_auth, event_sources, body_limit, metrics) if http else ((), ())
     )
     if standby:
         logging.getLogger("tideflow.server").warning(
@@ -306,6 +306,7 @@ def server_cmd(
             **_worker_metrics(metrics, embedded),
         },
         services=services,
+        listeners=listeners,
         hooks=(metrics.attach,) if metrics is not None else (),
         embedded=embedded,
         workers=(workers or 32) if embedded else 0,
@@ -342,11 +343,14 @@ def _http_service(
     event_sources: Path | None,
     max_body: int,
     metrics: EngineMetrics | None = None,
-) -> Service:
-    """The REST API on ``address``, a listening socket already (a refused address, a port
-    in use or a bad sources file is an exit 2 before the server starts); API tokens unless
-    not ``auth``."""
+) -> tuple[tuple[Service], tuple[Listener]]:
+    """The REST API and the web UI (and ``metrics`` on ``/metrics``) on ``address``, a
+    listening socket already (a refused address, a port in use or a bad sources file is an
+    exit 2 before the server starts); API tokens unless not ``auth``. With it, the
+    listener that tells the UI's event streams of the runs' changes."""
     try:
+        from tideflow.api.app import DEFAULT_MAX_BODY
+        from tideflow.api.changes import RunChanges
         from tideflow.api.event_sources import EventSources, EventSourcesError
         from tideflow.api.serving import AddressRefused, http_api, listen, parse_address
     except ImportError as exc:
@@ -364,16 +368,17 @@ def _http_service(
         raise fail_usage(str(exc)) from None
     except OSError as exc:
         raise fail_usage(f"--http {address}: cannot listen there: {exc.strerror or exc}") from None
-    if max_body:
-        return functools.partial(
-            http_api,
-            sock=sock,
-            auth=auth,
-            event_sources=sources,
-            max_body=max_body,
-            metrics=metrics,
-        )
-    return functools.partial(http_api, sock=sock, auth=auth, event_sources=sources, metrics=metrics)
+    changes = RunChanges()
+    service = functools.partial(
+        http_api,
+        sock=sock,
+        auth=auth,
+        event_sources=sources,
+        changes=changes,
+        max_body=max_body or DEFAULT_MAX_BODY,
+        metrics=metrics,
+    )
+    return (service,), (changes.listener,)
 
 
 async def _serve(options: Any, serve: Any) -> int:

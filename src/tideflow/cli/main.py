@@ -59,6 +59,7 @@ from tideflow.cli.render import print_result
 from tideflow.cli.resume import resume_cmd
 from tideflow.cli.runs import runs_app
 from tideflow.cli.tokens import tokens_app
+from tideflow.cli.ui import ui_cmd
 from tideflow.cli.validate import definition_directory, graph_cmd, load_definition, validate_cmd
 from tideflow.errors import DefinitionConflict, InputValidationError, TideflowError
 from tideflow.model import storable
@@ -87,6 +88,7 @@ app.add_typer(tokens_app, name="tokens")
 app.command("resume")(resume_cmd)
 app.command("server")(server_cmd)
 app.command("worker")(worker_cmd)
+app.command("ui")(ui_cmd)
 app.command("queues")(queues_cmd)
 
 

@@ -48,7 +48,7 @@ from tideflow.cli.render import (
 )
 from tideflow.cli.resume import resume_run_cmd
 from tideflow.cli.runs_start import start_cmd, wait_cmd
-from tideflow.cli.waits import waits_of
+from tideflow.cli.waits import waits_of, waits_of_reasons
 from tideflow.cli.why import why_cmd
 from tideflow.core.reopen import RETRYABLE
 from tideflow.model.states import RunStatus
@@ -183,7 +183,7 @@ async def _show(
     async with reached(url, bus, server, token) as client:
         summary = await known_run(client, run_id, server or url)
         if isinstance(client, HttpClient):
-            waits: dict[str, dict[str, Any]] = {}  # the API shows no run state
+            waits = waits_of_reasons(await client.why(run_id))
         else:
             waits = waits_of(await client.state(run_id), await client.plan(run_id))
         return summary, await client.get(run_id), waits

@@ -13,6 +13,7 @@ from tideflow.cli.common import iso
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState, StepState
 from tideflow.model.states import StepStatus
+from tideflow.runtime.why import Diagnosis, WhyKind
 
 
 def waits_of(state: RunState, plan: Plan) -> dict[str, dict[str, Any]]:
@@ -57,6 +58,28 @@ def _fire_at(state: RunState, st: StepState, kind: str) -> float | None:
     return None
 
 
+def waits_of_reasons(diagnosis: Diagnosis) -> dict[str, dict[str, Any]]:
+    """``waits_of`` from what a server said of the run (``GET /runs/{id}/why``): the same
+    data, so `runs show --server` prints what `runs show` does on the store."""
+    found: dict[str, dict[str, Any]] = {}
+    for reason in diagnosis.reasons:
+        if reason.step is None:
+            continue
+        if reason.kind is WhyKind.WAITING_FOR_SIGNAL:
+            wait: dict[str, Any] = {"signal": reason.data["signal"]}
+            if reason.data.get("match") is not None:
+                wait["match"] = reason.data["match"]
+            if reason.at is not None:
+                wait["timeout_at"] = iso(reason.at)
+                wait["timeout_action"] = reason.data.get("timeout_action")
+            found[reason.step] = wait
+        elif reason.kind in (WhyKind.TIMER, WhyKind.TIMER_OVERDUE) and (
+            reason.data.get("timer") == "sleep"
+        ):
+            found[reason.step] = {"sleep_until": iso(reason.at)}
+    return found
+
+
 def wait_text(wait: dict[str, Any]) -> str:
     """One line for the steps table: ``signal 'approve' where …, times out at … (fail)``."""
     if "sleep_until" in wait:
@@ -72,4 +95,4 @@ def wait_text(wait: dict[str, Any]) -> str:
     return text
 
 
-__all__ = ["wait_text", "waits_of"]
+__all__ = ["wait_text", "waits_of", "waits_of_reasons"]

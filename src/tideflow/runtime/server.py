@@ -54,6 +54,7 @@ from tideflow.errors import BusError, StoreError
 from tideflow.lifecycle import Stop, shown
 from tideflow.runtime.lease import DEFAULT_TTL
 from tideflow.runtime.partitions import shown as shown_partitions
+from tideflow.runtime.relay import Listener
 from tideflow.runtime.runtime import Runtime
 
 log = logging.getLogger("tideflow.server")
@@ -85,6 +86,9 @@ class ServerOptions:
     workers: int = 0
     executors: Any = None
     """The executor registry of an embedded server's workers (None: the built-in ones)."""
+    listeners: tuple[Listener, ...] = ()
+    """Called after every committed change of a run this server owns
+    (``Runtime.add_listener``): the web UI's event streams hear of changes so."""
     hooks: tuple[Callable[[Runtime], object], ...] = ()
     """Called with the runtime before it starts (metrics attach themselves here)."""
 
@@ -115,6 +119,8 @@ async def serve(options: ServerOptions, stop: Stop | None = None) -> int:
     stop = stop or Stop()
     stop.install()
     rt = _runtime(options)
+    for listener in options.listeners:
+        rt.add_listener(listener)
     for hook in options.hooks:
         hook(rt)
     me = f"{socket.gethostname()}/{os.getpid()}"
@@ -226,4 +232,12 @@ async def _started(rt: Runtime, options: ServerOptions, stop: Stop) -> bool:
     return True
 
 
-__all__ = ["STOPPED", "ServerOptions", "Service", "check_embedded_store", "check_urls", "serve"]
+__all__ = [
+    "STOPPED",
+    "Listener",
+    "ServerOptions",
+    "Service",
+    "check_embedded_store",
+    "check_urls",
+    "serve",
+]

@@ -272,7 +272,12 @@ def _waiting(seen: _Seen, key: str, step: StepState, spec: StepSpec) -> Reason:
         text=text,
         since=step.started_at,
         at=fires,
-        data={"signal": signal, "match": match, "kept_unmatched": len(kept)},
+        data={
+            "signal": signal,
+            "match": match,
+            "kept_unmatched": len(kept),
+            "timeout_action": spec.wait.timeout_action if fires is not None else None,
+        },
     )
 
 

@@ -149,3 +149,40 @@ def test_the_server_takes_signed_cloudevents_for_the_sources_of_its_file(
         kinds = [e["kind"] for e in history["entries"]]
         assert kinds.count("signal_received") == 1
     assert server.term() == 0
+
+
+@pytest.mark.slow
+def test_a_cluster_servers_ui_and_run_stream_follow_a_run_to_its_end(cluster: Cluster) -> None:
+    """The web UI's stream on a cluster's server: the run's changes reach it from the
+    server's engine (``ServerOptions.listeners``), and the stream ends with the run."""
+    import orjson
+
+    server = cluster.server("--http", "127.0.0.1:0")
+    server.wait_log("HTTP API listening on")
+    found = re.search(r"HTTP API listening on (http://127\.0\.0\.1:\d+)", server.text())
+    assert found, server.text()
+    made = cluster.cli("tokens", "create", "--name", "ui-admin", "--role", "admin")
+    assert made.returncode == 0, made.stderr
+    admin = {"authorization": f"Bearer {made.stdout.strip()}"}
+    with httpx.Client(base_url=found.group(1), timeout=20, headers=admin) as api:
+        page = api.get("/ui/")
+        assert page.status_code == 200 and "/ui/static/app.js" in page.text
+        assert api.post("/definitions", json=APPROVAL).status_code == 201
+        run_id = api.post("/runs", json={"workflow": "http-approval"}).json()["run_id"]
+
+        def waiting() -> Any:
+            state = api.get(f"/runs/{run_id}/state").json()
+            return state["waiting_for"] or None
+
+        assert eventually(waiting, "the run waits")[0]["signal"] == "approve"
+        views = []
+        with api.stream("GET", f"/streams/runs/{run_id}") as stream:
+            for line in stream.iter_lines():
+                if line.startswith("data: "):
+                    views.append(orjson.loads(line.removeprefix("data: ")))
+                    if len(views) == 1:
+                        sent = api.post(f"/runs/{run_id}/signals", json={"name": "approve"})
+                        assert sent.status_code == 202, sent.text
+        assert views[0]["steps"]["ask"]["status"] == "waiting"
+        assert views[-1]["status"] == "succeeded"
+    assert server.term() == 0

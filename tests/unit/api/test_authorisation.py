@@ -56,6 +56,13 @@ ROUTES: dict[tuple[str, str], Action | None] = {
     ("POST", "/runs/{run_id}/cancel"): Action.CANCEL,
     ("POST", "/runs/{run_id}/retry"): Action.RETRY,
     ("POST", "/runs/{run_id}/signals"): Action.SIGNAL,
+    ("GET", "/runs/{run_id}/state"): Action.READ,
+    ("GET", "/runs/{run_id}/graph"): Action.READ,
+    ("GET", "/runs/{run_id}/steps/{step_id}"): Action.READ,
+    ("GET", "/runs/{run_id}/attempts"): Action.READ,
+    ("GET", "/definitions/{name}/{version}/graph"): Action.READ,
+    ("GET", "/streams/runs/{run_id}"): Action.READ,
+    ("GET", "/streams/runs"): Action.READ,
 }
 """Every route and the action it needs (None: open to anyone)."""
 BODIES: dict[tuple[str, str], Any] = {
@@ -65,6 +72,10 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/runs/{run_id}/cancel"): {"reason": "matrix"},
     ("POST", "/runs/{run_id}/retry"): {"reason": "matrix"},
     ("POST", "/runs/{run_id}/signals"): {"name": "go", "payload": {"ok": True}},
+}
+QUERIES: dict[tuple[str, str], dict[str, Any]] = {
+    ("GET", "/streams/runs/{run_id}"): {"max_events": 1},  # the run waits: the stream would not end
+    ("GET", "/streams/runs"): {"max_events": 1},
 }
 GATEWAY = {("POST", "/events")}
 REFUSED = ["no header", "malformed", "unknown id", "wrong secret", "revoked"]
@@ -88,9 +99,11 @@ class World:
 
     async def call(self, key: tuple[str, str], credentials: str) -> httpx.Response:
         method, path = key
-        url = path.format(run_id=self.run_id, name="waiting", version="1")
-        body = BODIES.get(key)
-        return await self.api.request(method, url, json=body, headers=self.headers[credentials])
+        url = path.format(run_id=self.run_id, name="waiting", version="1", step_id="ask")
+        body, params = BODIES.get(key), QUERIES.get(key)
+        return await self.api.request(
+            method, url, json=body, params=params, headers=self.headers[credentials]
+        )
 
     async def state(self) -> tuple[object, ...]:
         """What a request could change: runs, their history, definitions, tokens."""

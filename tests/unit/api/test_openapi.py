@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 
 from tideflow.api import create_app
+from tideflow.api.run_views import SSE_EVENT
 from tideflow.runtime.runtime import Runtime
 
 PROBLEM = {"$ref": "#/components/schemas/Problem"}
@@ -56,6 +57,13 @@ async def test_every_route_has_its_schemas() -> None:
         "/runs/{run_id}/cancel",
         "/runs/{run_id}/retry",
         "/runs/{run_id}/signals",
+        "/runs/{run_id}/state",
+        "/runs/{run_id}/graph",
+        "/runs/{run_id}/steps/{step_id}",
+        "/runs/{run_id}/attempts",
+        "/definitions/{name}/{version}/graph",
+        "/streams/runs/{run_id}",
+        "/streams/runs",
         "/events",
     }
     assert {key for key, op in operations.items() if "requestBody" in op} == TAKES_A_BODY
@@ -65,12 +73,13 @@ async def test_every_route_has_its_schemas() -> None:
             assert all("schema" in media for media in content.values()), key
         ok = [code for code in operation["responses"] if code.startswith("2")]
         assert len(ok) == 1, key
+        content = operation["responses"][ok[0]]["content"]
         if key == ("get", "/metrics"):  # Prometheus's text format, not JSON
-            text = {"text/plain": {"schema": {"type": "string"}}}
-            assert operation["responses"]["200"]["content"] == text
+            assert content == {"text/plain": {"schema": {"type": "string"}}}, key
+        elif key[1].startswith("/streams/"):  # server-sent events (api/run_views.py)
+            assert content == {"text/event-stream": {"schema": SSE_EVENT}}, key
         else:
-            success = operation["responses"][ok[0]]["content"]["application/json"]["schema"]
-            assert "$ref" in success, key
+            assert "$ref" in content["application/json"]["schema"], key
         for code in ("404", "422", "503"):
             error = operation["responses"][code]["content"]
             assert error == {"application/problem+json": {"schema": PROBLEM}}, (key, code)

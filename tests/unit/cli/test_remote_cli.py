@@ -28,7 +28,7 @@ WAITING = textwrap.dedent(
     name: waiting
     version: "1"
     steps:
-      - {id: ask, type: wait, signal: go}
+      - {id: ask, type: wait, signal: go, match: "{{ signal.ok == true }}", timeout: 1h}
       - {id: after, type: noop, depends_on: [ask]}
     output: "{{ steps.ask.output }}"
     """
@@ -112,6 +112,15 @@ def test_runs_and_definitions_over_http(server: Server, tmp_path: Path) -> None:
     assert why.exit_code == 0, why.output
     kinds = {r["kind"] for r in json.loads(why.stdout)["reasons"]}
     assert kinds & {"not_started", "waiting_for_signal"}, kinds
+    for _ in range(200):  # until the server has the run at its wait: then the views agree
+        remote = json.loads(invoke(server, "runs", "show", run_id, "--json").stdout)
+        if remote["steps"].get("ask", {}).get("status") == "waiting":
+            break
+        time.sleep(0.05)
+    local = json.loads(_tool("runs", "show", run_id, "--json", "--store", server.store).stdout)
+    assert remote["steps"]["ask"]["waiting_for"] == local["steps"]["ask"]["waiting_for"]
+    assert remote["steps"]["ask"]["waiting_for"]["match"] == "signal.ok == true"
+    assert "timeout_at" in remote["steps"]["ask"]["waiting_for"]
     signalled = invoke(server, "runs", "signal", run_id, "go", "-p", '{"ok": true}')
     assert signalled.exit_code == 0, signalled.output
     assert f"sent to run {run_id}" in signalled.stderr

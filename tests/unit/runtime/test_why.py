@@ -126,7 +126,12 @@ async def test_a_run_that_waits_names_its_signal_timer_queue_and_join(rt: Runtim
 
     (ask,) = steps["ask"]
     assert ask.kind is WhyKind.WAITING_FOR_SIGNAL
-    assert ask.data == {"signal": "approve", "match": "signal.ok == true", "kept_unmatched": 1}
+    assert ask.data == {
+        "signal": "approve",
+        "match": "signal.ok == true",
+        "kept_unmatched": 1,
+        "timeout_action": "fail",
+    }
     assert "since" in ask.text and "times out at" in ask.text and ask.at is not None
     (nap,) = steps["nap"]
     assert nap.kind is WhyKind.TIMER and nap.data == {"timer": "sleep"}

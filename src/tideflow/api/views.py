@@ -1,0 +1,284 @@
+"""What the web UI reads beyond the REST basics: a plan's drawing, a run's state by plan
+step (instances collapsed, so a 10,000-item map is one node with counts), one step's
+instances a page at a time, and the attempts for the timeline. Reusable by any caller
+(the remote CLI reads ``waiting_for`` from ``RunStateView``)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from tideflow.model.plan import Plan
+from tideflow.model.run import RunState, StepState
+from tideflow.model.states import StepStatus
+from tideflow.store.base import HistoryEntry, RunSummary
+from tideflow.ui.layout import NODE_HEIGHT, NODE_WIDTH, layout
+from tideflow.worker.secrets import redact_fields
+
+__all__ = [
+    "AttemptList",
+    "PlanGraph",
+    "RunStateView",
+    "StepInstances",
+    "attempts_of",
+    "instances_of",
+]
+
+ACTIVE_FIRST = (
+    StepStatus.RUNNING,
+    StepStatus.RETRYING,
+    StepStatus.WAITING,
+    StepStatus.READY,
+    StepStatus.FAILED,
+    StepStatus.PENDING,
+    StepStatus.CANCELLED,
+    StepStatus.SUCCEEDED,
+    StepStatus.SKIPPED,
+)
+"""Which status a plan step with instances in several shows: the most pressing one."""
+_SETTLED = {StepStatus.SUCCEEDED, StepStatus.SKIPPED, StepStatus.CANCELLED, StepStatus.FAILED}
+
+
+class GraphNode(BaseModel):
+    id: str
+    type: str
+    layer: int
+    x: float
+    y: float
+    parent: str | None = Field(description="The loop or map the step belongs to")
+
+
+class GraphEdge(BaseModel):
+    source: str
+    target: str
+    label: str | None = Field(description="A switch case's condition, or `default`")
+    nested: bool = Field(description="From a loop or map to its body")
+    points: list[tuple[float, float]] = Field(
+        description="The line: the source's bottom, a bend per layer crossed, the target's top"
+    )
+
+
+class PlanGraph(BaseModel):
+    name: str
+    version: str
+    hash: str
+    width: float
+    height: float
+    node_width: float
+    node_height: float
+    nodes: list[GraphNode]
+    edges: list[GraphEdge]
+
+    @classmethod
+    def of(cls, plan: Plan) -> PlanGraph:
+        drawn = layout(plan)
+        return cls(
+            name=plan.name,
+            version=plan.version,
+            hash=plan.hash,
+            width=drawn.width,
+            height=drawn.height,
+            node_width=NODE_WIDTH,
+            node_height=NODE_HEIGHT,
+            nodes=[GraphNode(**_fields(n)) for n in drawn.nodes],
+            edges=[GraphEdge(**_fields(e)) for e in drawn.edges],
+        )
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    return {name: getattr(obj, name) for name in obj.__slots__}
+
+
+class StepGroup(BaseModel):
+    """One plan step: all its instances (loop iterations, map items) together."""
+
+    status: str = Field(description="The most pressing status among its instances")
+    instances: int
+    counts: dict[str, int] = Field(description="Instances by status")
+    attempts: int = Field(description="Attempts of all its instances")
+    started_at: float | None
+    finished_at: float | None
+
+
+class Waiting(BaseModel):
+    step_key: str
+    signal: str
+    since: float | None
+
+
+class RunStateView(BaseModel):
+    run_id: str
+    workflow: str
+    version: str
+    status: str
+    plan_hash: str
+    output: Any
+    error: dict[str, Any] | None
+    created_at: float
+    updated_at: float
+    finished_at: float | None
+    steps: dict[str, StepGroup] = Field(description="By plan step id (not by instance)")
+    waiting_for: list[Waiting] = Field(description="The signals the run waits for now")
+
+    @classmethod
+    def of(cls, state: RunState, plan: Plan, summary: RunSummary, output: Any) -> RunStateView:
+        """``output``: the run's output as a person may see it (``result_of``)."""
+        by_step: dict[str, list[StepState]] = {}
+        for step in state.steps.values():
+            by_step.setdefault(step.step_id, []).append(step)
+        return cls(
+            run_id=state.run_id,
+            workflow=state.workflow,
+            version=state.version,
+            status=state.status.value,
+            plan_hash=state.plan_hash,
+            output=output,
+            error=state.error.to_dict() if state.error else None,
+            created_at=summary.created_at,
+            updated_at=summary.updated_at,
+            finished_at=summary.finished_at,
+            steps={step_id: _group(steps) for step_id, steps in by_step.items()},
+            waiting_for=_waiting(state, plan),
+        )
+
+
+def _group(steps: list[StepState]) -> StepGroup:
+    counts = Counter(s.status for s in steps)
+    starts = [s.started_at for s in steps if s.started_at is not None]
+    ends = [s.finished_at for s in steps if s.finished_at is not None]
+    status = next(s for s in ACTIVE_FIRST if s in counts)
+    if status in _SETTLED - {StepStatus.FAILED} and StepStatus.PENDING in counts:
+        status = StepStatus.RUNNING  # some done, some to come: in progress
+    return StepGroup(
+        status=status.value,
+        instances=len(steps),
+        counts={s.value: n for s, n in counts.items()},
+        attempts=sum(s.attempts for s in steps),
+        started_at=min(starts, default=None),
+        finished_at=max(ends, default=None) if len(ends) == len(steps) else None,
+    )
+
+
+def _waiting(state: RunState, plan: Plan) -> list[Waiting]:
+    out = []
+    for step in state.steps.values():
+        spec = plan.specs.get(step.step_id)
+        if step.status is StepStatus.WAITING and spec is not None and spec.wait is not None:
+            out.append(Waiting(step_key=step.key, signal=spec.wait.signal, since=step.started_at))
+    return out
+
+
+class StepInstance(BaseModel):
+    key: str
+    status: str
+    attempts: int
+    input: Any
+    output: Any
+    error: dict[str, Any] | None
+    started_at: float | None
+    finished_at: float | None
+    child_run_id: str | None
+
+
+class StepInstances(BaseModel):
+    run_id: str
+    step: str
+    type: str
+    signal: str | None = Field(description="What a `wait` step waits for")
+    total: int
+    offset: int
+    instances: list[StepInstance]
+
+
+def instances_of(
+    state: RunState, plan: Plan, step_id: str, offset: int, limit: int
+) -> StepInstances:
+    """The instances of plan step ``step_id`` (sensitive fields masked), one page.
+    KeyError for a step the plan does not have."""
+    spec = plan.specs[step_id]
+    keys = [s for s in state.steps.values() if s.step_id == step_id]
+    page = keys[offset : offset + limit]
+    return StepInstances(
+        run_id=state.run_id,
+        step=step_id,
+        type=spec.type,
+        signal=spec.wait.signal if spec.wait is not None else None,
+        total=len(keys),
+        offset=offset,
+        instances=[
+            StepInstance(
+                key=s.key,
+                status=s.status.value,
+                attempts=s.attempts,
+                input=redact_fields(s.input, spec.sensitive),
+                output=redact_fields(s.output, spec.sensitive),
+                error=s.error.to_dict() if s.error else None,
+                started_at=s.started_at,
+                finished_at=s.finished_at,
+                child_run_id=s.child_run_id,
+            )
+            for s in page
+        ],
+    )
+
+
+class AttemptRow(BaseModel):
+    step_key: str
+    round: int
+    attempt: int
+    compensation: bool
+    started_at: float | None
+    ended_at: float | None
+    outcome: str = Field(description="running, succeeded, failed or lost")
+    worker: str
+    error: str | None
+
+
+class AttemptList(BaseModel):
+    run_id: str
+    total: int
+    attempts: list[AttemptRow] = Field(description="In the order they started, `limit` at most")
+
+
+_OUTCOMES = {"task_completed": "succeeded", "task_failed": "failed", "task_lost": "lost"}
+_ATTEMPT_KINDS = {"task_started", *_OUTCOMES}
+
+
+def attempts_of(run_id: str, history: list[HistoryEntry], limit: int) -> AttemptList:
+    """Every attempt of the run's history, with its start, end and outcome."""
+    rows: dict[tuple[str, int, int, bool], dict[str, Any]] = {}
+    for entry in history:
+        if entry.kind not in _ATTEMPT_KINDS:
+            continue
+        event = entry.event
+        key = (
+            str(event.get("step_key", "")),
+            int(event.get("round") or 0),
+            int(event.get("attempt", 0)),
+            bool(event.get("compensation", False)),
+        )
+        row = rows.setdefault(
+            key, {"started_at": None, "ended_at": None, "outcome": "running", "worker": ""}
+        )
+        row["worker"] = event.get("worker") or row["worker"]
+        if entry.kind == "task_started":
+            row["started_at"] = row["started_at"] or entry.time
+            continue
+        row["started_at"] = row["started_at"] or event.get("started_at") or entry.time
+        row["ended_at"], row["outcome"] = entry.time, _OUTCOMES[entry.kind]
+        error = event.get("error")
+        row["error"] = error.get("message") if isinstance(error, dict) else event.get("reason")
+    listed = [
+        AttemptRow(
+            step_key=k[0],
+            round=k[1],
+            attempt=k[2],
+            compensation=k[3],
+            error=row.pop("error", None),
+            **row,
+        )
+        for k, row in rows.items()
+    ]
+    return AttemptList(run_id=run_id, total=len(listed), attempts=listed[:limit])

@@ -1,0 +1,473 @@
+// The tideflow web UI: one ES module, no build step, no dependencies. Every value from
+// the server is put into the page as text (never as HTML). Live updates come from the
+// API's server-sent event streams (/streams/...): the page never polls.
+
+const SVG = "http://www.w3.org/2000/svg";
+const STATUSES = ["pending", "ready", "running", "retrying", "waiting", "succeeded", "failed", "skipped", "cancelled"];
+const RUN_TERMINAL = new Set(["succeeded", "failed", "cancelled", "timed_out", "compensated", "compensation_failed"]);
+const HISTORY_ROW = 22;
+const MAX_LANES = 200;
+
+const state = { me: null, streams: [], cleanup: [] };
+
+// Extension point: panels on the run page (the "why is this run not moving" panel goes
+// here). A panel is {id, title, render(runView, element)}; it is called on every update.
+export const runPanels = [];
+window.tideflow = { runPanels };
+
+function h(tag, attrs = {}, ...children) {
+  const el = tag.startsWith("svg:") ? document.createElementNS(SVG, tag.slice(4)) : document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key.startsWith("on")) el.addEventListener(key.slice(2), value);
+    else if (key === "style") el.style.cssText = value; // CSSOM: allowed by the page's CSP
+    else el.setAttribute(key, value === true ? "" : String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return el;
+}
+
+class HttpError extends Error {
+  constructor(status, detail) { super(detail); this.status = status; }
+}
+
+async function api(path, options = {}) {
+  const headers = { "X-Tideflow-UI": "1", Accept: "application/json" };
+  if (options.body !== undefined) headers["Content-Type"] = "application/json";
+  const response = await fetch(path, {
+    method: options.method || "GET",
+    credentials: "same-origin",
+    headers,
+    body: options.body === undefined ? undefined : JSON.stringify(options.body),
+  });
+  if (response.status === 204) return null;
+  const body = await response.json().catch(() => ({}));
+  if (!response.ok) {
+    if (response.status === 401 && !options.noLogin) whoami(); // shows the right login
+    throw new HttpError(response.status, body.detail || response.statusText);
+  }
+  return body;
+}
+
+const may = (action) => state.me && state.me.actions.includes(action);
+const when = (t) => (t ? new Date(t * 1000).toLocaleString() : "—");
+const seconds = (a, b) => (a && b ? `${(b - a).toFixed(2)} s` : "");
+const json = (value) => JSON.stringify(value, null, 2);
+const badge = (status) => h("span", { class: `badge ${status}`, "data-status": status }, status.replace("_", " "));
+
+function stream(path, event, onData) {
+  const source = new EventSource(path, { withCredentials: true });
+  source.addEventListener(event, (e) => onData(JSON.parse(e.data)));
+  source.addEventListener("problem", (e) => console.warn("stream", path, e.data));
+  state.streams.push(source);
+  return source;
+}
+
+function leave() {
+  for (const s of state.streams) s.close();
+  for (const f of state.cleanup) f();
+  state.streams = [];
+  state.cleanup = [];
+}
+
+function show(...nodes) {
+  const view = document.getElementById("view");
+  view.replaceChildren(...nodes.filter((node) => node instanceof Node));
+}
+
+function note(text, error = false) {
+  return h("div", { class: error ? "note error" : "note", role: error ? "alert" : "status" }, text);
+}
+
+// -- login -------------------------------------------------------------------------
+
+function showLogin(mode) {
+  leave();
+  document.getElementById("me").replaceChildren();
+  if (mode === "link") {
+    show(h("div", { class: "panel login" }, h("h1", {}, "Open the link"),
+      h("p", {}, "This UI opens with the one-time link `tideflow ui` printed. That link was used already? Stop `tideflow ui` and start it again for a new one.")));
+    return;
+  }
+  const input = h("input", { type: "password", id: "token", placeholder: "tf_…", autocomplete: "off", "aria-label": "API token" });
+  const message = h("div");
+  const form = h("form", {
+    class: "panel login",
+    onsubmit: async (e) => {
+      e.preventDefault();
+      try {
+        await api("/ui/login", { method: "POST", body: { token: input.value }, noLogin: true });
+        await start();
+      } catch (err) {
+        message.replaceChildren(note(err.message, true));
+      }
+    },
+  }, h("h1", {}, "Log in"), h("p", { class: "muted" }, "An API token (`tideflow tokens create`); its role decides what you may do."),
+  input, h("button", { class: "primary", type: "submit" }, "Log in"), message);
+  show(form);
+}
+
+async function whoami() {
+  const response = await fetch("/ui/whoami", { credentials: "same-origin" });
+  const body = await response.json();
+  if (!response.ok) { showLogin(body.login); return null; }
+  return body;
+}
+
+function renderMe() {
+  const me = document.getElementById("me");
+  const out = state.me.login === "none" ? null : h("button", {
+    onclick: async () => { await api("/ui/logout", { method: "POST" }).catch(() => null); location.reload(); },
+  }, "Log out");
+  me.replaceChildren(`${state.me.name} · ${state.me.role}`, out || "");
+}
+
+// -- runs list ---------------------------------------------------------------------
+
+async function runsPage(params) {
+  const definitions = await api("/definitions");
+  const names = [...new Set(definitions.definitions.map((d) => d.name))];
+  const workflow = h("select", { id: "filter-workflow", "aria-label": "Definition" },
+    h("option", { value: "" }, "All definitions"), names.map((n) => h("option", { value: n, selected: params.get("workflow") === n }, n)));
+  const status = h("select", { id: "filter-status", "aria-label": "Status" }, h("option", { value: "" }, "Any status"),
+    [...RUN_TERMINAL, "pending", "running", "compensating"].sort().map((s) => h("option", { value: s, selected: params.get("status") === s }, s)));
+  const apply = () => {
+    const q = new URLSearchParams();
+    if (workflow.value) q.set("workflow", workflow.value);
+    if (status.value) q.set("status", status.value);
+    location.hash = `#/runs?${q}`;
+  };
+  workflow.addEventListener("change", apply);
+  status.addEventListener("change", apply);
+  const body = h("tbody", { id: "runs" });
+  const live = h("span", { class: "muted", id: "live" }, "connecting…");
+  show(h("h1", {}, "Runs"), h("div", { class: "filters" }, workflow, status, live),
+    h("table", {}, h("thead", {}, h("tr", {}, ["Run", "Definition", "Version", "Status", "Created", "Updated"].map((t) => h("th", {}, t)))), body));
+  const query = new URLSearchParams();
+  for (const key of ["workflow", "status"]) if (params.get(key)) query.set(key, params.get(key));
+  const source = stream(`/streams/runs?${query}`, "runs", (page) => {
+    live.textContent = `live · ${page.runs.length} shown`;
+    body.replaceChildren(...page.runs.map((run) => h("tr", {
+      class: "row", "data-run": run.run_id, onclick: () => { location.hash = `#/runs/${run.run_id}`; },
+    }, h("td", {}, h("a", { href: `#/runs/${run.run_id}` }, run.run_id)), h("td", {}, run.workflow), h("td", {}, run.version),
+    h("td", {}, badge(run.status)), h("td", {}, when(run.created_at)), h("td", {}, when(run.updated_at)))));
+    if (!page.runs.length) body.replaceChildren(h("tr", {}, h("td", { colspan: 6, class: "muted" }, "No runs.")));
+  });
+  source.onerror = () => { live.textContent = "reconnecting…"; };
+}
+
+// -- the graph ---------------------------------------------------------------------
+
+function drawGraph(graph, onPick) {
+  const svg = h("svg:svg", { class: "graph", width: graph.width, height: graph.height, viewBox: `0 0 ${graph.width} ${graph.height}`, role: "img", "aria-label": `graph of ${graph.name}` });
+  const w = graph.node_width, hh = graph.node_height;
+  for (const edge of graph.edges) {
+    // through the bends the layout gave it, vertical at every point
+    const pts = edge.points;
+    let d = `M${pts[0][0]},${pts[0][1]}`;
+    for (let i = 1; i < pts.length; i += 1) {
+      const [px, py] = pts[i - 1];
+      const [x, y] = pts[i];
+      const end = i === pts.length - 1 ? y - 6 : y;
+      const mid = (py + end) / 2;
+      d += ` C${px},${mid} ${x},${mid} ${x},${end}`;
+    }
+    svg.append(h("svg:path", { class: edge.nested ? "edge nested" : "edge", d, "marker-end": "url(#arrow)", "data-edge": `${edge.source}>${edge.target}` }));
+    if (edge.label) {
+      const [[x1, y1], [x2, y2]] = pts;
+      const text = edge.label.length > 24 ? `${edge.label.slice(0, 23)}…` : edge.label;
+      // halfway down its first stretch, on the side it leans to
+      const anchor = x2 < x1 - 1 ? "end" : "start";
+      const x = (x1 + x2) / 2 + (anchor === "end" ? -4 : 4);
+      svg.append(h("svg:text", { class: "edge-label", x, y: (y1 + y2) / 2, "text-anchor": anchor }, text, h("svg:title", {}, edge.label)));
+    }
+  }
+  svg.prepend(h("svg:defs", {}, h("svg:marker", { id: "arrow", viewBox: "0 0 10 10", refX: 5, refY: 5, markerWidth: 6, markerHeight: 6, orient: "auto" },
+    h("svg:path", { d: "M0,0 L10,5 L0,10 z", fill: "#94a3b8" }))));
+  const nodes = new Map();
+  for (const node of graph.nodes) {
+    const sub = h("svg:text", { class: "sub", x: w / 2, y: 32 }, node.type);
+    const g = h("svg:g", { class: "node status-none", transform: `translate(${node.x},${node.y})`, "data-step": node.id, "data-status": "none", tabindex: 0, role: "button", "aria-label": `step ${node.id}`,
+      onclick: () => onPick && onPick(node.id), onkeydown: (e) => { if (e.key === "Enter" && onPick) onPick(node.id); } },
+    h("svg:rect", { width: w, height: hh, rx: 8 }), h("svg:text", { x: w / 2, y: 15 }, node.id.length > 22 ? `${node.id.slice(0, 21)}…` : node.id), sub);
+    svg.append(g);
+    nodes.set(node.id, { g, sub, type: node.type });
+  }
+  return { svg, nodes };
+}
+
+function paintGraph(drawn, view) {
+  for (const [id, { g, sub, type }] of drawn.nodes) {
+    const step = view.steps[id];
+    const status = step ? step.status : "pending";
+    g.setAttribute("class", `node status-${status}${g.classList.contains("selected") ? " selected" : ""}`);
+    g.setAttribute("data-status", status);
+    if (step && step.instances > 1) {
+      const done = (step.counts.succeeded || 0) + (step.counts.skipped || 0);
+      sub.textContent = `${type} · ${done}/${step.instances} done${step.counts.failed ? ` · ${step.counts.failed} failed` : ""}`;
+    } else {
+      sub.textContent = step && step.attempts > 1 ? `${type} · ${step.attempts} attempts` : type;
+    }
+  }
+}
+
+function legend() {
+  return h("div", { class: "legend" }, STATUSES.map((s) => badge(s)));
+}
+
+// -- run page ----------------------------------------------------------------------
+
+async function runPage(runId) {
+  const [graph, first] = await Promise.all([api(`/runs/${runId}/graph`), api(`/runs/${runId}/state`)]);
+  let view = first;
+  let picked = null;
+  const head = h("div", { class: "run-head" });
+  const detail = h("div", { class: "panel", id: "step-detail" }, h("p", { class: "muted" }, "Click a step to see its input, output, error and attempts."));
+  const why = h("section", { id: "why-panel", class: "panel" });
+  const drawn = drawGraph(graph, (id) => pick(id));
+  const tabs = h("div", { class: "tabs" });
+  const tabBody = h("div", { class: "panel", id: "tab-body" });
+  let tab = "timeline";
+
+  async function pick(id) {
+    picked = id;
+    for (const [other, { g }] of drawn.nodes) g.classList.toggle("selected", other === id);
+    await renderDetail(0);
+  }
+
+  async function renderDetail(offset) {
+    if (!picked) return;
+    const step = await api(`/runs/${runId}/steps/${encodeURIComponent(picked)}?offset=${offset}&limit=20`);
+    const parts = [h("h2", {}, `Step ${step.step} `, h("span", { class: "muted" }, `(${step.type})`))];
+    if (!step.total) parts.push(h("p", { class: "muted" }, "Not reached yet."));
+    for (const inst of step.instances) {
+      // one instance: open; a map's or loop's many: one line each, opened on a click
+      parts.push(h("details", { class: "instance", "data-key": inst.key, open: step.total === 1 },
+        h("summary", {}, h("strong", {}, inst.key), " ", badge(inst.status), " ", h("span", { class: "muted" }, `${inst.attempts} attempt(s) ${seconds(inst.started_at, inst.finished_at)}`)),
+        inst.input !== null ? [h("div", { class: "muted" }, "input"), h("pre", {}, json(inst.input))] : null,
+        inst.output !== null ? [h("div", { class: "muted" }, "output"), h("pre", { class: "output" }, json(inst.output))] : null,
+        inst.error ? [h("div", { class: "muted" }, "error"), h("pre", { class: "error" }, json(inst.error))] : null,
+        inst.child_run_id ? h("a", { href: `#/runs/${inst.child_run_id}` }, `child run ${inst.child_run_id}`) : null));
+      if (step.signal && inst.status === "waiting") parts.push(signalForm(step.signal));
+    }
+    if (step.total > step.instances.length) {
+      parts.push(h("div", { class: "filters" },
+        h("button", { disabled: offset === 0, onclick: () => renderDetail(Math.max(0, offset - 20)) }, "Previous"),
+        h("span", { class: "muted" }, `${offset + 1}–${offset + step.instances.length} of ${step.total}`),
+        h("button", { disabled: offset + 20 >= step.total, onclick: () => renderDetail(offset + 20) }, "Next")));
+    }
+    detail.replaceChildren(...parts.filter((part) => part instanceof Node));
+  }
+
+  function signalForm(name) {
+    if (!may("signal")) return note(`Waiting for signal ${name}. Your role (${state.me.role}) may not send signals.`);
+    const payload = h("textarea", { id: "signal-payload", rows: 5, "aria-label": "signal payload (JSON)" }, "{}");
+    const out = h("div");
+    return h("form", {
+      class: "signal-form",
+      onsubmit: async (e) => {
+        e.preventDefault();
+        let body;
+        try { body = JSON.parse(payload.value || "null"); } catch (err) { out.replaceChildren(note(`The payload is not JSON: ${err.message}`, true)); return; }
+        try {
+          const sent = await api(`/runs/${runId}/signals`, { method: "POST", body: { name, payload: body } });
+          out.replaceChildren(note(`Signal ${name}: ${sent.status}`));
+        } catch (err) { out.replaceChildren(note(err.message, true)); }
+      },
+    }, h("h2", {}, `Send signal ${name}`), payload, h("button", { class: "primary", type: "submit", id: "send-signal" }, "Send signal"), out);
+  }
+
+  function renderHead() {
+    const actions = h("div", { class: "actions" });
+    const running = ["pending", "running"].includes(view.status);
+    if (running && may("cancel")) actions.append(h("button", { class: "danger", id: "cancel", onclick: () => act("cancel") }, "Cancel"));
+    if (["failed", "timed_out"].includes(view.status) && may("retry")) actions.append(h("button", { id: "retry", onclick: () => act("retry") }, "Retry"));
+    const waits = view.waiting_for.map((w) => `${w.signal} (step ${w.step_key})`).join(", ");
+    head.replaceChildren(h("h1", {}, `Run ${view.run_id}`), h("span", { id: "run-status" }, badge(view.status)),
+      h("span", { class: "muted" }, `${view.workflow} ${view.version} · started ${when(view.created_at)}${view.finished_at ? ` · ended ${when(view.finished_at)}` : ""}`),
+      waits ? h("span", { class: "muted", id: "waiting-for" }, `waiting for ${waits}`) : "", actions);
+    if (view.error) head.append(h("div", { style: "flex-basis:100%" }, note(`${view.error.type}: ${view.error.message}`, true)));
+  }
+
+  async function act(what) {
+    try {
+      await api(`/runs/${runId}/${what}`, { method: "POST", body: { reason: `${what} from the web UI` } });
+      if (!live) follow(); // a retried run moves again
+    } catch (err) { head.append(note(err.message, true)); }
+  }
+
+  async function renderTab() {
+    for (const b of tabs.children) b.classList.toggle("on", b.dataset.tab === tab);
+    if (tab === "timeline") tabBody.replaceChildren(gantt(await api(`/runs/${runId}/attempts?limit=2000`)));
+    else if (tab === "history") tabBody.replaceChildren(historyList((await api(`/runs/${runId}/history`)).entries));
+    else tabBody.replaceChildren(h("pre", {}, json(view.output)));
+  }
+  for (const [key, label] of [["timeline", "Timeline"], ["history", "History"], ["output", "Output"]]) {
+    tabs.append(h("button", { "data-tab": key, onclick: () => { tab = key; renderTab(); } }, label));
+  }
+
+  const refreshDetail = throttled(() => renderDetail(0), 250);
+  const refreshTab = throttled(renderTab, 2000);
+  const refreshTabNow = throttled(renderTab, 250);
+  let live = null;
+  function follow() {
+    live = stream(`/streams/runs/${runId}`, "run", update);
+  }
+  function update(next) {
+    view = next;
+    if (RUN_TERMINAL.has(view.status) && live) { live.close(); live = null; } // or it reconnects
+    renderHead();
+    paintGraph(drawn, view);
+    for (const panel of runPanels) panel.render(view, why);
+    refreshDetail();
+    // the timeline and the history read the whole history: at most every 2 s while the
+    // run moves, and once more when it ends
+    if (RUN_TERMINAL.has(view.status)) refreshTabNow();
+    else refreshTab();
+  }
+
+  show(head, h("div", { class: "layout" },
+    h("div", {}, h("div", { class: "panel graph-box" }, drawn.svg), legend(), tabs, tabBody),
+    h("div", {}, detail, why)));
+  renderHead();
+  paintGraph(drawn, view);
+  renderTab();
+  if (!RUN_TERMINAL.has(view.status)) follow();
+}
+
+// fn at most once per `ms`, the last call always honoured (trailing): updates come from
+// the server's stream, this only spaces out the reads they cause
+function throttled(fn, ms) {
+  let timer = null;
+  let again = false;
+  const fire = async () => {
+    again = false;
+    await Promise.resolve(fn()).catch(() => null);
+    timer = setTimeout(() => { timer = null; if (again) schedule(); }, ms);
+  };
+  const schedule = () => {
+    if (timer) { again = true; return; }
+    timer = setTimeout(fire, 0);
+  };
+  return schedule;
+}
+
+function lane(stepKey) {
+  return stepKey.replace(/\[\d+\]/g, "[*]").replace(/@\d+\//g, "@*/");
+}
+
+function gantt(list) {
+  if (!list.attempts.length) return h("p", { class: "muted" }, "No attempt yet (engine steps such as switch, set and wait run none).");
+  const lanes = [...new Set(list.attempts.map((a) => lane(a.step_key)))].slice(0, MAX_LANES);
+  const row = new Map(lanes.map((l, i) => [l, i]));
+  const now = Date.now() / 1000;
+  const t0 = Math.min(...list.attempts.map((a) => a.started_at || now));
+  const t1 = Math.max(...list.attempts.map((a) => a.ended_at || now), t0 + 0.001);
+  const left = 160, width = 760, rowH = 18;
+  const x = (t) => left + ((t - t0) / (t1 - t0)) * width;
+  const svg = h("svg:svg", { class: "gantt", width: left + width + 10, height: lanes.length * rowH + 24 });
+  lanes.forEach((l, i) => svg.append(h("svg:text", { class: "lane-label", x: 4, y: i * rowH + 13 }, l.length > 24 ? `${l.slice(0, 23)}…` : l)));
+  // Bars closer than a pixel in one lane and of one outcome are drawn as one: a lane of
+  // 10,000 attempts is a few rectangles, not 10,000.
+  const bars = new Map();
+  for (const a of list.attempts) {
+    const i = row.get(lane(a.step_key));
+    if (i === undefined || !a.started_at) continue;
+    const from = x(a.started_at), to = Math.max(from + 2, x(a.ended_at || now));
+    const key = `${i} ${a.outcome}`;
+    const open = bars.get(key) || [];
+    const last = open[open.length - 1];
+    if (last && from <= last.to + 1) { last.to = Math.max(last.to, to); last.n += 1; last.a = a; }
+    else open.push({ from, to, n: 1, a, i });
+    bars.set(key, open);
+  }
+  for (const [, open] of bars) {
+    for (const bar of open) {
+      const a = bar.a;
+      const title = bar.n > 1 ? `${bar.n} attempts of ${lane(a.step_key)}: ${a.outcome}`
+        : `${a.step_key} attempt ${a.attempt}: ${a.outcome} ${seconds(a.started_at, a.ended_at)}${a.error ? ` — ${a.error}` : ""}${a.worker ? ` on ${a.worker}` : ""}`;
+      svg.append(h("svg:rect", { class: `bar ${a.outcome}`, x: bar.from, y: bar.i * rowH + 3, width: bar.to - bar.from, height: rowH - 6, rx: 2, "data-attempts": bar.n }, h("svg:title", {}, title)));
+    }
+  }
+  svg.append(h("svg:text", { class: "lane-label", x: left, y: lanes.length * rowH + 18 }, `0 s … ${(t1 - t0).toFixed(2)} s`));
+  const shown = list.total > list.attempts.length ? ` (the first ${list.attempts.length} of ${list.total})` : "";
+  return h("div", {}, h("div", { class: "muted" }, `${list.total} attempt(s)${shown}, one lane per step`), svg);
+}
+
+function historyList(entries) {
+  // Virtualised: only the rows in sight are in the page, whatever the history's length.
+  const box = h("div", { class: "virtual", id: "history" });
+  const spacer = h("div", { style: `height:${entries.length * HISTORY_ROW}px` });
+  box.append(spacer);
+  const text = (e) => {
+    const subject = e.event.step_key ? ` ${e.event.step_key}` : "";
+    const moves = e.transitions.map((t) => `${t.subject}: ${t.old || "·"}→${t.new}`).join(", ");
+    return `#${e.seq} ${when(e.time)} ${e.kind}${subject}${e.event.name ? ` ${e.event.name}` : ""}  ${moves}`;
+  };
+  const render = () => {
+    const first = Math.floor(box.scrollTop / HISTORY_ROW);
+    const count = Math.ceil(box.clientHeight / HISTORY_ROW) + 4;
+    const rows = entries.slice(first, first + count).map((e, i) => h("div", { class: "vrow", style: `top:${(first + i) * HISTORY_ROW}px` }, text(e)));
+    box.replaceChildren(spacer, ...rows);
+  };
+  box.addEventListener("scroll", render);
+  requestAnimationFrame(render);
+  return h("div", {}, h("div", { class: "muted" }, `${entries.length} event(s)`), box);
+}
+
+// -- definitions and queues -----------------------------------------------------------
+
+async function definitionsPage(name, version) {
+  const list = await api("/definitions");
+  const rows = list.definitions.map((d) => h("tr", { class: "row", onclick: () => { location.hash = `#/definitions/${encodeURIComponent(d.name)}/${encodeURIComponent(d.version)}`; } },
+    h("td", {}, d.name), h("td", {}, d.version), h("td", {}, d.active ? "active" : "inactive"), h("td", {}, when(d.created_at)),
+    h("td", {}, may("definitions") ? h("button", {
+      onclick: async (e) => { e.stopPropagation(); await api(`/definitions/${encodeURIComponent(d.name)}/${encodeURIComponent(d.version)}/${d.active ? "deactivate" : "activate"}`, { method: "POST" }); route(); },
+    }, d.active ? "Deactivate" : "Activate") : "")));
+  const parts = [h("h1", {}, "Definitions"), h("table", {}, h("thead", {}, h("tr", {}, ["Name", "Version", "State", "Registered", ""].map((t) => h("th", {}, t)))), h("tbody", {}, rows))];
+  if (name && version) {
+    const graph = await api(`/definitions/${encodeURIComponent(name)}/${encodeURIComponent(version)}/graph`);
+    parts.push(h("h2", {}, `${graph.name} ${graph.version}`), h("div", { class: "panel graph-box" }, drawGraph(graph, null).svg));
+  }
+  show(...parts);
+}
+
+async function queuesPage() {
+  const body = await api("/queues");
+  const rows = body.queues.map((q) => h("tr", {}, h("td", {}, q.queue), h("td", {}, q.priority), h("td", {}, q.depth), h("td", {}, q.held),
+    h("td", {}, q.oldest_age === null ? "—" : `${q.oldest_age.toFixed(1)} s`), h("td", {}, q.consumers)));
+  show(h("h1", {}, "Queues"), body.unserved.length ? note(`No worker reads: ${body.unserved.join(", ")}`, true) : null,
+    h("table", {}, h("thead", {}, h("tr", {}, ["Queue", "Priority", "Waiting", "Held", "Oldest", "Workers"].map((t) => h("th", {}, t)))),
+      h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 6, class: "muted" }, "No queue has tasks.")))),
+    h("p", {}, h("button", { onclick: () => route() }, "Refresh")));
+}
+
+// -- routing -----------------------------------------------------------------------
+
+async function route() {
+  leave();
+  const [path, query] = (location.hash.slice(1) || "/runs").split("?");
+  const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  for (const a of document.querySelectorAll("[data-nav]")) a.classList.toggle("active", a.dataset.nav === parts[0]);
+  try {
+    if (parts[0] === "runs" && parts[1]) await runPage(parts[1]);
+    else if (parts[0] === "definitions") await definitionsPage(parts[1], parts[2]);
+    else if (parts[0] === "queues") await queuesPage();
+    else await runsPage(new URLSearchParams(query || ""));
+  } catch (err) {
+    if (!(err instanceof HttpError && err.status === 401)) show(note(err.message, true));
+  }
+}
+
+async function start() {
+  state.me = await whoami();
+  if (!state.me) return;
+  renderMe();
+  window.onhashchange = route;
+  await route();
+}
+
+start();
