@@ -211,10 +211,11 @@ def configure(
     """Send every log record to ``stream`` (stderr) in ``format`` at ``level`` and above;
     replaces what an earlier call (or ``log_to_stderr``) installed. ``secrets``: values
     to mask besides the ``TIDEFLOW_SECRET_*`` environment's (the default)."""
-    stream = stream or sys.stderr
     redaction = Redaction(env_secrets() if secrets is None else secrets)
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(formatter(format, stream, redaction))
+    handler: logging.StreamHandler[TextIO] = (
+        logging.StreamHandler(stream) if stream is not None else _Stderr()
+    )
+    handler.setFormatter(formatter(format, stream or sys.stderr, redaction))
     handler.addFilter(ContextFilter())
     handler.tideflow = True  # type: ignore[attr-defined]
     root = logging.getLogger()
@@ -223,6 +224,23 @@ def configure(
     root.addHandler(handler)
     root.setLevel(level_of(level) if isinstance(level, str) else level)
     return handler
+
+
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to ``sys.stderr`` as it is when the record comes (like logging's last
+    resort), not as it was when the handler was made: a CLI command run in-process (a
+    test's CliRunner) swaps it for a buffer it closes afterwards."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:
+        pass  # always the current sys.stderr
 
 
 def _isatty(stream: TextIO) -> bool:

@@ -195,3 +195,25 @@ def test_a_worker_metrics_port_in_use_is_a_usage_error() -> None:
         taken.close()
     assert result.exit_code == 2, result.output
     assert f"--metrics {address}: cannot listen there" in result.output
+
+
+def test_lines_go_to_stderr_as_it_is_when_they_are_written(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A command run in-process (CliRunner) swaps sys.stderr and closes its buffer after:
+    the handler made then must not keep writing to that closed buffer."""
+    root = logging.getLogger()
+    level, before = root.level, list(root.handlers)
+    first, second = io.StringIO(), io.StringIO()
+    try:
+        monkeypatch.setattr("sys.stderr", first)
+        configure("info", "json", secrets=[])
+        first.close()
+        monkeypatch.setattr("sys.stderr", second)
+        logging.getLogger("tideflow.test").info("after the swap")
+    finally:
+        for handler in list(root.handlers):
+            if handler not in before:
+                root.removeHandler(handler)
+        root.setLevel(level)
+    assert orjson.loads(second.getvalue())["message"] == "after the swap"
