@@ -17,7 +17,7 @@ authenticates each event's source itself (or an API token that may signal), alwa
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 import orjson
 from fastapi import FastAPI, Query, Request, Response
@@ -54,6 +54,7 @@ from tideflow.api.run_views import run_view_routes
 from tideflow.api.schedule_routes import schedule_routes
 from tideflow.bus.base import unserved
 from tideflow.client import Client
+from tideflow.errors import NotFound
 from tideflow.model.states import RunStatus
 from tideflow.model.tokens import Action
 from tideflow.observability.tracing import joined
@@ -61,7 +62,22 @@ from tideflow.store.base import RunFilter
 from tideflow.ui.app import ui_app
 from tideflow.ui.sessions import Sessions
 
-__all__ = ["create_app"]
+__all__ = ["Metrics", "create_app"]
+
+
+class Metrics(Protocol):
+    """What ``GET /metrics`` serves and the gateway counts into
+    (tideflow.observability.metrics.EngineMetrics)."""
+
+    content_type: str
+
+    async def exposition(self) -> bytes:
+        """The Prometheus text of a scrape, levels read now."""
+        ...
+
+    def gateway_outcome(self, outcome: str, count: int = 1) -> None:
+        """The gateway took ``count`` events with this ``outcome``."""
+
 
 DEFAULT_MAX_BODY = 1 << 20
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
@@ -105,6 +121,7 @@ def create_app(
     changes: RunChanges | None = None,
     sessions: Sessions | None = None,
     ui: bool = True,
+    metrics: Metrics | None = None,
 ) -> FastAPI:
     """The API over ``client``; request bodies over ``max_body`` bytes are refused (413).
     With ``auth`` (the default) a request needs an API token of ``client.store`` whose
@@ -116,7 +133,10 @@ def create_app(
     ``sessions`` (default: logging in with an API token, or none without ``auth``;
     ``Sessions.local()`` for `tideflow ui`). ``changes`` is the hub the engine tells of
     run changes (api/changes.py), which the event streams wait on (without it they read
-    the store every few seconds)."""
+    the store every few seconds).
+
+    ``metrics``: serve them on ``GET /metrics`` (role viewer) and count the gateway's
+    events into them; without, ``/metrics`` answers 404."""
     app = FastAPI(title="tideflow", version="1", responses=_ERRORS)
     if sessions is None and auth:
         sessions = Sessions(store=client.store)
@@ -127,18 +147,48 @@ def create_app(
     def openapi() -> dict[str, Any]:
         schema = document()
         auth_http.document(app, schema, _PROBLEM)
+        # /metrics answers Prometheus text only (FastAPI also lists its default JSON)
+        schema["paths"]["/metrics"]["get"]["responses"]["200"]["content"] = _METRICS_TEXT[200][
+            "content"
+        ]
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
     _service_routes(app, client)
+    _metrics_route(app, metrics)
     _definition_routes(app, client)
     _run_routes(app, client)
     schedule_routes(app, client)
     run_view_routes(app, client, changes or RunChanges())
-    event_routes(app, client, event_sources or EventSources())
+    counted = metrics.gateway_outcome if metrics is not None else None
+    event_routes(app, client, event_sources or EventSources(), counted=counted)
     if ui:
         app.mount("/ui", ui_app(sessions), name="ui")
     return app
+
+
+_METRICS_TEXT = {
+    200: {
+        "description": "Prometheus text exposition format",
+        "content": {"text/plain": {"schema": {"type": "string"}}},
+    }
+}
+
+
+def _metrics_route(app: FastAPI, metrics: Metrics | None) -> None:
+    @app.get(
+        "/metrics",
+        tags=["service"],
+        dependencies=[READ],
+        response_model=None,
+        responses=_METRICS_TEXT,  # type: ignore[arg-type]
+    )
+    async def scrape() -> Response:
+        """Prometheus metrics of this server's engine (docs/observability.md): a scraper
+        sends a viewer token as a static bearer (`authorization` in its scrape config)."""
+        if metrics is None:
+            raise NotFound("this server serves no metrics (the metrics extra is not installed)")
+        return Response(await metrics.exposition(), media_type=metrics.content_type)
 
 
 def _service_routes(app: FastAPI, client: Client) -> None:

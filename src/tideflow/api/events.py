@@ -45,6 +45,7 @@ from tideflow.api.event_sources import EventSources, SourceRefused
 from tideflow.api.problems import FieldError, Problem, problem_response
 from tideflow.client import Client
 from tideflow.errors import (
+    Forbidden,
     InputValidationError,
     NotFound,
     StepError,
@@ -163,9 +164,12 @@ def event_routes(
     sources: EventSources,
     *,
     now: Callable[[], float] = time.time,
+    counted: Callable[[str, int], None] | None = None,
 ) -> None:
     """``POST /events`` on ``app``: events from ``sources`` (and from API tokens that may
-    signal) become signals through ``client``."""
+    signal) become signals through ``client``. ``counted(outcome, n)`` hears what became of
+    the events (delivered, unmatched, duplicate; rejected: a request refused whole,
+    counted once) for the metrics."""
     app.add_exception_handler(EventRefused, _event_refused)
     app.add_exception_handler(SourceRefused, _source_refused)
 
@@ -181,6 +185,18 @@ def event_routes(
         are for: the one their ``tideflowrunid`` names, else every run whose `wait` for
         the event's type matches it. 202 with what became of each event; a redelivery
         is acknowledged and applied once."""
+        try:
+            accepted = await _receive(request)
+        except (EventRefused, SourceRefused, Forbidden):
+            if counted is not None:
+                counted("rejected", 1)
+            raise
+        if counted is not None:
+            for event in accepted.events:
+                counted(event.status, 1)
+        return accepted
+
+    async def _receive(request: Request) -> EventsAccepted:
         body = await request.body()
         headers = request.headers
         token = await _api_token(client, headers.get("authorization"))

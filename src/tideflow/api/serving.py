@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Generator
 
 import uvicorn
 
-from tideflow.api.app import DEFAULT_MAX_BODY, create_app
+from tideflow.api.app import DEFAULT_MAX_BODY, Metrics, create_app
 from tideflow.api.changes import RunChanges
 from tideflow.api.event_sources import EventSources
 from tideflow.client import Client
@@ -123,11 +123,12 @@ async def http_api(
     event_sources: EventSources | None = None,
     changes: RunChanges | None = None,
     sessions: Sessions | None = None,
+    metrics: Metrics | None = None,
 ) -> AsyncIterator[None]:
-    """Serve the API (and the web UI at ``/ui``) on ``sock`` while the block runs, with
-    API tokens unless ``auth`` is False; ``sessions`` that are ``required`` (`tideflow
-    ui`) guard it instead. ``changes``: the hub the engine tells of run changes. When
-    uvicorn ends on its own, the server is stopped too."""
+    """Serve the API (and the web UI at ``/ui``, and ``metrics`` on ``/metrics``) on
+    ``sock`` while the block runs, with API tokens unless ``auth`` is False; ``sessions``
+    that are ``required`` (`tideflow ui`) guard it instead. ``changes``: the hub the engine
+    tells of run changes. When uvicorn ends on its own, the server is stopped too."""
     where = address_of(sock)
     changes = changes or RunChanges()
     if sessions is None or not sessions.required:
@@ -139,6 +140,7 @@ async def http_api(
         event_sources=event_sources,
         changes=changes,
         sessions=sessions,
+        metrics=metrics,
     )
     config = uvicorn.Config(
         app,

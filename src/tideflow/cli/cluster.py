@@ -8,6 +8,7 @@ import contextlib
 import functools
 import logging
 import os
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -32,6 +33,7 @@ from tideflow.errors import BusError, EngineAlreadyRunning, TideflowError
 
 if TYPE_CHECKING:
     from tideflow.client import Client
+    from tideflow.observability.metrics import EngineMetrics
     from tideflow.remote_http import HttpClient
     from tideflow.runtime.server import Listener, Service
 
@@ -107,13 +109,38 @@ async def reached(
         yield client
 
 
-def _log_level(verbose: bool) -> None:
-    from tideflow.lifecycle import log_to_stderr
+def setup_logging(verbose: bool, level: str | None, format: str, default: str = "info") -> None:
+    """Log lines on stderr in ``format`` at ``level`` (``--verbose``: debug); exit 2 for a
+    level or format that does not exist (docs/observability.md)."""
+    from tideflow.observability.logs import configure
 
-    log_to_stderr(logging.DEBUG if verbose else logging.INFO)
+    try:
+        configure(level or ("debug" if verbose else default), format)
+    except ValueError as exc:
+        raise fail_usage(str(exc)) from None
 
 
-VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="Log at DEBUG level.")]
+VerboseOption = Annotated[
+    bool, typer.Option("--verbose", "-v", help="Log at DEBUG level (as --log-level debug).")
+]
+LogFormatOption = Annotated[
+    str,
+    typer.Option(
+        "--log-format",
+        envvar="TIDEFLOW_LOG_FORMAT",
+        metavar="json|console|auto",
+        help="Log lines as JSON objects (run_id, step_id, attempt, trace_id on each), as readable text, or auto: text on a terminal, JSON otherwise.",
+    ),
+]
+LogLevelOption = Annotated[
+    str | None,
+    typer.Option(
+        "--log-level",
+        envvar="TIDEFLOW_LOG_LEVEL",
+        metavar="LEVEL",
+        help="debug, info, warning, error or critical.",
+    ),
+]
 
 
 def server_cmd(
@@ -187,6 +214,8 @@ def server_cmd(
         ),
     ] = None,
     verbose: VerboseOption = False,
+    log_format: LogFormatOption = "auto",
+    log_level: LogLevelOption = None,
 ) -> None:
     """Run one of a cluster's engines: scheduler, relay, timers and recovery, no workers.
 
@@ -254,10 +283,11 @@ def server_cmd(
         raise fail_usage(f"--max-body: {exc.message}") from None
     if max_body is not None and body_limit < 1:
         raise fail_usage("--max-body must be at least 1 byte")
+    setup_logging(verbose, log_level, log_format)
+    metrics = _engine_metrics() if http else None
     services, listeners = (
-        _http_service(http, not no_auth, event_sources, body_limit) if http else ((), ())
+        _http_service(http, not no_auth, event_sources, body_limit, metrics) if http else ((), ())
     )
-    _log_level(verbose)
     if standby:
         logging.getLogger("tideflow.server").warning(
             "--standby is deprecated and changes nothing: every server is active, the "
@@ -273,9 +303,11 @@ def server_cmd(
             "max_step_output": limits.step_output,
             "max_run_input": limits.run_input,
             "sweep_interval": sweep_interval,
+            **_worker_metrics(metrics, embedded),
         },
         services=services,
         listeners=listeners,
+        hooks=(metrics.attach,) if metrics is not None else (),
         embedded=embedded,
         workers=(workers or 32) if embedded else 0,
         executors=registry() if embedded else None,
@@ -284,13 +316,38 @@ def server_cmd(
     raise typer.Exit(code)
 
 
+def _worker_metrics(metrics: EngineMetrics | None, embedded: bool) -> dict[str, Any]:
+    """An embedded server's workers time their attempts into the engine's metrics."""
+    if metrics is None or not embedded:
+        return {}
+    return {"interceptors": [metrics.workers().interceptor]}
+
+
+def _engine_metrics() -> EngineMetrics | None:
+    """The engine's metrics for ``/metrics``; None (logged) without the metrics extra."""
+    try:
+        from tideflow.observability.metrics import EngineMetrics
+    except ImportError as exc:
+        logging.getLogger("tideflow.server").warning(
+            "no /metrics: the metrics extra is not installed (%s is missing): pip install "
+            "'tideflow[metrics]'",
+            exc.name,
+        )
+        return None
+    return EngineMetrics()
+
+
 def _http_service(
-    address: str, auth: bool, event_sources: Path | None, max_body: int
+    address: str,
+    auth: bool,
+    event_sources: Path | None,
+    max_body: int,
+    metrics: EngineMetrics | None = None,
 ) -> tuple[tuple[Service], tuple[Listener]]:
-    """The REST API and the web UI on ``address``, a listening socket already (a refused
-    address, a port in use or a bad sources file is an exit 2 before the server starts);
-    API tokens unless not ``auth``. With it, the listener that tells the UI's event
-    streams of the runs' changes."""
+    """The REST API and the web UI (and ``metrics`` on ``/metrics``) on ``address``, a
+    listening socket already (a refused address, a port in use or a bad sources file is an
+    exit 2 before the server starts); API tokens unless not ``auth``. With it, the
+    listener that tells the UI's event streams of the runs' changes."""
     try:
         from tideflow.api.app import DEFAULT_MAX_BODY
         from tideflow.api.changes import RunChanges
@@ -319,6 +376,7 @@ def _http_service(
         event_sources=sources,
         changes=changes,
         max_body=max_body or DEFAULT_MAX_BODY,
+        metrics=metrics,
     )
     return (service,), (changes.listener,)
 
@@ -382,7 +440,18 @@ def worker_cmd(
             help="The cluster's store: needed only to run `idempotent: false` steps (their start is recorded before they run).",
         ),
     ] = None,
+    metrics: Annotated[
+        str | None,
+        typer.Option(
+            "--metrics",
+            envvar="TIDEFLOW_WORKER_METRICS",
+            metavar="HOST:PORT",
+            help="Serve this worker's Prometheus metrics on http://HOST:PORT/metrics (no authentication: give an address only your scraper reaches; port 0 picks a free one). Needs tideflow[metrics].",
+        ),
+    ] = None,
     verbose: VerboseOption = False,
+    log_format: LogFormatOption = "auto",
+    log_level: LogLevelOption = None,
 ) -> None:
     """Run a worker pool on a cluster's bus: execute the tasks of its queues.
 
@@ -410,7 +479,8 @@ def worker_cmd(
         limits = Limits.from_env(os.environ)
     except TideflowError as exc:
         raise fail_usage(exc.message) from None
-    _log_level(verbose)
+    metrics_at = _metrics_address(metrics) if metrics is not None else None
+    setup_logging(verbose, log_level, log_format)
     options = WorkerOptions(
         bus=bus,
         queues=names or None,
@@ -420,8 +490,38 @@ def worker_cmd(
         grace=grace,
         store=store,
         max_output=limits.step_output,
+        metrics=metrics_at,
     )
     raise typer.Exit(run_async(work(options)))
 
 
-__all__ = ["BUS_ENV", "EXIT_USAGE", "BusOption", "connected", "server_cmd", "worker_cmd"]
+def _metrics_address(text: str) -> socket.socket:
+    """``--metrics HOST:PORT`` as a listening socket, bound before the worker starts (a
+    missing extra, a bad address or a port in use is an exit 2)."""
+    try:
+        from tideflow.observability.metrics import listen
+    except ImportError:
+        raise fail_usage(
+            "--metrics needs the metrics extra (prometheus-client): pip install 'tideflow[metrics]'"
+        ) from None
+    host, sep, port = text.strip().rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise fail_usage(f"--metrics {text}: give HOST:PORT, such as 127.0.0.1:9464")
+    try:
+        return listen(host, int(port))
+    except OSError as exc:
+        raise fail_usage(f"--metrics {text}: cannot listen there: {exc.strerror or exc}") from None
+
+
+__all__ = [
+    "BUS_ENV",
+    "EXIT_USAGE",
+    "BusOption",
+    "LogFormatOption",
+    "LogLevelOption",
+    "connected",
+    "server_cmd",
+    "setup_logging",
+    "worker_cmd",
+]

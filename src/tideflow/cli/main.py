@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.markup import escape
 
-from tideflow.cli.cluster import server_cmd, worker_cmd
+from tideflow.cli.cluster import (
+    LogFormatOption,
+    LogLevelOption,
+    server_cmd,
+    setup_logging,
+    worker_cmd,
+)
 from tideflow.cli.common import (
     DEFAULT_STORE,
     MAX_RUN_INPUT_ENV,
@@ -177,6 +183,8 @@ def run_cmd(
         ),
     ] = None,
     wait_for_engine: WaitForEngineOption = 0.0,
+    log_format: LogFormatOption = "auto",
+    log_level: LogLevelOption = None,
 ) -> None:
     """Run a workflow embedded (in-process bus and workers) and print its output.
 
@@ -201,6 +209,7 @@ def run_cmd(
       tideflow run flow.yaml --store memory://
       tideflow run examples/python_builder.py --input '{"name": "Ada", "words": ["hi"]}'
     """
+    setup_logging(False, log_level, log_format, default="warning")  # the display is stdout's
     executors = registry()
     plan = load_definition(file, executors)
     value = parse_json_option(input, "--input")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tideflow.cli.cluster import VerboseOption, _log_level, _serve
+from tideflow.cli.cluster import VerboseOption, _serve, setup_logging
 from tideflow.cli.common import (
     DEFAULT_STORE,
     Limits,
@@ -106,7 +106,7 @@ def ui_cmd(
             log.info("the web UI is ready; its link works once")
             yield
 
-    _log_level(verbose)
+    setup_logging(verbose, None, "auto")
     options = ServerOptions(
         store=store,
         bus="",

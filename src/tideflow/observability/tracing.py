@@ -33,6 +33,7 @@ from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from tideflow import logcontext
 from tideflow.errors import TideflowError
 from tideflow.worker.executors.base import OUTGOING_HEADERS
 from tideflow.worker.interceptors import ExecuteInput, ExecuteOutput, Execution
@@ -295,6 +296,8 @@ class AttemptSpans(Execution):
             set_status_on_exception=False,
         ) as span:
             token = OUTGOING_HEADERS.set(tracing.headers_of(span))
+            # the attempt's log lines name its trace (tideflow.logcontext)
+            logged = logcontext.trace_id.set(format(span.get_span_context().trace_id, "032x"))
             try:
                 out = await self.next.execute(self._with_workflow(input, workflow))
             except BaseException as exc:  # a cancelled attempt (the run no longer wants it)
@@ -302,6 +305,7 @@ class AttemptSpans(Execution):
                 span.set_attribute("error.type", type(exc).__name__)
                 raise
             finally:
+                logcontext.trace_id.reset(logged)
                 OUTGOING_HEADERS.reset(token)
             if out.error is not None:
                 status, code = self._error

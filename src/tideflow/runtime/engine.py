@@ -22,6 +22,7 @@ from tideflow.model.run import RunState
 from tideflow.runtime.catalog import Catalog
 from tideflow.runtime.clock import Clock
 from tideflow.runtime.correlate import Correlator
+from tideflow.runtime.observers import Observers
 from tideflow.runtime.partitions import Ownership
 from tideflow.runtime.recovery import Owns, every_run, recover
 from tideflow.runtime.relay import EventSink, Listener, Relay, Runs, start_key
@@ -78,6 +79,8 @@ class Engine(EngineLink, Runs):
         )
         self.listeners: list[Listener] = []
         self.sinks: list[EventSink] = []
+        self.observers = Observers()
+        """What metrics hear of the engine (runtime/observers.py)."""
         self._waiters: dict[str, list[asyncio.Future[RunResult]]] = defaultdict(list)
         self.timers = TimerWheel(
             clock,
@@ -94,6 +97,7 @@ class Engine(EngineLink, Runs):
             new_event_id=new_event_id,
             listeners=self.listeners,
             sinks=self.sinks,
+            observers=self.observers,
         )
         self.scheduler = Scheduler(
             store=store,
@@ -103,6 +107,7 @@ class Engine(EngineLink, Runs):
             relay=self.relay,
             batch_size=batch_size,
             ownership=ownership,
+            observers=self.observers,
         )
         self.tracing = tracing
         if tracing is not None:

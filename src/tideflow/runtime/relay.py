@@ -36,6 +36,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tideflow import logcontext
 from tideflow.bus.base import Bus, CancelAttempt, Headers, Message, RunEnded
 from tideflow.errors import TideflowError
 from tideflow.model.commands import (
@@ -62,6 +63,7 @@ from tideflow.model.run import RunState
 from tideflow.model.states import RunStatus
 from tideflow.runtime.catalog import started_event
 from tideflow.runtime.clock import Clock
+from tideflow.runtime.observers import Observers
 from tideflow.runtime.timers import TimerWheel
 from tideflow.store.base import AppliedEvent
 
@@ -116,8 +118,10 @@ class Relay:
         new_event_id: Callable[[], str],
         listeners: list[Listener],
         sinks: list[EventSink],
+        observers: Observers | None = None,
     ) -> None:
         self._bus = bus
+        self._observers = observers if observers is not None else Observers()
         self._timers = timers
         self._runs = runs
         self._waiting_for = waiting_for
@@ -194,6 +198,8 @@ class Relay:
         if observe and self._listeners:
             for applied in batch:
                 self._observe(applied.state, applied.transitions)
+        if observe and self._observers:
+            self._observers.applied(batch, self._clock.now())
 
     async def relay(self, commands: Sequence[Command], outbox: Mapping[int, str] = _NONE) -> None:
         """Carry out ``commands``; ``outbox[i]`` is the outbox id of ``commands[i]`` if any."""
@@ -424,11 +430,14 @@ class Relay:
     async def _run(self, effect: Effect) -> bool:
         if effect.key is not None and effect.tries == 0 and effect not in self._pending:
             self._busy[effect.key] += 1
+        about = logcontext.run_id.set(effect.run_id)  # its log lines (and _failed's) are the run's
         try:
             await effect.act()
         except Exception as exc:
             self._failed(effect, exc)
             return False
+        finally:
+            logcontext.run_id.reset(about)
         if effect.key is not None:  # done: relayed (if from the outbox) in the same step
             self._busy[effect.key] -= 1
             if not self._busy[effect.key]:
@@ -439,6 +448,8 @@ class Relay:
 
     def _failed(self, effect: Effect, exc: Exception) -> None:
         effect.tries += 1
+        if self._observers:
+            self._observers.effect_failed(effect.what, effect.run_id, exc)
         delay = min(FIRST_DELAY * 2 ** (effect.tries - 1), MAX_DELAY)
         log.warning(
             "run %s: %s failed (%s: %s), try %d; trying again in %.2fs",
@@ -476,6 +487,7 @@ class Relay:
                     "run %s: listener %s failed (the run carries on)",
                     state.run_id,
                     getattr(listener, "__qualname__", repr(listener)),
+                    extra={"run_id": state.run_id},
                 )
 
 

@@ -38,10 +38,11 @@ from tideflow.runtime.clock import Clock, SystemClock
 from tideflow.runtime.delivery import deliver
 from tideflow.runtime.engine import Engine
 from tideflow.runtime.lease import DEFAULT_TTL, EngineSeat
+from tideflow.runtime.observers import EngineObserver
 from tideflow.runtime.partitions import Ownership, PartitionManager
 from tideflow.runtime.relay import EventSink, Listener
 from tideflow.runtime.result import RunResult
-from tideflow.runtime.runs import DEFAULT_RUN_CACHE_SIZE
+from tideflow.runtime.runs import DEFAULT_RUN_CACHE_SIZE, Plans
 from tideflow.runtime.schedule_timers import ScheduleTimers
 from tideflow.runtime.sweep import DEFAULT_INTERVAL as DEFAULT_SWEEP_INTERVAL
 from tideflow.runtime.sweep import check_interval
@@ -300,9 +301,25 @@ class Runtime:
     def remove_listener(self, listener: Listener) -> None:
         self._engine.listeners.remove(listener)
 
+    def add_observer(self, observer: EngineObserver) -> None:
+        """Tell ``observer`` what the engine does: committed batches, failed effects,
+        commits and event streams (runtime/observers.py; metrics hook in here)."""
+        self._engine.observers.append(observer)
+
     def add_event_sink(self, sink: EventSink) -> None:
         """Call ``sink(cloudevent)`` for every event an ``emit`` step publishes."""
         self._engine.sinks.append(sink)
+
+    @property
+    def plans(self) -> Plans:
+        """The plans this engine has loaded, by hash (``known(hash)`` reads without I/O)."""
+        return self._engine.plans
+
+    @property
+    def relayed_outbox(self) -> frozenset[str]:
+        """Outbox ids whose effect is done and that the next commit makes the store forget
+        (still in ``Store.pending_outbox`` until then, and no backlog)."""
+        return frozenset(self._engine.relay.relayed)
 
     @property
     def pending_effects(self) -> int:

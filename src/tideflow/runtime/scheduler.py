@@ -28,12 +28,13 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 
-from tideflow import faults
+from tideflow import faults, logcontext
 from tideflow.bus.base import Bus, EventBatch
 from tideflow.core.decide import decide
 from tideflow.errors import NotFound
 from tideflow.model.events import EngineFailed, Event
 from tideflow.runtime.commits import Outcome, commit_apart
+from tideflow.runtime.observers import Observers
 from tideflow.runtime.partitions import Ownership
 from tideflow.runtime.poison import DEFINITELY_DATA, Failure, classify, describe, engine_failed
 from tideflow.runtime.relay import Relay
@@ -60,10 +61,13 @@ class Scheduler:
         relay: Relay,
         batch_size: int,
         ownership: Ownership | None = None,
+        observers: Observers | None = None,
     ) -> None:
         """``ownership``: in a cluster, the partitions to consume (runtime/partitions.py);
-        None consumes every partition (embedded mode)."""
+        None consumes every partition (embedded mode). ``observers`` hear of failed commits
+        and event streams (runtime/observers.py)."""
         self._store = store
+        self._observers = observers if observers is not None else Observers()
         self._ownership = ownership
         self._bus = bus
         self._runs = runs
@@ -116,6 +120,7 @@ class Scheduler:
                     delay = CONSUME_RETRY_FIRST
                 return  # the bus ended the stream: it is closing
             except Exception as exc:
+                self._observers.consume_failed(exc)
                 log.warning(
                     "the scheduler's event stream failed (%s: %s); consuming again in %.2fs",
                     type(exc).__name__,
@@ -217,6 +222,9 @@ class Scheduler:
             self._retry_delay = 0.05
         if out.down or out.failures:
             self._keep_in_doubt(batch, out)
+            if self._observers:
+                for error in [out.down] if out.down else out.failures.values():
+                    self._observers.commit_failed(error)
         if not redeliver and (out.down or out.failures):
             for run_id in self._in_flight:
                 self._runs.evict(run_id)
@@ -292,11 +300,14 @@ class Scheduler:
         for event in events:
             if event.run_id in failed:
                 continue
+            about = logcontext.run_id.set(event.run_id)  # its log lines are the run's
             try:
                 applied = await self._apply(event)
             except _ApplyFailed:
                 failed.add(event.run_id)
                 continue
+            finally:
+                logcontext.run_id.reset(about)
             if applied is not None:
                 batch.append(applied)
         if failed:

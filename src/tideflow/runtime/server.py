@@ -89,6 +89,8 @@ class ServerOptions:
     listeners: tuple[Listener, ...] = ()
     """Called after every committed change of a run this server owns
     (``Runtime.add_listener``): the web UI's event streams hear of changes so."""
+    hooks: tuple[Callable[[Runtime], object], ...] = ()
+    """Called with the runtime before it starts (metrics attach themselves here)."""
 
 
 def check_urls(store: str, bus: str) -> None:
@@ -119,6 +121,8 @@ async def serve(options: ServerOptions, stop: Stop | None = None) -> int:
     rt = _runtime(options)
     for listener in options.listeners:
         rt.add_listener(listener)
+    for hook in options.hooks:
+        hook(rt)
     me = f"{socket.gethostname()}/{os.getpid()}"
     if options.embedded:
         log.info(

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tideflow import faults
+from tideflow import faults, logcontext
 from tideflow.bus.base import Headers
 from tideflow.errors import StepError
 from tideflow.model import storable
@@ -152,7 +152,8 @@ class Secrets(Execution):
         except Exception as exc:  # SecretNotFound names where it looked, never a value
             return failure(exc)
         redactor = Redactor([*used_config, *used_input])
-        out = await self.next.execute(replace(input, config=config, input=value))
+        with logcontext.with_secrets((*used_config, *used_input)):  # masked in log lines too
+            out = await self.next.execute(replace(input, config=config, input=value))
         if out.error is not None:
             return ExecuteOutput(error=redactor.redact_error(out.error))
         return ExecuteOutput(output=redactor.redact(out.output))

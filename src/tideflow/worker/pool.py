@@ -37,6 +37,7 @@ import logging
 import random
 from collections.abc import Callable, Collection, Sequence
 
+from tideflow import logcontext
 from tideflow.bus.base import NO_HEADERS, Bus, CancelAttempt, Control, Delivery, Headers, Stream
 from tideflow.model import storable
 from tideflow.model.commands import DispatchTask
@@ -192,6 +193,8 @@ class WorkerPool:
         does one that had not started when the pool began to drain."""
         event: Event | None = None
         ran = False
+        task = delivery.body
+        logcontext.bind(task.run_id, task.step_id, task.attempt)  # this asyncio task's lines
         try:
             async with self._slots:
                 if not self._draining:

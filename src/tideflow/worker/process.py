@@ -45,6 +45,7 @@ from tideflow.model import storable
 from tideflow.model.events import EVENT_KINDS, RunRetried, TaskStarted
 from tideflow.store.base import HistoryEntry, Store
 from tideflow.worker.executors.registry import ExecutorRegistry
+from tideflow.worker.interceptors import Interceptor
 from tideflow.worker.pool import WorkerPool
 
 log = logging.getLogger("tideflow.worker")
@@ -66,6 +67,9 @@ class WorkerOptions:
     grace: float = DEFAULT_GRACE
     store: str | None = None
     max_output: int = storable.MAX_STEP_OUTPUT
+    metrics: socket.socket | None = None
+    """Serve Prometheus metrics on this listening socket (``--metrics``; the metrics
+    extra)."""
 
 
 class StoreStarts:
@@ -172,11 +176,17 @@ async def work(options: WorkerOptions, stop: Stop | None = None) -> int:
     bus = open_bus(options.bus)
     store = _store(options.store)
     executors = ExecutorRegistry()
+    metrics: Any = None
+    exposed: asyncio.Server | None = None
     try:
         await bus.open()
         if store is not None:
             await store.open()
-        pool = _pool(options, bus, store, executors)
+        interceptors: list[Interceptor] = []
+        if options.metrics is not None:
+            metrics, exposed = await _serve_metrics(bus, options.metrics)
+            interceptors.append(metrics.interceptor)
+        pool = _pool(options, bus, store, executors, interceptors)
         pool.start()
         _started(options, bus)
         await stop.wait()
@@ -189,12 +199,25 @@ async def work(options: WorkerOptions, stop: Stop | None = None) -> int:
         log.info("stopped: %d task(s) still running after the grace were handed back", left)
     finally:
         stop.uninstall()
+        if exposed is not None:
+            exposed.close()
         with contextlib.suppress(Exception):
             await executors.aclose()
         await bus.close()
         if store is not None:
             await store.close()
     return 0
+
+
+async def _serve_metrics(bus: Bus, sock: socket.socket) -> tuple[Any, asyncio.Server]:
+    """The worker's metrics, served on ``sock`` (observability/metrics.py)."""
+    from tideflow.observability.metrics import WorkerMetrics, serve_metrics
+
+    metrics = WorkerMetrics(process=True).watch(bus)
+    server = await serve_metrics(metrics, sock)
+    where = server.sockets[0].getsockname()
+    log.info("metrics on http://%s:%d/metrics", where[0], where[1])
+    return metrics, server
 
 
 def _store(url: str | None) -> Store | None:
@@ -206,7 +229,11 @@ def _store(url: str | None) -> Store | None:
 
 
 def _pool(
-    options: WorkerOptions, bus: Bus, store: Store | None, executors: ExecutorRegistry
+    options: WorkerOptions,
+    bus: Bus,
+    store: Store | None,
+    executors: ExecutorRegistry,
+    interceptors: Sequence[Interceptor] = (),
 ) -> WorkerPool:
     prefix = uuid.uuid4().hex[:10]
     ids = itertools.count(1)
@@ -221,7 +248,7 @@ def _pool(
         new_event_id=lambda: f"{prefix}-{next(ids)}",
         start_durably=starts,
         max_output=options.max_output,
-        interceptors=_tracing(),
+        interceptors=[*_tracing(), *interceptors],
     )
 
 

@@ -18,6 +18,7 @@ from tideflow.api.auth import issue_token
 from tideflow.api.auth_http import action_of
 from tideflow.api.problems import UNAUTHENTICATED_DETAIL
 from tideflow.model.tokens import PERMISSIONS, Action, Role
+from tideflow.observability.metrics import EngineMetrics
 from tideflow.runtime.runtime import Runtime
 from tideflow.testing.waiting import step_is, wait_until
 
@@ -41,6 +42,7 @@ ROUTES: dict[tuple[str, str], Action | None] = {
     ("GET", "/docs/oauth2-redirect"): None,
     ("GET", "/redoc"): None,
     ("GET", "/queues"): Action.READ,
+    ("GET", "/metrics"): Action.READ,  # a scraper sends a viewer token (docs/observability.md)
     ("POST", "/definitions/validate"): Action.READ,
     ("POST", "/definitions"): Action.DEFINITIONS,
     ("GET", "/definitions"): Action.READ,
@@ -164,7 +166,8 @@ async def world() -> AsyncIterator[World]:
         await rt.client.register(WAITING)
         run_id, _ = await rt.client.launch("waiting", {"order_id": "o1"})
         await wait_until(rt, run_id, step_is("ask", "waiting"))
-        transport = httpx.ASGITransport(app=create_app(rt.client))
+        metrics = EngineMetrics().attach(rt)
+        transport = httpx.ASGITransport(app=create_app(rt.client, metrics=metrics))
         async with httpx.AsyncClient(transport=transport, base_url="http://api") as api:
             yield World(rt, api, run_id, headers)
 

@@ -327,3 +327,34 @@ async def test_a_run_recovered_by_the_next_engine_keeps_its_trace(
     trace_id, run_span = traceparent_of(spans["run later"])
     assert traceparent_of(spans["step a"])[0] == trace_id
     assert parent_id(spans["step a"]) == run_span
+
+
+async def test_an_attempts_log_lines_name_its_trace(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    from tideflow import logcontext
+    from tideflow.worker.executors.functions import register, unregister
+
+    @register("tracing_test.trace_of_logs")
+    def trace_of_logs() -> str | None:
+        return logcontext.trace_id.get()
+
+    try:
+        async with Runtime(tracer_provider=provider, workers=1) as rt:
+            plan = await rt.register(
+                {
+                    "name": "logged",
+                    "version": "1",
+                    "steps": [
+                        {"id": "s", "type": "python", "function": "tracing_test.trace_of_logs"}
+                    ],
+                    "output": "{{ steps.s.output }}",
+                }
+            )
+            result = await rt.run(plan, {})
+    finally:
+        unregister("tracing_test.trace_of_logs")
+    assert result.status == "succeeded", result.error
+    (step,) = [s for s in exporter.get_finished_spans() if s.name == "step s"]
+    assert result.output == traceparent_of(step)[0]  # the trace id the log lines carry
+    assert logcontext.trace_id.get() is None  # set for the attempt only
