@@ -52,7 +52,11 @@ from cluster import BUSES, POSTGRES, Cluster, cluster, interruptible  # noqa: E4
 from tideflow.client import Client  # noqa: E402
 from tideflow.dsl import compile_definition  # noqa: E402
 from tideflow.runtime.lease import DEFAULT_TTL, TTL_ENV  # noqa: E402
+from tideflow.runtime.schedule_timers import IDLE_STATEMENTS_PER_ROUND  # noqa: E402
 from tideflow.runtime.sweep import INTERVAL_ENV, STATEMENTS_PER_ROUND  # noqa: E402
+
+PER_ROUND = STATEMENTS_PER_ROUND + IDLE_STATEMENTS_PER_ROUND
+"""A round of the reconciliation sweep and one of the schedules' on a store with none."""
 from tideflow.testing.wire import Counter, PgParser, Proxy, host_port, via  # noqa: E402
 
 WAITING: dict[str, Any] = {
@@ -207,6 +211,7 @@ SWEEP_STATEMENTS = (
     "FROM timers WHERE fire_at",  # due timers
     "FROM outbox ORDER BY",  # unrelayed outbox rows
     "FROM runs WHERE status = $1 AND created_at <",  # runs never started
+    "FROM schedules WHERE $1::text IS NULL",  # the schedules' round (runtime/schedule_timers.py)
 )
 
 
@@ -217,7 +222,7 @@ one ``list_leases`` of the members."""
 
 def _implied(by: dict[str, int], window: float, ttl: float, interval: float) -> dict[str, Any]:
     """The statements of the window by who sent them, against what the lease renewal
-    (every ttl / 5 s) and the sweep (``STATEMENTS_PER_ROUND`` every ``interval`` s)
+    (every ttl / 5 s) and the sweep (``PER_ROUND`` every ``interval`` s, with the schedules' round)
     allow in it at most (a periodic task fits floor(window / period) + 1 times)."""
     lease = sum(n for text, n in by.items() if "engine_leases" in text)
     sweep = sum(n for text, n in by.items() if any(s in text for s in SWEEP_STATEMENTS))
@@ -229,8 +234,8 @@ def _implied(by: dict[str, int], window: float, ttl: float, interval: float) -> 
         "other": sum(by.values()) - lease - sweep,
         "lease_at_most": renewals,
         "sweep_rounds_at_most": rounds,
-        "sweep_at_most": rounds * STATEMENTS_PER_ROUND,
-        "at_most": renewals + rounds * STATEMENTS_PER_ROUND,
+        "sweep_at_most": rounds * PER_ROUND,
+        "at_most": renewals + rounds * PER_ROUND,
         "sweep_interval": interval,
         "lease_ttl": ttl,
     }
@@ -297,7 +302,7 @@ def show(result: dict[str, Any]) -> None:
         f"    {verdict} what the rates imply, at most {implied['at_most']}: lease heartbeat "
         f"{implied['lease']} (<= {implied['lease_at_most']}, every {implied['lease_ttl'] / 5:g} s)"
         f" + sweep {implied['sweep']} (<= {implied['sweep_rounds_at_most']} rounds x "
-        f"{STATEMENTS_PER_ROUND}, every {implied['sweep_interval']:g} s) + other "
+        f"{PER_ROUND}, every {implied['sweep_interval']:g} s) + other "
         f"{implied['other']}"
     )
     print(f"  bus commands (server + worker): {bus['total']} ({bus['total'] / window:.2f}/s)")

@@ -44,10 +44,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tideflow.schedules")
 
-__all__ = ["BATCH", "RETRY_AFTER", "ScheduleTimers"]
+__all__ = ["BATCH", "IDLE_STATEMENTS_PER_ROUND", "RETRY_AFTER", "ScheduleTimers"]
 
 BATCH = 100
 """Most due rows one round reads (more are read by the next round, at once)."""
+IDLE_STATEMENTS_PER_ROUND = 1
+"""SQL statements of a reconciliation round on a store with no schedule (``list_schedules``)."""
 RETRY_AFTER = 1.0
 """Seconds before a round that failed (the store is down) is tried again."""
 
@@ -155,7 +157,8 @@ class ScheduleTimers:
         for row in rows:
             if row.live and row.buffered_slot is not None:
                 await self._advance(row)
-        await self.fire()
+        if rows:  # with no schedule there is nothing to fire: one statement a round
+            await self.fire()
 
     async def _buffered(self, workflow: str) -> None:
         for row in await self._store.list_schedules(workflow):
