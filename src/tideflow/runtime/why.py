@@ -28,6 +28,7 @@ the client has a bus, the bus's queue statistics; it changes nothing.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -50,6 +51,8 @@ OVERDUE = 5.0
 """Seconds past its time after which an armed timer that has not fired is reported."""
 JOINS_SHOWN = 20
 """Blocked joins named one by one (a 10,000-step run reports the rest as a count)."""
+SHOWN = 20
+"""Step reasons of one kind named one by one; the rest are counted in one more reason."""
 
 _TIMER_WAITS = {"sleep": "sleep", "retry": "retry backoff", "loop_delay": "loop delay"}
 _TIMER_WAITS |= {"compensation_retry": "compensation retry backoff"}
@@ -188,10 +191,12 @@ def reasons_of(seen: _Seen) -> list[Reason]:
                 since=state.created_at,
             )
         )
+    steps: list[Reason] = []
     for key, step in state.steps.items():
         spec = seen.plan.specs.get(step.step_id)
         if spec is not None:
-            reasons.extend(_step_reasons(seen, key, step, spec))
+            steps.extend(_step_reasons(seen, key, step, spec))
+    reasons.extend(_bounded(steps))
     reasons.extend(_joins(seen))
     if seen.outbox or seen.relaying:
         reasons.append(_backlog(seen))
@@ -215,6 +220,29 @@ def _backlog(seen: _Seen) -> Reason:
             "retrying": [{"what": what, "tries": tries} for what, tries in seen.relaying],
         },
     )
+
+
+def _bounded(reasons: list[Reason]) -> list[Reason]:
+    """At most ``SHOWN`` step reasons of each kind (a map of 10,000 items in flight has as
+    many), the rest counted in one reason of that kind."""
+    shown: list[Reason] = []
+    named: Counter[WhyKind] = Counter()
+    more: Counter[WhyKind] = Counter()
+    for reason in reasons:
+        if named[reason.kind] < SHOWN:
+            named[reason.kind] += 1
+            shown.append(reason)
+        else:
+            more[reason.kind] += 1
+    for kind, count in more.items():
+        shown.append(
+            Reason(
+                kind=kind,
+                text=f"and {count} more step(s) like that ({kind.value.replace('_', ' ')})",
+                data={"more": count},
+            )
+        )
+    return shown
 
 
 def _ended(state: RunState) -> Reason:

@@ -317,3 +317,28 @@ def test_a_stored_run_no_engine_has_started_says_so() -> None:
     )
     (reason,) = reasons_of(seen)
     assert reason.kind is WhyKind.NOT_STARTED and reason.since == 10.0
+
+
+MANY = {
+    "name": "many",
+    "version": "1",
+    "steps": [
+        {
+            "id": "fan",
+            "type": "map",
+            "items": "{{ inputs.items }}",
+            "step": {"id": "one", "type": "python", "function": "why.slow"},
+        }
+    ],
+}
+
+
+@pytest.mark.parametrize("rt", [0], indirect=True)
+async def test_a_map_in_flight_names_twenty_items_and_counts_the_rest(rt: Runtime) -> None:
+    await rt.client.register(MANY)
+    run_id = await rt.client.start("many", {"items": list(range(50))})
+    await wait_until(rt, run_id, lambda s: len(s.steps) > 50)
+    reasons = (await rt.client.why(run_id)).reasons
+    named = [r for r in reasons if r.kind is WhyKind.NO_CONSUMER and r.step is not None]
+    (rest,) = [r for r in reasons if r.kind is WhyKind.NO_CONSUMER and r.step is None]
+    assert len(named) == 20 and rest.data == {"more": 30} and "30 more" in rest.text
