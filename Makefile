@@ -40,15 +40,20 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
+# The suite runs on every core (pytest-xdist; TEST_WORKERS=0 runs it in one process).
+# worksteal: the long real-process tests do not leave one worker with a queue.
+TEST_WORKERS ?= auto
+XDIST = -n $(TEST_WORKERS) --dist worksteal
+
 unit: install
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q $(XDIST)
 
 # Everything CI runs: lint, types, the whole test suite.
 test: lint typecheck unit
 
 # The local loop: skips the slow soak/kill tests.
 fast: install
-	$(BIN)/pytest -q -m 'not slow'
+	$(BIN)/pytest -q $(XDIST) -m 'not slow'
 
 bench: install
 	$(BIN)/python bench/run.py

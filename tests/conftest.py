@@ -16,6 +16,13 @@ from urllib.parse import urlsplit
 
 import pytest
 
+# The CLI's tables take their width from COLUMNS when stdout is not a terminal (and 200
+# without it). Whoever runs the suite (an 80-column shell that exports it, or a
+# pytest-xdist worker, which sets 80) must not change what the tests read: a test that
+# wants a width passes COLUMNS itself.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
+
 
 @dataclass(frozen=True)
 class Service:

@@ -40,7 +40,7 @@ from tideflow.testing.waiting import step_is, wait_until
 from tideflow.worker.executors.functions import register, unregister
 
 MAX_EXAMPLES = 60
-"""Per operation: 13 operations, about 30 s in all on a busy machine."""
+"""Per operation (about 40 operations, each mode about 20-30 s on a busy machine)."""
 WAITING = {
     "name": "waiting",
     "version": "1",
