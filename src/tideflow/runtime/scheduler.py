@@ -211,7 +211,10 @@ class Scheduler:
         async with self._lock:
             try:
                 return await self._apply_committed(
-                    events, redeliver, relay=relay, carried=lambda _: headers
+                    events,
+                    redeliver,
+                    relay=relay,
+                    headers_of=(lambda _: headers) if headers else None,
                 )
             finally:
                 self._in_flight.clear()
@@ -222,8 +225,9 @@ class Scheduler:
         redeliver: bool = True,
         delivered: EventBatch | None = None,
         relay: bool = True,
-        carried: Callable[[int], Headers] | None = None,
+        headers_of: Callable[[int], Headers] | None = None,
     ) -> set[str]:
+        """``headers_of(i)``: the headers of ``events[i]`` (a delivered batch's own)."""
         began = time.time_ns() if self.spans is not None else 0
         batch = await self._apply_all(events)
         if not batch:
@@ -257,7 +261,7 @@ class Scheduler:
             if delivered is not None:
                 await delivered.ack()
             if self.spans is not None and out.committed:
-                headers = delivered.headers if delivered is not None else carried
+                headers = delivered.headers if delivered is not None else headers_of
                 self._traced(self.spans, began, out.committed, events, headers)
         return {applied.event.event_id for applied in out.committed}
 
@@ -271,13 +275,13 @@ class Scheduler:
     ) -> None:
         """Hand the committed batch to ``spans``, with the headers of its events that carry
         a trace context; a failure there is logged and changes nothing."""
-        carried: dict[str, Headers] = {}
-        if headers is not None:
-            for index, event in enumerate(events):
-                found = headers(index)
-                if TRACEPARENT in found:
-                    carried[event.event_id] = found
         try:
+            carried: dict[str, Headers] = {}
+            if headers is not None:
+                for index, event in enumerate(events):
+                    found = headers(index)
+                    if TRACEPARENT in found:
+                        carried[event.event_id] = found
             spans(began, committed, carried)
         except Exception:
             log.exception("the spans of a batch could not be recorded (the runs carry on)")
