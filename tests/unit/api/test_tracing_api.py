@@ -225,3 +225,31 @@ async def test_a_malformed_traceparent_on_a_request_is_ignored(
     assert signal.parent is None
     (applied,) = applying(exporter, "waits", "SignalReceived")
     assert linked_to(applied) == {span_of(signal)}
+
+
+async def test_an_http_client_in_a_callers_span_sends_its_context(
+    rt: Runtime, exporter: InMemorySpanExporter
+) -> None:
+    """``HttpClient(tracer_provider=…)``: the run it starts joins the caller's trace, its
+    signal is a span there; a request made outside any span carries no context."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from tideflow.remote_http import HttpClient
+
+    app = create_app(rt.client, auth=False)
+    provider = TracerProvider()  # the caller's process (nothing exported)
+    async with HttpClient(
+        "http://tideflow", transport=httpx.ASGITransport(app=app), tracer_provider=provider
+    ) as remote:
+        untraced = await remote.start("fulfil", {})
+        with provider.get_tracer("caller").start_as_current_span("caller") as caller:
+            run_id = await remote.start("waits", {})
+            await wait_until(rt, run_id, step_is("approval", "waiting"))
+            await remote.signal(run_id, "approved", {})
+        assert (await remote.wait(run_id, timeout=10)).status == "succeeded"
+        assert (await remote.wait(untraced, timeout=10)).status == "succeeded"
+    ctx = caller.get_span_context()
+    caller_ids = (f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}")
+    assert ids(named(exporter, "run waits")) == caller_ids
+    assert ids(named(exporter, "signal approved")) == caller_ids
+    assert named(exporter, "run fulfil").parent is None
