@@ -30,11 +30,11 @@ import builtins
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from tideflow.bus.base import Bus, QueueStats
+from tideflow.bus.base import NO_HEADERS, Bus, Headers, QueueStats
 from tideflow.core.reopen import RETRYABLE
 from tideflow.errors import (
     BusError,
@@ -93,13 +93,15 @@ class EngineLink(ABC):
         return []
 
     @abstractmethod
-    async def deliver(self, events: Sequence[Event]) -> None:
+    async def deliver(self, events: Sequence[Event], headers: Headers = NO_HEADERS) -> None:
         """Hand events to the engine: a live engine takes them and applies them soon, or
-        they are recorded for the next engine. Raises when they could not be handed over."""
+        they are recorded for the next engine. Raises when they could not be handed over.
+        ``headers``: every event's bus headers (the sender's trace context), lost when the
+        events are recorded rather than sent."""
 
     @abstractmethod
-    async def commit(self, events: Sequence[Event]) -> None:
-        """Apply events and return once they are committed."""
+    async def commit(self, events: Sequence[Event], headers: Headers = NO_HEADERS) -> None:
+        """Apply events and return once they are committed (``headers`` as ``deliver``)."""
 
     @abstractmethod
     async def start_run(self, state: RunState, event: RunStarted) -> None:
@@ -345,8 +347,11 @@ class Client:
             )
             for run_id in run_ids
         ]
-        if events:
-            await self._link.deliver(events)
+        if events:  # they carry the current span's context (the gateway's `event <type>`)
+            tracing = self.tracing
+            await self._link.deliver(
+                events, NO_HEADERS if tracing is None else tracing.current_headers()
+            )
         return run_ids
 
     async def trigger(self, event: Mapping[str, Any], *, key: str) -> builtins.list[Triggered]:
@@ -381,11 +386,10 @@ class Client:
         )
         if self.tracing is None:
             await self._link.deliver([event])
-        else:  # a span in the caller's trace, linked to the run's
-            link = self.tracing.run_link(run_id, state.trace)
+        else:  # a span in the caller's trace, linked to the run's; the event carries it
             attributes = {"tideflow.run_id": run_id, "tideflow.signal": name}
-            with self.tracing.message_span(f"signal {name}", [link], attributes):
-                await self._link.deliver([event])
+            with self.tracing.sending(f"signal {name}", run_id, state.trace, attributes) as h:
+                await self._link.deliver([event], h)
         return SignalOutcome.DELIVERED
 
     async def cancel(self, run_id: str, reason: str = "cancelled on request") -> RunStatus:
@@ -398,7 +402,11 @@ class Client:
         event = CancelRequested(
             event_id=self._new_id(), run_id=run_id, time=self._clock.now(), reason=reason
         )
-        await self._link.deliver([event])
+        if self.tracing is None:
+            await self._link.deliver([event])
+        else:
+            with _sending(self.tracing, "cancel", state) as headers:
+                await self._link.deliver([event], headers)
         return status
 
     async def retry(self, run_id: str, reason: str = "retried on request") -> RunStatus:
@@ -413,7 +421,11 @@ class Client:
         event = RunRetried(
             event_id=self._new_id(), run_id=run_id, time=self._clock.now(), reason=reason
         )
-        await self._link.commit([event])
+        if self.tracing is None:
+            await self._link.commit([event])
+        else:
+            with _sending(self.tracing, "retry", state) as headers:
+                await self._link.commit([event], headers)
         return (await self._link.state(run_id)).status
 
     # -- reading runs -----------------------------------------------------------
@@ -494,6 +506,13 @@ class Client:
         return await self.store.unfinished_runs()
 
 
+def _sending(tracing: Tracing, what: str, state: RunState) -> AbstractContextManager[Headers]:
+    """The span ``<what> <workflow>`` of a cancel or a retry, in the caller's trace and
+    linked to the run's; yields the headers its event carries."""
+    attributes = {"tideflow.run_id": state.run_id, "tideflow.workflow": state.workflow}
+    return tracing.sending(f"{what} {state.workflow}", state.run_id, state.trace, attributes)
+
+
 class _Recording(EngineLink):
     """Commits what it is handed at once: the next engine carries out what it unlocks."""
 
@@ -502,13 +521,13 @@ class _Recording(EngineLink):
         self._via = via
         self.delivered_to: Lease | None = None
 
-    async def deliver(self, events: Sequence[Event]) -> None:
-        await self.commit(events)
+    async def deliver(self, events: Sequence[Event], headers: Headers = NO_HEADERS) -> None:
+        await self.commit(events, headers)
 
-    async def commit(self, events: Sequence[Event]) -> None:
+    async def commit(self, events: Sequence[Event], headers: Headers = NO_HEADERS) -> None:
         if self._via is None:
-            await self._engine.commit(events)
-        else:
+            await self._engine.commit(events, headers)
+        else:  # through the store's inbox, which keeps no headers
             self.delivered_to = await self._via(events)
 
     async def start_run(self, state: RunState, event: RunStarted) -> None:

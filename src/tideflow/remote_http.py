@@ -119,7 +119,10 @@ class RemoteDefinition:
 
 class HttpClient:
     """The `Client` of a remote server (module docstring). ``timeout``: seconds for each
-    HTTP request; ``token``: an API token, sent as ``Authorization: Bearer``."""
+    HTTP request; ``token``: an API token, sent as ``Authorization: Bearer``;
+    ``tracer_provider`` (OpenTelemetry, the ``otel`` extra): each request carries the W3C
+    context of the span current when it is made, so the runs it starts join the caller's
+    trace and its signals, cancels and retries are spans there (docs/observability.md)."""
 
     def __init__(
         self,
@@ -130,7 +133,11 @@ class HttpClient:
         poll_min: float = 0.05,
         poll_max: float = 1.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        tracer_provider: Any = None,
     ) -> None:
+        from tideflow.observability.tracing import Tracing
+
+        self._tracing = None if tracer_provider is None else Tracing(tracer_provider)
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"--server {url!r}: give an http:// or https:// URL")
         if not 0 < poll_min <= poll_max:
@@ -168,6 +175,8 @@ class HttpClient:
         params: Mapping[str, Any] | None = None,
     ) -> Any:
         where = self.url + path
+        if self._tracing is not None:
+            headers = {**(headers or {}), **self._tracing.current_headers()}
         try:
             response = await self._http.request(
                 method,

@@ -268,6 +268,42 @@ async def test_tasks_and_events_are_delivered_with_their_headers(bus_backend: Bu
         assert (dict(batch.headers(0)), dict(batch.headers(1))) == ({}, trace)
 
 
+async def test_headers_come_again_with_a_message_handed_back_or_redelivered(
+    bus_backend: BusBackend,
+) -> None:
+    """A task or event nacked (events by run: the others of their batch carry on) or whose
+    lease ran out comes again with its headers, ``tracestate`` and all, and a bare one
+    comes again bare."""
+    bus = await bus_backend.open(lease=10.0, partitions=1)
+    a = {
+        "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "tracestate": "vendor=opaque,other=1",
+    }
+    b = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    await bus.publish_tasks([Message(task(1), a), task(2)])
+    await bus.publish_events([Message(event("a", 1), a), event("b", 1), Message(event("a", 2), b)])
+    async with contextlib.aclosing(bus.consume_tasks(prefetch=10)) as tasks:
+        for delivery in [await next_of(tasks), await next_of(tasks)]:
+            await delivery.nack()
+        again = {d.body.run_id: d for d in [await next_of(tasks), await next_of(tasks)]}
+        assert [(dict(again[r].headers), again[r].deliveries) for r in ("run-1", "run-2")] == [
+            (a, 2),
+            ({}, 2),
+        ]
+    async with contextlib.aclosing(bus.consume_events(max_batch=10)) as batches:
+        batch = await next_of(batches)
+        await batch.nack(runs={"a"})
+        await batch.ack()
+        nacked = await next_of(batches)
+        assert nacked.events == [event("a", 1), event("a", 2)]
+        assert [dict(nacked.headers(i)) for i in range(2)] == [a, b]
+        await bus_backend.advance(11.0)  # not acknowledged within its lease
+        expired = await next_of(batches)
+        assert expired.events == nacked.events
+        assert [dict(expired.headers(i)) for i in range(2)] == [a, b]
+        await expired.ack()
+
+
 async def test_an_attempts_report_travels_with_its_round(bus_backend: BusBackend) -> None:
     bus = await bus_backend.open()
     common = {"run_id": "r", "time": 0.0, "step_key": "a", "attempt": 1}

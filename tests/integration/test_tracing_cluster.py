@@ -1,8 +1,9 @@
 """Tracing across a real broker: a cluster engine (``Runtime(cluster=True)``, PostgreSQL
 store) and a worker pool on its own bus connection and a ``Client.connect`` client, each with its own
-tracer provider (three processes' exporters). The task headers survive Redis Streams and NATS JetStream:
-the worker's attempt spans are children of the engine's run span, and the ``http`` step's
-request carries the attempt's context."""
+tracer provider (three processes' exporters). The task and event headers survive Redis Streams
+and NATS JetStream: the worker's attempt spans are children of the engine's run span, the
+``http`` step's request carries the attempt's context, and the engine's apply spans link to
+the contexts the worker's outcomes and the client's signal carried."""
 
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ def flow(port: int) -> dict[str, object]:
                 "url": f"http://127.0.0.1:{port}/x",
                 "depends_on": ["a"],
             },
+            {"id": "w", "type": "wait", "signal": "go"},
         ],
     }
 
@@ -145,6 +147,9 @@ async def test_a_cluster_run_is_one_trace_across_client_engine_and_worker(
                     caller = client_provider.get_tracer("caller")
                     with caller.start_as_current_span("caller"):
                         run_id = await client.start("remote", {})
+                    # after the start on the run's partition: the wait is waiting by then
+                    with caller.start_as_current_span("operator"):
+                        await client.signal(run_id, "go", {})
                     result = await asyncio.wait_for(client.wait(run_id), 30)
                 assert result.status == "succeeded", result.error
             finally:
@@ -154,7 +159,6 @@ async def test_a_cluster_run_is_one_trace_across_client_engine_and_worker(
     finally:
         await _clean(bus_url)
 
-    assert engine_spans.get_finished_spans() == ()  # the engine starts no run here
     spans = {span.name: span_ids(span) for span in client_spans.get_finished_spans()}
     trace_id, caller_span, _ = spans["caller"]
     run_trace, run_span, run_parent = spans["run remote"]
@@ -164,3 +168,17 @@ async def test_a_cluster_run_is_one_trace_across_client_engine_and_worker(
     assert {(t, parent) for t, _, parent in attempts.values()} == {(trace_id, run_span)}
     (request,) = recorder.seen
     assert request["traceparent"].split("-")[1:3] == [trace_id, attempts["step call"][1]]
+
+    # The engine's apply spans (its own process): in the run's trace under its span, linked
+    # to what the events carried over the broker: the attempts' and the signal's spans.
+    applied = engine_spans.get_finished_spans()
+    assert applied and {s.name for s in applied} == {"apply remote"}
+    assert {span_ids(s)[::2] for s in applied} == {(trace_id, run_span)}
+    linked = {
+        (f"{k.context.trace_id:032x}", f"{k.context.span_id:016x}")
+        for s in applied
+        for k in s.links
+    }
+    signal_trace, signal_span, _ = spans["signal go"]
+    assert (signal_trace, signal_span) in linked
+    assert {(t, span) for t, span, _ in attempts.values()} <= linked

@@ -351,18 +351,26 @@ def _run_routes(app: FastAPI, client: Client) -> None:
         return WhyView.of(await client.why(run_id))
 
     @app.post("/runs/{run_id}/cancel", status_code=202, tags=["runs"], dependencies=[CANCEL])
-    async def cancel_run(run_id: str, body: Reason | None = None) -> RunStatusView:
+    async def cancel_run(
+        run_id: str, request: Request, body: Reason | None = None
+    ) -> RunStatusView:
         """Ask a pending or running run to stop: its status as it was asked (a run that
-        ended is left as it is)."""
+        ended is left as it is). With tracing on, the cancel is a span in the trace of the
+        request's ``traceparent``, linked to the run's."""
         reason = (body.reason if body else None) or "cancelled on request"
-        return RunStatusView(run_id=run_id, status=await client.cancel(run_id, reason))
+        with joined(client.tracing, request.headers):
+            status = await client.cancel(run_id, reason)
+        return RunStatusView(run_id=run_id, status=status)
 
     @app.post("/runs/{run_id}/retry", tags=["runs"], dependencies=[RETRY])
-    async def retry_run(run_id: str, body: Reason | None = None) -> RunStatusView:
+    async def retry_run(run_id: str, request: Request, body: Reason | None = None) -> RunStatusView:
         """Re-open a failed or timed-out run (409 for any other): its status once that is
-        committed."""
+        committed. With tracing on, the retry is a span in the trace of the request's
+        ``traceparent``, linked to the run's."""
         reason = (body.reason if body else None) or "retried on request"
-        return RunStatusView(run_id=run_id, status=await client.retry(run_id, reason))
+        with joined(client.tracing, request.headers):
+            status = await client.retry(run_id, reason)
+        return RunStatusView(run_id=run_id, status=status)
 
     @app.post("/runs/{run_id}/signals", status_code=202, tags=["runs"], dependencies=[SIGNAL])
     async def signal_run(run_id: str, body: SendSignal, request: Request) -> SignalSent:

@@ -65,6 +65,9 @@ Headers = Mapping[str, str]
 """Message headers (W3C ``traceparent`` / ``tracestate`` travel here)."""
 
 NO_HEADERS: Headers = {}
+TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
+"""The W3C trace-context headers (tideflow.observability.tracing puts them on messages)."""
 
 Body = TypeVar("Body", DispatchTask, Event)
 Item = TypeVar("Item", covariant=True)
@@ -108,6 +111,11 @@ class Message(Generic[Body]):
 
     body: Body
     headers: Headers = field(default_factory=dict)
+
+
+def with_headers(events: Sequence[Event], headers: Headers) -> Sequence[Event | Message[Event]]:
+    """``events`` to publish, each with ``headers`` (as they are when there are none)."""
+    return [Message(event, headers) for event in events] if headers else events
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -322,6 +330,8 @@ __all__ = [
     "DEFAULT_PARTITIONS",
     "NO_HEADERS",
     "PRIORITY_CYCLE",
+    "TRACEPARENT",
+    "TRACESTATE",
     "Bus",
     "CancelAttempt",
     "Consumer",
@@ -336,4 +346,5 @@ __all__ = [
     "Stream",
     "partition_of",
     "wanted_partitions",
+    "with_headers",
 ]

@@ -1,4 +1,5 @@
-"""OpenTelemetry tracing (the ``otel`` extra): one trace per run, a span per step attempt.
+"""OpenTelemetry tracing (the ``otel`` extra): one trace per run, a span per step attempt,
+a span per batch of events the engine applies to a run.
 
 The model (docs/observability.md, "Tracing"):
 
@@ -17,8 +18,20 @@ The model (docs/observability.md, "Tracing"):
 - **``http`` steps send the attempt's context on** (``outgoing``): the request carries
   the attempt span's ``traceparent``, so the called service joins the run's trace.
 - **Signals and gateway events** are spans in their *caller's* trace (``signal <name>``,
-  ``event <type>``), linked to the runs they reach: the run's work stays in its own
-  trace, one trace per run.
+  ``cancel <workflow>``, ``retry <workflow>``, ``event <type>``), linked to the runs they
+  reach: the run's work stays in its own trace, one trace per run.
+- **Events carry their producer's context in their bus headers** (``traceparent``,
+  ``tracestate``): a worker's reports of an attempt (its start, its outcome) the attempt
+  span's (``AttemptSpans`` puts it in ``ExecuteInput.report_headers``), a client's signal,
+  cancel or retry its span's, an event for waiting runs the current one (the gateway's
+  ``event <type>``), an ``emit`` step's signals the emitting run's. With tracing off no
+  header is added.
+- **The engine's work on a run is a span** ``apply <workflow>`` (``ApplySpans``): one per
+  run per applied batch (not one per event), a child of the run's stored context, from
+  the start of the batch to the hand-off of its effects (commit and dispatch included),
+  *linked* to the contexts its events carried (at most ``LINKS_PER_SPAN`` distinct ones):
+  a signal's caller trace links to the run and the run's apply span links back to it. A
+  header that is not a valid W3C context is ignored.
 
 OpenTelemetry is imported only when a ``Tracing`` is made: the base install imports this
 module without it, and with tracing off nothing here runs on the hot path.
@@ -28,12 +41,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from tideflow import logcontext
+from tideflow.bus.base import TRACEPARENT, TRACESTATE
 from tideflow.errors import TideflowError
 from tideflow.worker.executors.base import OUTGOING_HEADERS
 from tideflow.worker.interceptors import ExecuteInput, ExecuteOutput, Execution
@@ -42,10 +57,16 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Link, Span, Tracer, TracerProvider
 
+    from tideflow.store.base import AppliedEvent
+
+log = logging.getLogger("tideflow.tracing")
+
 __all__ = [
+    "LINKS_PER_SPAN",
     "TRACEPARENT",
     "TRACESTATE",
     "WORKFLOW_HEADER",
+    "ApplySpans",
     "AttemptSpans",
     "Tracing",
     "derived_traceparent",
@@ -55,10 +76,12 @@ __all__ = [
     "received",
 ]
 
-TRACEPARENT = "traceparent"
-TRACESTATE = "tracestate"
 WORKFLOW_HEADER = "tideflow-workflow"
 """A task header beside ``traceparent``: the run's workflow, for the attempt span."""
+LINKS_PER_SPAN = 32
+"""The most links an apply span carries: one per distinct context among the events it
+applied (a fan-in of thousands of attempts in one batch links the first ones and counts
+the rest in ``tideflow.links_dropped``)."""
 
 
 def outgoing() -> Mapping[str, str]:
@@ -188,6 +211,42 @@ class Tracing:
         context = self._trace.get_current_span(self.run_context(run_id, trace)).get_span_context()
         return self._trace.Link(context, {"tideflow.run_id": run_id})
 
+    def run_headers(self, run_id: str, trace: str | None) -> dict[str, str]:
+        """The headers naming a run's span (on the events a run sends to other runs)."""
+        return {TRACEPARENT: trace or derived_traceparent(run_id)}
+
+    def current_headers(self) -> dict[str, str]:
+        """The W3C headers of the current span (empty when there is none): what an event
+        published now carries."""
+        carrier: dict[str, str] = {}
+        self._propagator.inject(carrier)
+        return carrier
+
+    def link_to(self, headers: Mapping[str, str], kind: str) -> Link | None:
+        """A link to the context ``headers`` carry (an event's producer: ``kind`` names the
+        event); None when they carry no valid one (absent, malformed: ignored)."""
+        try:
+            context = self._trace.get_current_span(self.extract(headers)).get_span_context()
+        except Exception:  # a hostile header must not reach the engine (the SDK parses it)
+            return None
+        if not context.is_valid:
+            return None
+        return self._trace.Link(context, {"tideflow.event": kind})
+
+    @contextlib.contextmanager
+    def sending(
+        self, name: str, run_id: str, trace: str | None, attributes: Mapping[str, Any]
+    ) -> Iterator[dict[str, str]]:
+        """A PRODUCER span ``name`` in the caller's trace, linked to the run's span, for an
+        event a client sends to the run (a signal, a cancel, a retry); yields the headers
+        the event carries (naming this span)."""
+        with self.message_span(name, [self.run_link(run_id, trace)], attributes) as span:
+            yield self.headers_of(span)
+
+    def apply_spans(self) -> ApplySpans:
+        """The engine's spans for the batches it applies (``ApplySpans``)."""
+        return ApplySpans(self)
+
     @contextlib.contextmanager
     def joined(self, headers: Mapping[str, str]) -> Iterator[None]:
         """Make the remote context ``headers`` carry (an HTTP request's ``traceparent``) the
@@ -254,7 +313,8 @@ class Tracing:
 class AttemptSpans(Execution):
     """A span ``step <step_id>`` per attempt, the child of the run's span (from the task's
     headers, or derived from the run id when they carry none), current while the executor
-    runs (user code that traces nests under it; ``outgoing`` gives its headers)."""
+    runs (user code that traces nests under it; ``outgoing`` gives its headers); the events
+    that report the attempt carry its context (``ExecuteInput.report_headers``)."""
 
     def __init__(self, next: Execution, tracing: Tracing) -> None:
         super().__init__(next)
@@ -295,7 +355,9 @@ class AttemptSpans(Execution):
             record_exception=False,
             set_status_on_exception=False,
         ) as span:
-            token = OUTGOING_HEADERS.set(tracing.headers_of(span))
+            headers = tracing.headers_of(span)
+            token = OUTGOING_HEADERS.set(headers)
+            input.report_headers.update(headers)  # the attempt's start and outcome carry it
             # the attempt's log lines name its trace (tideflow.logcontext)
             logged = logcontext.trace_id.set(format(span.get_span_context().trace_id, "032x"))
             try:
@@ -321,3 +383,79 @@ class AttemptSpans(Execution):
         if not workflow or input.context.workflow:
             return input
         return replace(input, context=replace(input.context, workflow=workflow))
+
+
+class ApplySpans:
+    """The engine's span per run per applied batch: ``apply <workflow>`` (kind CONSUMER),
+    a child of the run's stored context (so it is in the run's trace), from ``began`` (ns,
+    the batch's start) to now (its commit and the hand-off of its effects are done), linked
+    to the distinct contexts its events carried in their bus headers. Called by the
+    scheduler after a batch (``Scheduler.spans``): nothing per event is opened."""
+
+    def __init__(self, tracing: Tracing) -> None:
+        from opentelemetry.trace import SpanKind
+
+        self._tracing = tracing
+        self._kind = SpanKind.CONSUMER
+
+    def __call__(
+        self, began: int, batch: Sequence[AppliedEvent], carried: Mapping[str, Mapping[str, str]]
+    ) -> None:
+        """``batch``: the committed events (of any number of runs); ``carried``: the headers
+        of those that came with a ``traceparent``, by event id."""
+        runs: dict[str, list[AppliedEvent]] = {}
+        for applied in batch:
+            runs.setdefault(applied.event.run_id, []).append(applied)
+        for run_id, events in runs.items():
+            self._span(run_id, events, began, carried)
+
+    def _span(
+        self,
+        run_id: str,
+        events: list[AppliedEvent],
+        began: int,
+        carried: Mapping[str, Mapping[str, str]],
+    ) -> None:
+        tracing = self._tracing
+        state = events[-1].state
+        links, dropped = self._links(events, carried) if carried else ([], 0)
+        attributes: dict[str, Any] = {
+            "tideflow.run_id": run_id,
+            "tideflow.workflow": state.workflow,
+            "tideflow.events": sorted({type(a.event).__name__ for a in events}),
+            "tideflow.commands": sum(len(a.commands) for a in events),
+            "messaging.batch.message_count": len(events),
+            "messaging.operation.type": "process",
+        }
+        if dropped:
+            attributes["tideflow.links_dropped"] = dropped
+        span = tracing.tracer.start_span(
+            f"apply {state.workflow}",
+            context=tracing.run_context(run_id, state.trace),
+            kind=self._kind,
+            attributes=attributes,
+            links=links,
+            start_time=began,
+        )
+        span.end()
+
+    def _links(
+        self, events: list[AppliedEvent], carried: Mapping[str, Mapping[str, str]]
+    ) -> tuple[list[Link], int]:
+        """One link per distinct context the events carried (the first ``LINKS_PER_SPAN``),
+        and how many more there were."""
+        links: list[Link] = []
+        seen: set[str] = set()
+        dropped = 0
+        for applied in events:
+            headers = carried.get(applied.event.event_id)
+            if headers is None or headers[TRACEPARENT] in seen:
+                continue
+            seen.add(headers[TRACEPARENT])
+            if len(links) == LINKS_PER_SPAN:
+                dropped += 1  # not parsed: counted
+                continue
+            link = self._tracing.link_to(headers, type(applied.event).__name__)
+            if link is not None:
+                links.append(link)
+        return links, dropped

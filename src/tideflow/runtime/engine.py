@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from tideflow.bus.base import NO_HEADERS, Bus, partition_of
+from tideflow.bus.base import NO_HEADERS, Bus, Headers, partition_of, with_headers
 from tideflow.client import EngineLink
 from tideflow.model.commands import RunFinished, StartChildRun
 from tideflow.model.events import Event, RunStarted, TaskStarted
@@ -34,7 +34,6 @@ from tideflow.runtime.timers import TimerWheel
 from tideflow.store.base import Store
 
 if TYPE_CHECKING:
-    from tideflow.bus.base import Headers
     from tideflow.model.commands import DispatchTask
     from tideflow.observability.tracing import Tracing
 
@@ -59,8 +58,10 @@ class Engine(EngineLink, Runs):
         ownership: Ownership | None = None,
         tracing: Tracing | None = None,
     ) -> None:
-        """``tracing``: tasks carry their run's trace context in their headers, and a child
-        run's span is a child of its parent's (tideflow.observability.tracing).
+        """``tracing``: tasks (and the signals an ``emit`` step sends) carry their run's
+        trace context in their headers, a child run's span is a child of its parent's, and
+        each batch applied to a run is a span in the run's trace linked to the contexts
+        its events carried (tideflow.observability.tracing).
         ``sweep_interval``: seconds between two rounds of the reconciliation sweep
         (runtime/sweep.py), 0 for none; it repairs only the runs this engine owns.
         ``ownership``: in a cluster, the partitions this engine applies (the partition
@@ -112,6 +113,8 @@ class Engine(EngineLink, Runs):
         self.tracing = tracing
         if tracing is not None:
             self.relay.task_headers = self._task_headers
+            self.relay.run_headers = self._run_headers
+            self.scheduler.spans = tracing.apply_spans()
         self.sweep = Sweep(
             store=store,
             runs=self.runs,
@@ -178,11 +181,13 @@ class Engine(EngineLink, Runs):
 
     # -- the EngineLink port (what a client calls) ------------------------------
 
-    async def deliver(self, events: Sequence[Event]) -> None:
-        await self._bus.publish_events(events)
+    async def deliver(self, events: Sequence[Event], headers: Headers = NO_HEADERS) -> None:
+        await self._bus.publish_events(with_headers(events, headers))
 
-    async def commit(self, events: Sequence[Event], *, relay: bool = True) -> None:
-        await self.scheduler.apply(list(events), redeliver=False, relay=relay)
+    async def commit(
+        self, events: Sequence[Event], headers: Headers = NO_HEADERS, *, relay: bool = True
+    ) -> None:
+        await self.scheduler.apply(list(events), redeliver=False, relay=relay, headers=headers)
 
     async def start_run(self, state: RunState, event: RunStarted) -> None:
         if self.ownership is None or self.ownership.owns(state.run_id):
@@ -262,6 +267,11 @@ class Engine(EngineLink, Runs):
         if live is None:
             return tracing.task_headers(task.run_id, "", None)
         return tracing.task_headers(task.run_id, live.state.workflow, live.state.trace)
+
+    def _run_headers(self, run_id: str) -> Headers:
+        if self.tracing is None:
+            return NO_HEADERS
+        return self.tracing.run_headers(run_id, self._trace_of(run_id))
 
     def _timer_fired(self, run_id: str, timer_id: str) -> None:
         self.relay.timer_fired(run_id, timer_id)

@@ -37,7 +37,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from tideflow import logcontext
-from tideflow.bus.base import Bus, CancelAttempt, Headers, Message, RunEnded
+from tideflow.bus.base import (
+    NO_HEADERS,
+    Bus,
+    CancelAttempt,
+    Headers,
+    Message,
+    RunEnded,
+    with_headers,
+)
 from tideflow.errors import TideflowError
 from tideflow.model.commands import (
     CancelChildRun,
@@ -140,6 +148,9 @@ class Relay:
         self.task_headers: Callable[[DispatchTask], Headers] | None = None
         """The headers of each task published (the run's trace context, when tracing is
         on); None publishes bare tasks."""
+        self.run_headers: Callable[[str], Headers] | None = None
+        """The headers of the signals a run's ``emit`` sends to other runs (the emitting
+        run's trace context, when tracing is on); None publishes them bare."""
 
     # -- what others read -------------------------------------------------------
 
@@ -395,6 +406,7 @@ class Relay:
         event = command.event
         name = str(event.get("type"))
         now = self._clock.now()
+        headers = NO_HEADERS if self.run_headers is None else self.run_headers(command.run_id)
 
         async def act() -> None:
             # the batch that emitted is committed, so the store's waits are current
@@ -411,7 +423,7 @@ class Relay:
                 if run_id != command.run_id
             ]
             if deliveries:
-                await self._bus.publish_events(deliveries)
+                await self._bus.publish_events(with_headers(deliveries, headers))
             await self._to_sinks(event)
 
         return Effect(f"emit {name}", command.run_id, act)

@@ -46,7 +46,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from tideflow.bus.base import Bus, RunEnded, Stream
+from tideflow.bus.base import NO_HEADERS, Bus, Headers, RunEnded, Stream, with_headers
 from tideflow.client import Client, EngineLink
 from tideflow.errors import EngineUnreachable
 from tideflow.model import storable
@@ -91,11 +91,11 @@ class BusLink(EngineLink):
         self._first_try = asyncio.Event()
         """Set once the subscription was first tried (opened or failed)."""
 
-    async def deliver(self, events: Sequence[Event]) -> None:
-        await self._bus.publish_events(events)
+    async def deliver(self, events: Sequence[Event], headers: Headers = NO_HEADERS) -> None:
+        await self._bus.publish_events(with_headers(events, headers))
 
-    async def commit(self, events: Sequence[Event]) -> None:
-        await self._bus.publish_events(events)
+    async def commit(self, events: Sequence[Event], headers: Headers = NO_HEADERS) -> None:
+        await self._bus.publish_events(with_headers(events, headers))
         for event in events:
             await self._applied(event)
 

@@ -26,10 +26,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 from tideflow import faults, logcontext
-from tideflow.bus.base import Bus, EventBatch
+from tideflow.bus.base import NO_HEADERS, TRACEPARENT, Bus, EventBatch, Headers
 from tideflow.core.decide import decide
 from tideflow.errors import NotFound
 from tideflow.model.events import EngineFailed, Event
@@ -48,6 +49,9 @@ CONSUME_RETRY_MAX = 5.0
 """Seconds before an event stream that failed is opened again (doubling up to the max)."""
 CANCEL_AGAIN = 0.5
 """Seconds after which a wait for the next batch that ignored its cancel is cancelled again."""
+BatchSpans = Callable[[int, Sequence[AppliedEvent], Mapping[str, Headers]], None]
+"""Told of a committed batch: when it began (ns since the epoch), its committed events,
+and the headers of those that carried a ``traceparent``, by event id."""
 
 
 class Scheduler:
@@ -86,6 +90,9 @@ class Scheduler:
         self._doubt: dict[str, list[AppliedEvent]] = {}
         """Events of runs whose commit failed, until the run is loaded again (see
         ``_settle_doubt``)."""
+        self.spans: BatchSpans | None = None
+        """Told of every committed batch with its events' trace headers (tracing on:
+        ``ApplySpans``, a span per run per batch); None: nothing, and no header is read."""
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="tideflow-scheduler")
@@ -186,7 +193,12 @@ class Scheduler:
                 self._in_flight.clear()
 
     async def apply(
-        self, events: list[Event], *, redeliver: bool = True, relay: bool = True
+        self,
+        events: list[Event],
+        *,
+        redeliver: bool = True,
+        relay: bool = True,
+        headers: Headers = NO_HEADERS,
     ) -> set[str]:
         """Apply, commit and relay one batch; return the ids of the events that changed a
         run and were committed (the others were duplicates, stale, or not stored). Nothing
@@ -194,10 +206,16 @@ class Scheduler:
         With ``redeliver=False`` (a tool that applies one event and stops) a commit that
         fails raises instead of coming again later. With ``relay=False`` (a client recording
         an event while no engine is live) nothing is relayed: the commands stay derivable
-        from the state and the outbox, for the next engine's recovery."""
+        from the state and the outbox, for the next engine's recovery. ``headers``: every
+        event's (the sender's trace context, as a bus delivery carries it)."""
         async with self._lock:
             try:
-                return await self._apply_committed(events, redeliver, relay=relay)
+                return await self._apply_committed(
+                    events,
+                    redeliver,
+                    relay=relay,
+                    headers_of=(lambda _: headers) if headers else None,
+                )
             finally:
                 self._in_flight.clear()
 
@@ -207,7 +225,10 @@ class Scheduler:
         redeliver: bool = True,
         delivered: EventBatch | None = None,
         relay: bool = True,
+        headers_of: Callable[[int], Headers] | None = None,
     ) -> set[str]:
+        """``headers_of(i)``: the headers of ``events[i]`` (a delivered batch's own)."""
+        began = time.time_ns() if self.spans is not None else 0
         batch = await self._apply_all(events)
         if not batch:
             if delivered is not None:
@@ -239,7 +260,31 @@ class Scheduler:
         finally:
             if delivered is not None:
                 await delivered.ack()
+            if self.spans is not None and out.committed:
+                headers = delivered.headers if delivered is not None else headers_of
+                self._traced(self.spans, began, out.committed, events, headers)
         return {applied.event.event_id for applied in out.committed}
+
+    @staticmethod
+    def _traced(
+        spans: BatchSpans,
+        began: int,
+        committed: list[AppliedEvent],
+        events: list[Event],
+        headers: Callable[[int], Headers] | None,
+    ) -> None:
+        """Hand the committed batch to ``spans``, with the headers of its events that carry
+        a trace context; a failure there is logged and changes nothing."""
+        try:
+            carried: dict[str, Headers] = {}
+            if headers is not None:
+                for index, event in enumerate(events):
+                    found = headers(index)
+                    if TRACEPARENT in found:
+                        carried[event.event_id] = found
+            spans(began, committed, carried)
+        except Exception:
+            log.exception("the spans of a batch could not be recorded (the runs carry on)")
 
     async def _commit(self, part: Sequence[AppliedEvent]) -> None:
         relayed = self._relay.relayed

@@ -1,5 +1,5 @@
 """The interceptor chain around one attempt: everything a worker does besides running the
-executor (secrets, redaction, the output limit, fault points; later metrics and tracing).
+executor (secrets, redaction, the output limit, fault points, metrics, tracing).
 
 Like temporalio's ``worker/_interceptor.py``: each link takes one input object and
 returns one output object, and calls the next link to go on::
@@ -51,13 +51,18 @@ __all__ = [
 class ExecuteInput:
     """One attempt: the task as dispatched, its context, and the config and input the
     executor gets (links may replace these two, e.g. with secret values filled in);
-    ``headers`` are the task message's (W3C ``traceparent``: the run's span)."""
+    ``headers`` are the task message's (W3C ``traceparent``: the run's span).
+    ``report_headers`` are the bus headers of the events that report the attempt (its
+    start, when it goes out on its own, and its outcome): empty unless a link adds to them
+    (the tracing one puts the attempt span's ``traceparent`` here); the one dict of the
+    attempt, kept when a link replaces the input."""
 
     task: DispatchTask
     context: StepContext
     config: Any
     input: Any
     headers: Headers = field(default_factory=dict)
+    report_headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -19,13 +19,15 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from tideflow.bus.base import Bus, Delivery
+from tideflow.bus.base import Bus, Delivery, Message
 from tideflow.model.commands import DispatchTask
 from tideflow.model.events import Event
 
 log = logging.getLogger("tideflow.worker")
 
-Ended = tuple[Event | None, Delivery[DispatchTask], asyncio.Future[None]]
+Report = Event | Message[Event]
+"""An outcome, bare or with its headers (the attempt span's context, when traced)."""
+Ended = tuple[Report | None, Delivery[DispatchTask], asyncio.Future[None]]
 
 
 class Outcomes:
@@ -35,7 +37,7 @@ class Outcomes:
         self._batch: list[Ended] = []
         self._sending: set[asyncio.Task[None]] = set()
 
-    async def settle(self, event: Event | None, delivery: Delivery[DispatchTask]) -> None:
+    async def settle(self, event: Report | None, delivery: Delivery[DispatchTask]) -> None:
         """Publish ``event`` (None: nothing to report), then acknowledge ``delivery``;
         raises what the publish raised (the task is then not acknowledged). A caller
         cancelled while it waits leaves the batch alone."""

@@ -22,6 +22,9 @@ Before it runs an attempt the pool reports its start (`starts`): the attempt's
 the executor), which takes one ``ExecuteInput`` and returns one ``ExecuteOutput``. Its
 outcome is published, then its task acknowledged, together with those of the attempts
 that end in the same turn of the event loop on a bus where that pays (worker/outcomes.py).
+The events that report an attempt carry the headers the chain put in its
+``report_headers`` (the tracing interceptor's: the attempt span's context), none when it
+put none.
 
 Each task runs as its own asyncio task so that the scheduler can cancel it (an
 attempt timeout, a cancelled run, ``cancel_others``). Executors that block run
@@ -38,7 +41,16 @@ import random
 from collections.abc import Callable, Collection, Sequence
 
 from tideflow import logcontext
-from tideflow.bus.base import NO_HEADERS, Bus, CancelAttempt, Control, Delivery, Headers, Stream
+from tideflow.bus.base import (
+    NO_HEADERS,
+    Bus,
+    CancelAttempt,
+    Control,
+    Delivery,
+    Headers,
+    Message,
+    Stream,
+)
 from tideflow.model import storable
 from tideflow.model.commands import DispatchTask
 from tideflow.model.events import Event, TaskCompleted, TaskFailed, TaskLost
@@ -191,7 +203,7 @@ class WorkerPool:
         """One attempt: its outcome is published before its task is acknowledged; a
         cancelled attempt publishes nothing; on shutdown its task goes back to the bus, as
         does one that had not started when the pool began to drain."""
-        event: Event | None = None
+        event: Event | Message[Event] | None = None
         ran = False
         task = delivery.body
         logcontext.bind(task.run_id, task.step_id, task.attempt)  # this asyncio task's lines
@@ -245,7 +257,7 @@ class WorkerPool:
 
     async def _execute(
         self, task: DispatchTask, delivery: int = 1, headers: Headers = NO_HEADERS
-    ) -> Event | None:
+    ) -> Event | Message[Event] | None:
         ctx = StepContext(
             run_id=task.run_id,
             step_id=task.step_id,
@@ -254,12 +266,18 @@ class WorkerPool:
             idempotency_key=task.idempotency_key,
             timeout=task.timeout,
         )
+        reports: dict[str, str] = {}  # the reports' headers: an interceptor may fill them
         try:
-            if not await self._starts.report(task, delivery):
+            if not await self._starts.report(task, delivery, reports):
                 return self._lost(task, delivery)  # it must not run
             out = await self._chain.execute(
                 ExecuteInput(
-                    task=task, context=ctx, config=task.config, input=task.input, headers=headers
+                    task=task,
+                    context=ctx,
+                    config=task.config,
+                    input=task.input,
+                    headers=headers,
+                    report_headers=reports,
                 )
             )
         except asyncio.CancelledError:
@@ -268,7 +286,8 @@ class WorkerPool:
             raise  # turns one that user code raises into a step error itself
         except BaseException as exc:  # SystemExit and the like, or an interceptor's own
             out = failure(exc)  # failure: they fail the step, not the worker
-        return self._outcome(task, out)
+        event = self._outcome(task, out)
+        return Message(event, reports) if reports else event
 
     def _lost(self, task: DispatchTask, delivery: int) -> Event | None:
         """A start refused: stale or a duplicate, nothing to report; but an ``idempotent:

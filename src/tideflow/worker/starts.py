@@ -20,9 +20,9 @@ import os
 import socket
 from collections.abc import Awaitable, Callable
 
-from tideflow.bus.base import Bus
+from tideflow.bus.base import NO_HEADERS, Bus, Headers, Message
 from tideflow.model.commands import DispatchTask
-from tideflow.model.events import TaskStarted
+from tideflow.model.events import Event, TaskStarted
 
 log = logging.getLogger("tideflow.worker")
 
@@ -57,16 +57,21 @@ class StartReports:
         self._new_id = new_event_id
         self._start_durably = start_durably
         self.worker = f"{socket.gethostname()}/{os.getpid()}"
-        self._unsent: dict[Key, tuple[float, float]] = {}
-        """Attempts started and not reported yet -> when they started (clock time) and when
-        the start is due to be sent (event-loop time), oldest first."""
+        self._unsent: dict[Key, tuple[float, float, Headers]] = {}
+        """Attempts started and not reported yet -> when they started (clock time), when
+        the start is due to be sent (event-loop time) and the headers of its report, oldest
+        first."""
         self._timer: asyncio.TimerHandle | None = None
         self._sending: asyncio.Task[None] | None = None
 
-    async def report(self, task: DispatchTask, delivery: int = 1) -> bool:
+    async def report(
+        self, task: DispatchTask, delivery: int = 1, headers: Headers = NO_HEADERS
+    ) -> bool:
         """Report that ``task`` starts (delivered ``delivery`` times); False when it must
         not run (its start was refused: stale, or a duplicate of an attempt already started
-        elsewhere)."""
+        elsewhere). A start sent with others carries ``headers`` as they are when it goes
+        out (the attempt's ``report_headers``, filled in as the attempt begins); one sent
+        at once (durable, or redelivered) goes before the attempt began and carries none."""
         key = attempt_key(task)
         if not task.idempotent and self._start_durably is not None:
             return await self._start_durably(self._event(key, self._clock(), delivery))
@@ -78,7 +83,7 @@ class StartReports:
                 log.exception("the start of redelivered %s could not be reported", key)
         loop = asyncio.get_running_loop()
         due = loop.time() + REPORT_DELAY
-        self._unsent[key] = (self._clock(), due)
+        self._unsent[key] = (self._clock(), due, headers)
         if self._timer is None:
             self._timer = loop.call_at(due, self._flush)
         return True
@@ -115,16 +120,24 @@ class StartReports:
         loop = asyncio.get_running_loop()
         now = loop.time()
         due_keys: list[Key] = []
-        for key, (_, due) in self._unsent.items():
+        for key, (_, due, _) in self._unsent.items():
             if due > now:
                 self._timer = loop.call_at(due, self._flush)
                 break
             due_keys.append(key)
-        events = [self._event(key, self._unsent.pop(key)[0]) for key in due_keys]
+        events = [self._report(key, *self._unsent.pop(key)) for key in due_keys]
         if events:
             self._sending = loop.create_task(self._send(self._sending, events))
 
-    async def _send(self, previous: asyncio.Task[None] | None, events: list[TaskStarted]) -> None:
+    def _report(
+        self, key: Key, time: float, _due: float, headers: Headers
+    ) -> TaskStarted | Message[Event]:
+        event = self._event(key, time)
+        return Message(event, headers) if headers else event
+
+    async def _send(
+        self, previous: asyncio.Task[None] | None, events: list[TaskStarted | Message[Event]]
+    ) -> None:
         if previous is not None and not previous.done():
             await asyncio.shield(previous)  # starts go out in the order they happened
         try:

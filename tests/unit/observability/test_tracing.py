@@ -7,13 +7,12 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -67,21 +66,6 @@ async def server() -> AsyncIterator[Recorder]:
         yield recorder
 
 
-@pytest.fixture
-def exporter() -> Iterator[InMemorySpanExporter]:
-    spans = InMemorySpanExporter()
-    yield spans
-    spans.shutdown()
-
-
-@pytest.fixture
-def provider(exporter: InMemorySpanExporter) -> Iterator[TracerProvider]:
-    tracer_provider = TracerProvider()
-    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
-    yield tracer_provider
-    tracer_provider.shutdown()
-
-
 def flow(url: str) -> str:
     return f"""
 name: traced
@@ -98,10 +82,16 @@ output: "{{{{ steps.call.output.body }}}}"
 
 
 def by_name(exporter: InMemorySpanExporter) -> dict[str, ReadableSpan]:
-    spans = exporter.get_finished_spans()
+    """The run and attempt spans by name (the engine's ``apply`` spans are left out:
+    tests/unit/observability/test_trace_events.py checks them)."""
+    spans = [s for s in exporter.get_finished_spans() if not s.name.startswith("apply ")]
     named = {span.name: span for span in spans}
     assert len(named) == len(spans), [span.name for span in spans]
     return named
+
+
+def applies(exporter: InMemorySpanExporter) -> list[ReadableSpan]:
+    return [s for s in exporter.get_finished_spans() if s.name.startswith("apply ")]
 
 
 def traceparent_of(span: ReadableSpan) -> tuple[str, str]:
@@ -131,6 +121,10 @@ async def test_a_run_is_one_trace_and_its_http_step_sends_the_attempts_context(
     assert {traceparent_of(s)[0] for s in spans.values()} == {trace_id}
     assert run.parent is None  # no caller: a new trace
     assert parent_id(first) == parent_id(call) == run_span_id
+    engine = applies(exporter)  # the engine's work on the run: in its trace, under its span
+    assert engine and {(traceparent_of(s)[0], parent_id(s)) for s in engine} == {
+        (trace_id, run_span_id)
+    }
     assert state.trace is not None  # kept with the run
     assert state.trace.split("-")[:3] == ["00", trace_id, run_span_id]
 
@@ -233,10 +227,13 @@ async def test_a_run_started_without_tracing_has_a_trace_derived_from_its_id(
         assert (await rt.wait(run_id, timeout=10)).status == "succeeded"
         assert (await rt.state(run_id)).trace is None
 
-    (attempt,) = exporter.get_finished_spans()
+    (attempt,) = by_name(exporter).values()
     _, trace_id, span_id, _ = derived_traceparent(run_id).split("-")
     assert traceparent_of(attempt)[0] == trace_id
     assert parent_id(attempt) == span_id
+    assert {(traceparent_of(s)[0], parent_id(s)) for s in applies(exporter)} == {
+        (trace_id, span_id)
+    }
     assert derived_traceparent(run_id) == derived_traceparent(run_id) != derived_traceparent("x")
 
 
