@@ -170,6 +170,20 @@ class QueueStats:
     the same count); what a backend can see of them is in its ``queue_stats``."""
 
 
+PRESENCE = (1.0, 10.0)
+"""Seconds at least and at most a task reader's presence outlives its last renewal (a
+killed reader counts as a consumer that long): ``presence_ttl``."""
+
+
+def presence_ttl(lease: float) -> float:
+    """How long a reader's presence outlives its last renewal on a bus with this delivery
+    lease: the lease (a dead worker is seen gone about when its task comes again), within
+    ``PRESENCE`` (renewed every third of it, so never more often than every 1/3 s).
+    Default lease: 10 s."""
+    low, high = PRESENCE
+    return min(max(lease, low), high)
+
+
 BEATS_KEPT = 86_400.0
 """Seconds the last beat of a reader that stopped without closing is kept (a day)."""
 
@@ -356,6 +370,7 @@ __all__ = [
     "DEFAULT_LEASE",
     "DEFAULT_PARTITIONS",
     "NO_HEADERS",
+    "PRESENCE",
     "PRIORITY_CYCLE",
     "Bus",
     "CancelAttempt",
@@ -371,5 +386,6 @@ __all__ = [
     "Stream",
     "WorkerBeat",
     "partition_of",
+    "presence_ttl",
     "wanted_partitions",
 ]

@@ -458,7 +458,8 @@ class NatsBus(Bus):
         one whose lease ran out, stays held until the server delivers it again),
         ``oldest_age`` from the server's timestamp of the first undelivered message, and
         ``consumers`` the open readers of the queue by their presence keys
-        (``nats_presence``: a killed one counts for up to its TTL, 10 s)."""
+        (``nats_presence``: a killed one counts for up to ``presence_ttl``, the lease
+        and at most 10 s)."""
         return await nats_presence.queue_stats(self)
 
     async def worker_beats(self) -> list[WorkerBeat]:

@@ -6,8 +6,9 @@ the server only while it is idle with room (``num_waiting`` is 0 for a busy work
 or for one waiting on a doorbell subscription). So each ``consume_tasks`` reader
 says so itself: a key in the KV bucket ``<prefix>_readers`` per queue it reads
 (``q.<queue token>.<reader>``, or ``all.<reader>`` for a reader of every queue), put
-again every ``TTL / 3`` seconds, deleted when it closes, and gone after ``TTL``
-seconds (the bucket's max age) when its process dies.
+again every third of the TTL (``presence_ttl``: the bus's lease, at most 10 s), deleted
+when it closes, and gone after the TTL (the bucket's max age, set by the process that
+makes the bucket: the processes of a cluster share the bus URL) when its process dies.
 
 A reader opened with a ``worker`` name also beats: each renewal puts its key
 ``<reader>`` in the KV bucket ``<prefix>_beats`` (max age ``BEATS_KEPT``, a day) with
@@ -31,16 +32,13 @@ import orjson
 from nats.js.kv import KeyValue
 
 from tideflow.bus.backends.nats_readers import PRIORITIES, queue_of_token, queue_token
-from tideflow.bus.base import BEATS_KEPT, QueueStats, WorkerBeat
+from tideflow.bus.base import BEATS_KEPT, QueueStats, WorkerBeat, presence_ttl
 from tideflow.errors import BusError
 
 if TYPE_CHECKING:
     from tideflow.bus.backends.nats import NatsBus
 
 log = logging.getLogger("tideflow.bus.nats")
-
-TTL = 10.0
-"""Seconds a reader's key outlives its last renewal (a killed reader counts that long)."""
 
 
 def bucket_name(bus: NatsBus) -> str:
@@ -52,7 +50,7 @@ def beats_bucket_name(bus: NatsBus) -> str:
 
 
 async def readers_bucket(bus: NatsBus) -> KeyValue:
-    return await _bucket(bus, bucket_name(bus), TTL)
+    return await _bucket(bus, bucket_name(bus), presence_ttl(bus.lease))
 
 
 async def beats_bucket(bus: NatsBus) -> KeyValue:
@@ -81,6 +79,7 @@ class Presence:
         else:
             self.keys = [f"q.{queue_token(q)}.{me}" for q in wanted]
         self.beat = None if worker is None else {"worker": worker, "queues": wanted}
+        self.ttl = presence_ttl(bus.lease)
         self._kv: KeyValue | None = None
         self._beats: KeyValue | None = None
         self._renewer: asyncio.Task[None] | None = None
@@ -112,6 +111,8 @@ class Presence:
         try:
             if self._kv is None:
                 self._kv = await readers_bucket(self.bus)
+                made = (await self._kv.status()).ttl  # made by a process with a shorter lease?
+                self.ttl = min(self.ttl, made or self.ttl)
             for key in self.keys:
                 await self._kv.put(key, b"")
             if self.beat is not None:
@@ -123,7 +124,9 @@ class Presence:
 
     async def _renew(self) -> None:
         while True:
-            await asyncio.sleep(TTL / 3)  # the keys' heartbeat, not a wait on a condition
+            await asyncio.sleep(
+                presence_ttl(self.bus.lease) / 3
+            )  # the keys' heartbeat, not a wait on a condition
             await self._announce()
 
 
@@ -236,7 +239,6 @@ async def _oldest_age(bus: NatsBus, subject: str, after: int) -> float | None:
 
 
 __all__ = [
-    "TTL",
     "Presence",
     "beats_bucket",
     "beats_bucket_name",

@@ -335,7 +335,8 @@ class RedisBus(Bus):
         lease ran out stays held until a consumer sweeps it), ``oldest_age`` from the id
         of the first entry after the group's last delivered one (Redis time), and
         ``consumers`` the open readers of the queue by their presence
-        (``redis_presence``: a killed one counts for up to its TTL, 10 s)."""
+        (``redis_presence``: a killed one counts for up to ``presence_ttl``, the lease
+        and at most 10 s)."""
         return await redis_presence.queue_stats(self)
 
     async def worker_beats(self) -> list[WorkerBeat]:

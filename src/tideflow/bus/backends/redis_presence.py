@@ -5,8 +5,9 @@ A consumer group cannot say which consumers are reading now: before Redis 7.2 an
 killed consumer stays in ``XINFO CONSUMERS`` for good. So each ``consume_tasks``
 reader says so itself: members of the sorted set ``<prefix>:readers``
 (``<reader>:<queue>`` per queue it reads, ``<reader>*`` for a reader of every queue),
-scored with the server time at which they lapse, renewed every ``TTL / 3`` seconds,
-removed when it closes, and lapsed after ``TTL`` seconds when its process dies.
+scored with the server time at which they lapse, renewed every third of their TTL
+(``presence_ttl``: the bus's lease, at most 10 s), removed when it closes, and lapsed
+after the TTL when its process dies.
 
 A reader opened with a ``worker`` name also beats: each renewal scores it with the server
 time in the sorted set ``<prefix>:beats`` (its record, worker and queues, in the hash
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from tideflow.bus.backends.redis_consumers import FAILED, RANKS, TASK_GROUP, text
-from tideflow.bus.base import BEATS_KEPT, QueueStats, WorkerBeat
+from tideflow.bus.base import BEATS_KEPT, QueueStats, WorkerBeat, presence_ttl
 from tideflow.errors import BusError
 
 if TYPE_CHECKING:
@@ -33,8 +34,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tideflow.bus.redis")
 
-TTL = 10.0
-"""Seconds a reader's member outlives its last renewal (a killed reader counts that long)."""
 _ID = 32
 
 
@@ -45,6 +44,7 @@ class Presence:
         me = uuid.uuid4().hex
         wanted = None if queues is None else sorted(set(queues))
         self.bus = bus
+        self.ttl = presence_ttl(bus.lease)
         self.members = [f"{me}*"] if wanted is None else [f"{me}:{q}" for q in wanted]
         self.reader = "" if worker is None else me
         self.record = b"" if worker is None else orjson.dumps({"worker": worker, "queues": wanted})
@@ -75,7 +75,7 @@ class Presence:
             await self.bus.script(
                 "announce",
                 _keys(self.bus),
-                round(TTL * 1000),
+                round(self.ttl * 1000),
                 round(BEATS_KEPT * 1000),
                 self.reader,
                 self.record,
@@ -86,7 +86,7 @@ class Presence:
 
     async def _renew(self) -> None:
         while True:
-            await asyncio.sleep(TTL / 3)  # the members' heartbeat, not a wait on a condition
+            await asyncio.sleep(self.ttl / 3)  # the members' heartbeat, not a wait on a condition
             await self._announce()
 
 
@@ -162,4 +162,4 @@ def _readers(members: list[str]) -> tuple[set[str], dict[str, set[str]]]:
     return every, readers
 
 
-__all__ = ["TTL", "Presence", "queue_stats", "worker_beats"]
+__all__ = ["Presence", "queue_stats", "worker_beats"]
