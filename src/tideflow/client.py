@@ -34,7 +34,7 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from tideflow.bus.base import NO_HEADERS, Bus, Headers, QueueStats
+from tideflow.bus.base import NO_HEADERS, Bus, Headers, QueueStats, WorkerBeat
 from tideflow.core.reopen import RETRYABLE
 from tideflow.errors import (
     BusError,
@@ -483,6 +483,13 @@ class Client:
         if self._bus is None:
             raise BusError("this client has no bus to ask for its queues")
         return await self._bus.queue_stats()
+
+    async def worker_beats(self) -> builtins.list[WorkerBeat]:
+        """The workers' task readers on this client's bus, live or stopped not long ago,
+        with their last heartbeat (``Bus.worker_beats``)."""
+        if self._bus is None:
+            raise BusError("this client has no bus to ask for its workers")
+        return await self._bus.worker_beats()
 
     @property
     def engine_here(self) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -31,7 +32,9 @@ from tideflow.bus.base import (
     Message,
     QueueStats,
     RunEnded,
+    WorkerBeat,
     partition_of,
+    presence_ttl,
 )
 from tideflow.errors import BusError
 from tideflow.model.commands import DispatchTask
@@ -816,6 +819,116 @@ async def test_a_queue_no_consumer_reads_keeps_its_tasks_queued_and_visible(
         await delivery.ack()
     stats = await stats_when(bus, lambda s: s["reports", NORMAL].consumers == 0)
     assert (stats["reports", NORMAL].depth, stats["reports", NORMAL].held) == (0, 0)
+
+
+# -- worker beats --------------------------------------------------------------
+
+SLACK = 1.0
+"""Seconds between this host's clock and the broker's (a beat is stamped by either)."""
+
+
+async def beats_when(bus: Bus, holds: Callable[[list[WorkerBeat]], bool]) -> list[WorkerBeat]:
+    """The beats once ``holds`` is true of them (a presence lapses on the server's own
+    time), within ``WITHIN`` seconds."""
+    async with asyncio.timeout(WITHIN):
+        while not holds(beats := await bus.worker_beats()):  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    return beats
+
+
+async def test_a_named_reader_beats_while_open_and_is_forgotten_when_closed(
+    bus_backend: BusBackend,
+) -> None:
+    bus = await bus_backend.open()
+    assert await bus.worker_beats() == []
+    opened = time.time()
+    named = bus.consume_tasks(["reports", "default"], prefetch=1, worker="host-a/41")
+    anonymous = bus.consume_tasks(prefetch=1)
+    waiting = [asyncio.ensure_future(anext(s)) for s in (named, anonymous)]  # open, reading
+    (beat,) = await beats_when(bus, lambda b: len(b) == 1)
+    assert (beat.worker, beat.queues, beat.live) == ("host-a/41", ("default", "reports"), True)
+    assert opened - SLACK <= beat.last_beat <= time.time() + SLACK
+    every = bus.consume_tasks(prefetch=1, worker="host-b/7")
+    waiting.append(asyncio.ensure_future(anext(every)))
+    beats = await beats_when(bus, lambda b: len(b) == 2)
+    assert [(b.worker, b.queues, b.live) for b in beats] == [
+        ("host-a/41", ("default", "reports"), True),
+        ("host-b/7", None, True),
+    ]
+    for pending in waiting:  # stops waiting, which closes the stream
+        pending.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await pending
+    assert await beats_when(bus, lambda b: not b) == []
+
+
+def test_a_readers_presence_lasts_its_buss_lease_within_one_to_ten_seconds() -> None:
+    assert [presence_ttl(lease) for lease in (30.0, 10.0, 2.0, 0.1)] == [10.0, 10.0, 2.0, 1.0]
+
+
+SHORT_LEASE = 12.0
+"""Test seconds (0.6 s on a broker): a reader's presence lapses 1 s after its last
+renewal (``presence_ttl``), 10 s with the default lease."""
+
+
+def stop_renewing() -> None:
+    """What a process that dies does to its readers' presence: no renewal any more (the
+    renewers are the bus's ``tideflow-<bus>-presence`` tasks)."""
+    renewers = [t for t in asyncio.all_tasks() if t.get_name().endswith("-presence")]
+    assert renewers
+    for renewer in renewers:
+        renewer.cancel()
+
+
+async def test_a_reader_that_stops_beating_is_listed_not_live_with_its_last_beat(
+    broker_backend: BusBackend,
+) -> None:
+    bus = await broker_backend.open(lease=SHORT_LEASE)
+    await bus.publish_tasks([task(1)])
+    opened = time.time()
+    dying = bus.consume_tasks(["default"], prefetch=1, worker="host-a/41")
+    assert (await next_of(dying)).body == task(1)  # held by it as it dies
+    await beats_when(bus, lambda b: len(b) == 1)
+    stop_renewing()
+    stopped = time.time()
+    (beat,) = await beats_when(bus, lambda b: len(b) == 1 and not b[0].live)
+    assert beat.worker == "host-a/41" and beat.queues == ("default",)
+    assert opened - SLACK <= beat.last_beat <= stopped + SLACK
+    await stats_when(bus, lambda s: s["default", NORMAL].consumers == 0)  # nor as a reader
+    waiting = asyncio.ensure_future(anext(dying))
+    await bus.publish_tasks([task(2)])
+    again = bus.consume_tasks(["default"], prefetch=1, worker="host-a/41")  # restarted
+    await (await next_of(again)).ack()
+    beats = await beats_when(bus, lambda b: len(b) == 2)
+    assert [b.live for b in beats] == [False, True]  # by last beat: the dead one first
+    await again.aclose()
+    waiting.cancel()  # it may have taken a task whose lease ran out: close it too
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiting
+    await dying.aclose()  # closed at last: its beat is deleted too
+    assert await beats_when(bus, lambda b: not b) == []
+
+
+async def test_the_beat_of_a_reader_that_stopped_long_ago_is_trimmed(
+    broker_backend: BusBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tideflow.bus.backends import nats_presence, redis_presence
+
+    for module in (nats_presence, redis_presence):
+        monkeypatch.setattr(module, "BEATS_KEPT", 1.0)
+    bus = await broker_backend.open(lease=SHORT_LEASE)
+    dying = bus.consume_tasks(["default"], prefetch=1, worker="host-a/41")
+    waiting = [asyncio.ensure_future(anext(dying))]
+    await beats_when(bus, lambda b: len(b) == 1)
+    stop_renewing()
+    live = bus.consume_tasks(["default"], prefetch=1, worker="host-b/7")  # renews on
+    waiting.append(asyncio.ensure_future(anext(live)))
+    beats = await beats_when(bus, lambda b: [x.worker for x in b] == ["host-b/7"])
+    assert beats[0].live
+    for pending in waiting:
+        pending.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await pending
 
 
 # -- URLs ----------------------------------------------------------------------

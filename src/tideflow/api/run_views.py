@@ -162,14 +162,16 @@ def _stream_routes(app: FastAPI, client: Client, changes: RunChanges) -> None:
         status: RunStatus | None = None,
         workflow: Annotated[str | None, Query(min_length=1)] = None,
         limit: Annotated[int, Query(ge=1, le=500)] = 100,
+        cursor: Annotated[str | None, Query(min_length=1)] = None,
         max_events: MaxEvents = None,
     ) -> EventStream:
-        """``event: runs`` with the first page of ``GET /runs`` (same filters) now and
-        after each change of any run."""
+        """``event: runs`` with a page of ``GET /runs`` (same filters; the first, or the
+        one after ``cursor``, a ``next_cursor`` of that listing) now and after each change
+        of any run; 422 before the stream for a bad cursor."""
         filter = RunFilter(status=status.value if status else None, workflow=workflow)
 
         async def page() -> tuple[BaseModel, bool]:
-            return RunList.of(await client.list(filter, limit=limit)), False
+            return RunList.of(await client.list(filter, limit=limit, cursor=cursor)), False
 
         first, _ = await page()
         return _stream(changes, None, "runs", first, page, max_events)

@@ -45,7 +45,15 @@ lease expiry                  ``XAUTOCLAIM min-idle=<lease>``       ``AckWait=<l
 ``consume_events``            one group, the owned partitions       a consumer per owned partition
 ``publish_control``           ``PUBLISH control``                   core NATS subject ``control``
 ``publish_run_ends``          ``PUBLISH ended``                     core NATS subject ``ended``
+``worker_beats``              sorted set + hash ``beats``           KV bucket ``<prefix>_beats``
 ============================  ===================================  ==================================
+
+A ``consume_tasks`` reader opened with a ``worker`` name (a worker's ``host/pid``, what
+its ``task_started`` events carry) beats while it is open: each renewal of its presence
+(what ``queue_stats`` counts as a consumer) records the time, in a record that outlives
+the reader by ``BEATS_KEPT`` seconds when its process dies and is deleted when it closes.
+``worker_beats`` lists them: a worker whose reader is no longer live stopped at its last
+beat (`tideflow runs why` says so of the attempt it held).
 """
 
 from __future__ import annotations
@@ -170,6 +178,40 @@ class QueueStats:
     the same count); what a backend can see of them is in its ``queue_stats``."""
 
 
+PRESENCE = (1.0, 10.0)
+"""Seconds at least and at most a task reader's presence outlives its last renewal (a
+killed reader counts as a consumer that long): ``presence_ttl``."""
+
+
+def presence_ttl(lease: float) -> float:
+    """How long a reader's presence outlives its last renewal on a bus with this delivery
+    lease: the lease (a dead worker is seen gone about when its task comes again), within
+    ``PRESENCE`` (renewed every third of it, so never more often than every 1/3 s).
+    Default lease: 10 s."""
+    low, high = PRESENCE
+    return min(max(lease, low), high)
+
+
+BEATS_KEPT = 86_400.0
+"""Seconds the last beat of a reader that stopped without closing is kept (a day)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerBeat:
+    """One ``consume_tasks`` reader opened with a ``worker`` name, as ``Bus.worker_beats``
+    sees it at one moment."""
+
+    worker: str
+    """The name it was opened with (a worker's ``host/pid``)."""
+    queues: tuple[str, ...] | None
+    """The queues it reads, sorted (None: every queue)."""
+    last_beat: float
+    """Epoch seconds of its last heartbeat (the last renewal of its presence)."""
+    live: bool
+    """Whether its presence has not lapsed: it counts among ``queue_stats``' consumers. A
+    reader that is not live stopped without closing (its process died, or lost the bus)."""
+
+
 def unserved(rows: Sequence[QueueStats]) -> list[str]:
     """The queues with tasks waiting and no consumer."""
     return sorted({r.queue for r in rows if r.depth and not r.consumers})
@@ -253,10 +295,11 @@ class Producer(ABC):
 class Consumer(ABC):
     @abstractmethod
     def consume_tasks(
-        self, queues: Collection[str] | None = None, *, prefetch: int
+        self, queues: Collection[str] | None = None, *, prefetch: int, worker: str | None = None
     ) -> Stream[Delivery[DispatchTask]]:
         """Task deliveries from ``queues`` (None: every queue), by priority; at most
-        ``prefetch`` unsettled at a time. Closing the iterator hands back what it holds."""
+        ``prefetch`` unsettled at a time. Closing the iterator hands back what it holds.
+        A reader named by ``worker`` beats while it is open (``Bus.worker_beats``)."""
 
     async def ack_tasks(self, deliveries: Sequence[Delivery[DispatchTask]]) -> None:
         """Acknowledge task deliveries together, each as its ``ack`` would (one settled
@@ -308,6 +351,11 @@ class Bus(Producer, Consumer):
         """Every task queue this bus knows (published to, or read), at each priority
         (high, normal, low), sorted by queue name."""
 
+    @abstractmethod
+    async def worker_beats(self) -> list[WorkerBeat]:
+        """The readers opened with a ``worker`` name that are open, or stopped without
+        closing in the last ``BEATS_KEPT`` seconds, sorted by worker then last beat."""
+
 
 def wanted_partitions(partitions: Collection[int] | None, count: int) -> list[int]:
     """The partitions a ``consume_events(partitions)`` call asks for, checked against the
@@ -326,9 +374,11 @@ def wanted_partitions(partitions: Collection[int] | None, count: int) -> list[in
 
 
 __all__ = [
+    "BEATS_KEPT",
     "DEFAULT_LEASE",
     "DEFAULT_PARTITIONS",
     "NO_HEADERS",
+    "PRESENCE",
     "PRIORITY_CYCLE",
     "TRACEPARENT",
     "TRACESTATE",
@@ -344,7 +394,9 @@ __all__ = [
     "QueueStats",
     "RunEnded",
     "Stream",
+    "WorkerBeat",
     "partition_of",
+    "presence_ttl",
     "wanted_partitions",
     "with_headers",
 ]

@@ -1,5 +1,5 @@
 """`tideflow runs why RUN_ID`: why a run is not moving (runtime/why.py), read from the
-store and, with --bus, the bus's queues; or over --server, the server's own view."""
+store and, with --bus, the bus's queues and workers' heartbeats; or over --server, the server's own view."""
 
 from __future__ import annotations
 
@@ -35,9 +35,9 @@ def why_cmd(
 
     Waiting for signal X since T (with its match); a timer (sleep, retry backoff) due
     at T, or overdue; an attempt on queue Q that no live worker reads; an attempt on
-    worker W, or whose worker stopped; a child run; a join waiting on steps; effects
+    worker W, or on a worker whose heartbeat stopped at T; a child run; a join waiting on steps; effects
     waiting to be relayed; no live engine (or server) for the run. With --bus (or
-    --server) the bus's queues are read too. Nothing is changed.
+    --server) the bus's queues and workers' heartbeats are read too. Nothing is changed.
 
     Exit 0; 1 when a reason needs someone to act (no engine, no worker for a queue, a
     worker gone, an overdue timer). --json prints {"run_id", "status", "checked_at",

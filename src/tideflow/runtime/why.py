@@ -10,9 +10,11 @@ names it, step by step, with the time it has waited since or is due at:
   it;
 - ``queued``: an attempt dispatched to queue Q and not started by a worker;
   ``no_consumer`` when the bus sees no live reader of Q;
-- ``on_worker``: an attempt a worker W started at T (with its timeout, when it has one);
-  ``worker_gone`` when nobody reads Q any more, so W has stopped: its lease lapses and
-  the task is delivered again;
+- ``on_worker``: an attempt a worker W started at T (with its timeout, when it has one,
+  and W's last heartbeat); ``worker_gone`` when W's heartbeat stopped at T (its task
+  reader is no longer live: ``Bus.worker_beats``), or, with no heartbeat of W on record,
+  when nobody reads Q any more: W has stopped, its lease lapses and the task is
+  delivered again;
 - ``child_run``: a `subflow` waits for child run X (and its status);
 - ``join``: steps that wait for their join on steps that are still in progress;
 - ``relay_backlog``: effects of committed changes (tasks, timers, child starts) that
@@ -22,7 +24,8 @@ names it, step by step, with the time it has waited since or is due at:
 - ``ended`` / ``not_started``: the run has ended, or is stored and not started.
 
 It reads the run's state and history, the plan, the store's leases and outbox and, when
-the client has a bus, the bus's queue statistics; it changes nothing.
+the client has a bus, the bus's queue statistics and workers' heartbeats; it changes
+nothing.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from tideflow.bus.base import QueueStats, partition_of
+from tideflow.bus.base import QueueStats, WorkerBeat, partition_of
 from tideflow.errors import NotFound
 from tideflow.model.plan import Plan, StepSpec
 from tideflow.model.run import RunState, StepState
@@ -148,6 +151,8 @@ class _Seen:
     history: Sequence[HistoryEntry]
     now: float
     queues: Sequence[QueueStats] | None
+    beats: Sequence[WorkerBeat] | None
+    """The bus's workers' heartbeats (None: no bus here, or it could not say)."""
     engine: Reason | None
     outbox: Sequence[OutboxItem]
     relaying: Sequence[tuple[str, int]]
@@ -167,6 +172,7 @@ async def diagnose(client: Client, run_id: str, *, now: float | None = None) -> 
         history=await client.store.history(run_id),
         now=at,
         queues=await _queues(client),
+        beats=None if state.is_terminal else await _beats(client),
         engine=None if state.is_terminal else await _engine(client, run_id),
         outbox=[] if state.is_terminal else await _outbox(client.store, run_id),
         relaying=client.relaying(run_id),
@@ -364,11 +370,28 @@ def _attempt(seen: _Seen, key: str, step: StepState, spec: StepSpec) -> Reason:
     text += f" since {_iso(started)}"
     if timeout is not None:
         text += f"; it times out at {_iso(timeout)}"
-    if seen.queues is not None and not readers:
+    beat = _beat(seen.beats, worker)
+    if beat is not None:
+        data["last_beat"] = beat.last_beat
+        if not beat.live:
+            text += f"; its heartbeat stopped at {_iso(beat.last_beat)}: that worker has "
+            text += "stopped, and the task is delivered again when its lease lapses"
+            return Reason(kind=WhyKind.WORKER_GONE, step=key, text=text, since=started, data=data)
+        text += f"; its last heartbeat was at {_iso(beat.last_beat)}"
+    elif seen.queues is not None and not readers:
         text += f"; but no live worker reads {spec.queue!r} any more: that worker has "
-        text += "stopped, and the task is delivered again when its lease lapses"
+        text += "stopped (no heartbeat of it is on record), and the task is delivered again "
+        text += "when its lease lapses"
         return Reason(kind=WhyKind.WORKER_GONE, step=key, text=text, since=started, data=data)
     return Reason(kind=WhyKind.ON_WORKER, step=key, text=text, since=started, at=timeout, data=data)
+
+
+def _beat(beats: Sequence[WorkerBeat] | None, worker: str | None) -> WorkerBeat | None:
+    """The worker's heartbeat: a live reader of it if it has one, else the last beat of
+    those that stopped; None when none is on record (an older worker, or one trimmed)."""
+    mine = [b for b in beats or () if worker and b.worker == worker]
+    live = [b for b in mine if b.live]
+    return max(live or mine, key=lambda b: b.last_beat, default=None)
 
 
 def _joins(seen: _Seen) -> list[Reason]:
@@ -454,6 +477,13 @@ def _fire_at(state: RunState, step: StepState, kind: str) -> float | None:
 async def _queues(client: Client) -> list[QueueStats] | None:
     try:
         return await client.queues()
+    except Exception:  # no bus here, or the bus is down: the reasons say less
+        return None
+
+
+async def _beats(client: Client) -> list[WorkerBeat] | None:
+    try:
+        return await client.worker_beats()
     except Exception:  # no bus here, or the bus is down: the reasons say less
         return None
 

@@ -180,7 +180,9 @@ class WorkerPool:
     async def _consume(self) -> None:
         """Take tasks (at most ``concurrency`` unacknowledged) and run each as its own
         asyncio task, so that one attempt can be cancelled alone."""
-        deliveries = self._bus.consume_tasks(self._queues, prefetch=self._prefetch)
+        deliveries = self._bus.consume_tasks(
+            self._queues, prefetch=self._prefetch, worker=self._starts.worker
+        )
         async with contextlib.aclosing(deliveries) as tasks:
             async for delivery in tasks:
                 task = delivery.body

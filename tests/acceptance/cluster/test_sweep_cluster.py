@@ -27,6 +27,7 @@ from tideflow.bus.base import (  # noqa: E402
     QueueStats,
     RunEnded,
     Stream,
+    WorkerBeat,
 )
 from tideflow.model.commands import DispatchTask  # noqa: E402
 from tideflow.model.events import Event  # noqa: E402
@@ -50,7 +51,7 @@ class GoneBroker(Bus):
         raise ConnectionError("the broker connection was reset")
 
     def consume_tasks(
-        self, queues: Collection[str] | None = None, *, prefetch: int
+        self, queues: Collection[str] | None = None, *, prefetch: int, worker: str | None = None
     ) -> Stream[Delivery[DispatchTask]]:
         raise NotImplementedError
 
@@ -66,6 +67,9 @@ class GoneBroker(Bus):
         raise ConnectionError("the broker connection was reset")
 
     async def queue_stats(self) -> list[QueueStats]:
+        raise ConnectionError("the broker connection was reset")
+
+    async def worker_beats(self) -> list[WorkerBeat]:
         raise ConnectionError("the broker connection was reset")
 
 

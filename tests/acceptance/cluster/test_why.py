@@ -1,12 +1,13 @@
 """`tideflow runs why` on a real cluster (PostgreSQL + Redis, PostgreSQL + NATS): a step
-on a live worker, the same step once that worker is SIGKILLed (nobody reads its queue any
-more), the run once it has ended, and a run whose server was SIGKILLed (no live server
+on a live worker, the same step once that worker is SIGKILLed (its heartbeat stopped, at a
+time between its start and its kill), the run once it has ended, and a run whose server was SIGKILLed (no live server
 holds its partition). Every wait is on a condition with a bound."""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ def started(cluster: Cluster, run_id: str) -> set[int]:
 @pytest.mark.slow
 def test_runs_why_follows_a_step_from_its_worker_to_its_workers_death(cluster: Cluster) -> None:
     server = cluster.server()
+    before_worker = time.time()
     first = cluster.worker()
     held = cluster.tmp / "gate"
     held.write_text("held")
@@ -56,6 +58,7 @@ def test_runs_why_follows_a_step_from_its_worker_to_its_workers_death(cluster: C
     )
     assert on_worker["data"]["worker"].endswith(f"/{first.pid}")
     assert on_worker["data"]["queue"] == "default" and on_worker["data"]["consumers"] >= 1
+    assert on_worker["data"]["last_beat"] > before_worker
     code, found = why(cluster, run_id)
     assert code == 0 and found["status"] == "running"
     assert {"kind": "join", "step": "after"}.items() <= next(
@@ -63,12 +66,14 @@ def test_runs_why_follows_a_step_from_its_worker_to_its_workers_death(cluster: C
     ).items()
 
     first.kill()
+    killed = time.time()
     gone = eventually(
         lambda: reason(cluster, run_id, "worker_gone", "slow"),
-        "why sees that nobody reads the queue any more",
+        "why sees that the worker's heartbeat stopped",
         timeout=40,
     )
-    assert str(first.pid) in gone["text"]
+    assert str(first.pid) in gone["text"] and "its heartbeat stopped at" in gone["text"]
+    assert before_worker < gone["data"]["last_beat"] <= killed
     assert why(cluster, run_id)[0] == 1  # someone must act
 
     held.unlink()

@@ -307,6 +307,62 @@ def test_roles_decide_the_buttons_and_the_server_refuses_the_rest(
         served.stop()
 
 
+def shown(first: int, last: int) -> str:
+    return f"runs {first}\N{EN DASH}{last}"  # as the page says it
+
+
+HOLD = {"name": "pager", "version": "1", "steps": [{"id": "hold", "type": "wait", "signal": "go"}]}
+
+
+def test_the_runs_list_pages_older_and_newer_keeping_its_filter_and_live_status(
+    browser: Any, ui: tuple[Served, str], artifacts: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    _, link = ui
+    base = link.split("/ui/", 1)[0]
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.goto(link)
+    expect(page.locator("#me")).to_contain_text("admin")
+    post(page, base, "/definitions", HOLD)
+    post(page, base, "/definitions", {**HOLD, "name": "other"})
+    for _ in range(7):
+        post(page, base, "/runs", {"workflow": "pager"})
+    other = post(page, base, "/runs", {"workflow": "other"})["run_id"]  # the newest: filtered out
+    listed = page.request.get(f"{base}/runs?workflow=pager&limit=100", headers=UI_HEADER).json()
+    ids = [r["run_id"] for r in listed["runs"]]  # newest first
+    assert len(ids) == 7
+
+    def shows(chunk: list[str], where: str) -> None:
+        expect(page.locator("#runs tr.row")).to_have_count(len(chunk))
+        for run_id in chunk:
+            expect(page.locator(f"#runs tr[data-run='{run_id}']")).to_be_visible()
+        expect(page.locator("#live")).to_contain_text(where)
+
+    page.goto(f"{base}/ui/#/runs?workflow=pager&limit=3")
+    shows(ids[:3], shown(1, 3))
+    expect(page.locator(f"#runs tr[data-run='{other}']")).to_have_count(0)
+    expect(page.locator("#page-newer")).to_be_disabled()
+    page.locator("#page-older").click()
+    shows(ids[3:6], shown(4, 6))
+    page.locator("#page-older").click()
+    shows(ids[6:], "run 7")
+    expect(page.locator("#page-older")).to_be_disabled()
+    assert "workflow=pager" in page.url and "limit=3" in page.url  # the filter is kept
+    expect(page.locator("#filter-workflow")).to_have_value("pager")
+
+    oldest = page.locator(f"#runs tr[data-run='{ids[6]}'] .badge")
+    expect(oldest).to_have_attribute("data-status", "running")
+    post(page, base, f"/runs/{ids[6]}/cancel", {"reason": "paging test"})
+    expect(oldest).to_have_attribute("data-status", "cancelled")  # an older page is live
+    keep(page, artifacts, "runs-paged.png")
+
+    page.locator("#page-newer").click()
+    shows(ids[3:6], shown(4, 6))
+    page.locator("#page-newest").click()
+    shows(ids[:3], shown(1, 3))
+
+
 def test_the_doc_images_are_screenshots_the_tests_take(artifacts: Path) -> None:
     """docs/images holds two of the screenshots; `TIDEFLOW_UPDATE_DOC_IMAGES=1` copies
     the fresh ones there (after the tests above ran)."""

@@ -152,6 +152,32 @@ async def test_the_runs_stream_sends_the_list_when_any_run_changes(
         assert refused.status_code == 422
 
 
+async def test_the_runs_stream_follows_an_older_page_by_its_cursor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(run_views, "RECHECK", 60.0)
+    changes = RunChanges()
+    async with Runtime(workers=1) as rt, served(rt, changes) as api:
+        rt.add_listener(changes.listener)
+        await rt.register(FAN)
+        oldest = await rt.start_run("fan", {"items": [1]})
+        newer = [await rt.start_run("fan", {"items": [1]}) for _ in range(2)]
+        await wait_until(rt, oldest, step_is("gate", "waiting"))
+        first = (await api.get("/runs", params={"workflow": "fan", "limit": 2})).json()
+        assert {r["run_id"] for r in first["runs"]} == set(newer)
+        params = {"workflow": "fan", "limit": 2, "cursor": first["next_cursor"], "max_events": 2}
+        async with api.stream("GET", "/streams/runs", params=params) as response:
+            seen = events(response)
+            _, page = await anext(seen)
+            assert [(r["run_id"], r["status"]) for r in page["runs"]] == [(oldest, "running")]
+            assert page["next_cursor"] is None
+            await rt.cancel(oldest)
+            _, page = await anext(seen)  # the same page, live
+        assert [(r["run_id"], r["status"]) for r in page["runs"]] == [(oldest, "cancelled")]
+        bad = await api.get("/streams/runs", params={"cursor": "nope", "max_events": 1})
+        assert bad.status_code == 422
+
+
 async def test_a_server_that_stops_ends_its_streams_cleanly() -> None:
     """Open streams end when the API stops (uvicorn would otherwise wait for them, its open
     requests, and then cut them): the reader sees the stream end, not a broken one."""

@@ -228,9 +228,9 @@ class CountingExtends(LocalBus):
         self.deliveries: list[int] = []
 
     async def consume_tasks(
-        self, queues: Collection[str] | None = None, *, prefetch: int
+        self, queues: Collection[str] | None = None, *, prefetch: int, worker: str | None = None
     ) -> AsyncGenerator[Delivery[DispatchTask], None]:
-        inner = super().consume_tasks(queues, prefetch=prefetch)
+        inner = super().consume_tasks(queues, prefetch=prefetch, worker=worker)
         async with contextlib.aclosing(inner) as deliveries:
             async for delivery in deliveries:
                 self.deliveries.append(delivery.deliveries)

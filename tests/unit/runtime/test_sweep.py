@@ -34,6 +34,7 @@ from tideflow.bus.base import (
     QueueStats,
     RunEnded,
     Stream,
+    WorkerBeat,
 )
 from tideflow.client import Client
 from tideflow.dsl import compile_definition
@@ -175,9 +176,9 @@ class ClientBus(Bus):
         await self.target.publish_run_ends(ends)
 
     def consume_tasks(
-        self, queues: Collection[str] | None = None, *, prefetch: int
+        self, queues: Collection[str] | None = None, *, prefetch: int, worker: str | None = None
     ) -> Stream[Delivery[DispatchTask]]:
-        return self.target.consume_tasks(queues, prefetch=prefetch)
+        return self.target.consume_tasks(queues, prefetch=prefetch, worker=worker)
 
     def consume_events(
         self, partitions: Collection[int] | None = None, *, max_batch: int
@@ -192,6 +193,9 @@ class ClientBus(Bus):
 
     async def queue_stats(self) -> list[QueueStats]:
         return await self.target.queue_stats()
+
+    async def worker_beats(self) -> list[WorkerBeat]:
+        return await self.target.worker_beats()
 
 
 class RefusingBus(LocalBus):

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tideflow.bus.backends.local import LocalBus
-from tideflow.bus.base import Message, QueueStats
+from tideflow.bus.base import Message, QueueStats, WorkerBeat
 from tideflow.cli.main import app
 from tideflow.dsl import compile_definition
 from tideflow.model.commands import DispatchTask
@@ -161,27 +161,46 @@ async def test_an_attempt_on_a_worker_and_one_queued_behind_it(rt: Runtime) -> N
 
     (on_worker,) = steps[running]
     assert on_worker.kind is WhyKind.ON_WORKER
-    assert on_worker.data["worker"] and "/" in on_worker.data["worker"]  # host/pid
+    worker = on_worker.data["worker"]
+    assert worker and "/" in worker  # host/pid
     assert on_worker.since == state.steps[running].attempt_started_at
+    assert on_worker.data["last_beat"] >= on_worker.since  # its reader beats: live
+    assert "its last heartbeat was at" in on_worker.text
     (waiting,) = steps[queued]
     assert waiting.kind is WhyKind.QUEUED and waiting.data["consumers"] == 1
     assert "not started by a worker" in waiting.text
 
-    async def nobody_reads() -> list[QueueStats]:  # the bus sees the worker's reader gone
+    readers = [1]
+
+    async def queues() -> list[QueueStats]:
         stats = QueueStats(
             queue="default",
             priority=Priority.NORMAL,
             depth=1,
             held=1,
             oldest_age=1.0,
-            consumers=0,
+            consumers=readers[0],
         )
         return [stats]
 
-    rt.client.queues = nobody_reads  # type: ignore[method-assign]
-    gone = by_step(await rt.client.why(run_id))[running][0]
+    stopped = WorkerBeat(worker=worker, queues=None, last_beat=1_700_000_000.0, live=False)
+    beats = [WorkerBeat(worker="other/1", queues=None, last_beat=time.time(), live=True), stopped]
+
+    async def worker_beats() -> list[WorkerBeat]:
+        return beats
+
+    rt.client.queues = queues  # type: ignore[method-assign]
+    rt.client.worker_beats = worker_beats  # type: ignore[method-assign]
+    gone = by_step(await rt.client.why(run_id))[running][0]  # another worker reads on
     assert gone.kind is WhyKind.WORKER_GONE and gone.kind in STUCK
+    assert gone.data["last_beat"] == stopped.last_beat
+    assert "its heartbeat stopped at 2023-11-14T22:13:20Z" in gone.text
     assert "delivered again when its lease lapses" in gone.text
+
+    beats, readers[0] = [], 0  # no beat on record (an older worker): by the queue's readers
+    gone = by_step(await rt.client.why(run_id))[running][0]
+    assert gone.kind is WhyKind.WORKER_GONE and "last_beat" not in gone.data
+    assert "no heartbeat of it is on record" in gone.text
     GATE["release"].set()
     assert (await rt.client.wait(run_id, timeout=10)).status == "succeeded"
     (ended,) = (await rt.client.why(run_id)).reasons
@@ -310,6 +329,7 @@ def test_a_stored_run_no_engine_has_started_says_so() -> None:
         history=[],
         now=20.0,
         queues=None,
+        beats=None,
         engine=None,
         outbox=[],
         relaying=[],

@@ -29,6 +29,7 @@ from tideflow.bus.base import (
     QueueStats,
     RunEnded,
     Stream,
+    WorkerBeat,
     partition_of,
     wanted_partitions,
 )
@@ -197,9 +198,13 @@ class _TaskDelivery(Delivery[DispatchTask]):
 
 
 class _TaskConsumer(_Waiting):
-    def __init__(self, bus: LocalBus, queues: Collection[str] | None, prefetch: int) -> None:
+    def __init__(
+        self, bus: LocalBus, queues: Collection[str] | None, prefetch: int, worker: str | None
+    ) -> None:
         super().__init__()
         self.bus = bus
+        self.worker = worker
+        self.queues = None if queues is None else tuple(sorted(set(queues)))
         self.names = None if queues is None else [bus.lanes_of(name) for name in queues]
         self.prefetch = prefetch
         self.leases = _Leases(bus.clock, bus.lease, self._expired)
@@ -370,10 +375,10 @@ class LocalBus(Bus):
     # -- consumer ---------------------------------------------------------------
 
     async def consume_tasks(
-        self, queues: Collection[str] | None = None, *, prefetch: int
+        self, queues: Collection[str] | None = None, *, prefetch: int, worker: str | None = None
     ) -> AsyncGenerator[Delivery[DispatchTask], None]:
         _check_count("prefetch", prefetch)
-        consumer = _TaskConsumer(self, queues, prefetch)
+        consumer = _TaskConsumer(self, queues, prefetch, worker)
         self._task_consumers.append(consumer)
         try:
             while True:
@@ -445,6 +450,17 @@ class LocalBus(Bus):
                     )
                 )
         return rows
+
+    async def worker_beats(self) -> list[WorkerBeat]:
+        """The open named readers, live, beating now: an in-process reader stops only by
+        closing (which forgets it) or with its process, and so its bus."""
+        now = time.time()
+        beats = [
+            WorkerBeat(worker=c.worker, queues=c.queues, last_beat=now, live=True)
+            for c in self._task_consumers
+            if c.worker is not None
+        ]
+        return sorted(beats, key=lambda b: (b.worker, b.last_beat))
 
     # -- internals --------------------------------------------------------------
 

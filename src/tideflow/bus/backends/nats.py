@@ -13,6 +13,8 @@ that several clusters or tests share one server:
   one per event partition (``events_<partition>``), read by its one owner;
 - stream ``<prefix>_dead`` on ``<prefix>.dead.>`` (Limits retention, kept 7 days):
   what could not be delivered: malformed messages, and tasks past ``max_deliver``;
+- KV buckets ``<prefix>_readers`` and ``<prefix>_beats``: who reads which task queue
+  now, and the last beat of each reader opened with a worker name (``nats_presence``);
 - KV bucket ``<prefix>_partitions``: one key per event partition held by the
   consumer that reads it, renewed while it is open, gone after its TTL if that
   process dies. This is what makes a partition exclusive across processes (a
@@ -78,6 +80,7 @@ from tideflow.bus.base import (
     QueueStats,
     RunEnded,
     Stream,
+    WorkerBeat,
     partition_of,
     wanted_partitions,
 )
@@ -403,12 +406,12 @@ class NatsBus(Bus):
     # -- consumer ---------------------------------------------------------------
 
     async def consume_tasks(
-        self, queues: Collection[str] | None = None, *, prefetch: int
+        self, queues: Collection[str] | None = None, *, prefetch: int, worker: str | None = None
     ) -> AsyncGenerator[Delivery[DispatchTask], None]:
         check_count("prefetch", prefetch)
         wanted = None if queues is None else list(queues)
         reader = TaskReader(self, wanted, prefetch)
-        presence = nats_presence.Presence(self, wanted)
+        presence = nats_presence.Presence(self, wanted, worker)
         await reader.start()
         try:
             await presence.start()
@@ -455,8 +458,15 @@ class NatsBus(Bus):
         one whose lease ran out, stays held until the server delivers it again),
         ``oldest_age`` from the server's timestamp of the first undelivered message, and
         ``consumers`` the open readers of the queue by their presence keys
-        (``nats_presence``: a killed one counts for up to its TTL, 10 s)."""
+        (``nats_presence``: a killed one counts for up to ``presence_ttl``, the lease
+        and at most 10 s)."""
         return await nats_presence.queue_stats(self)
+
+    async def worker_beats(self) -> list[WorkerBeat]:
+        """From the KV bucket ``<prefix>_beats`` (the time of each renewal by the reader's
+        host clock); ``live`` by the reader's presence keys, as ``queue_stats`` counts it
+        (``nats_presence``)."""
+        return await nats_presence.worker_beats(self)
 
     def _wanted(self, partitions: Collection[int] | None) -> list[int]:
         return wanted_partitions(partitions, self.partitions)

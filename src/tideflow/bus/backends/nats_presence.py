@@ -6,8 +6,14 @@ the server only while it is idle with room (``num_waiting`` is 0 for a busy work
 or for one waiting on a doorbell subscription). So each ``consume_tasks`` reader
 says so itself: a key in the KV bucket ``<prefix>_readers`` per queue it reads
 (``q.<queue token>.<reader>``, or ``all.<reader>`` for a reader of every queue), put
-again every ``TTL / 3`` seconds, deleted when it closes, and gone after ``TTL``
-seconds (the bucket's max age) when its process dies.
+again every third of the TTL (``presence_ttl``: the bus's lease, at most 10 s), deleted
+when it closes, and gone after the TTL (the bucket's max age, set by the process that
+makes the bucket: the processes of a cluster share the bus URL) when its process dies.
+
+A reader opened with a ``worker`` name also beats: each renewal puts its key
+``<reader>`` in the KV bucket ``<prefix>_beats`` (max age ``BEATS_KEPT``, a day) with
+its worker, queues and the time (this host's clock); deleted when it closes, kept for a
+day after its process dies. Whether it is live is read from its presence keys.
 """
 
 from __future__ import annotations
@@ -22,10 +28,11 @@ from typing import TYPE_CHECKING
 
 import nats.errors
 import nats.js.errors
+import orjson
 from nats.js.kv import KeyValue
 
 from tideflow.bus.backends.nats_readers import PRIORITIES, queue_of_token, queue_token
-from tideflow.bus.base import QueueStats
+from tideflow.bus.base import BEATS_KEPT, QueueStats, WorkerBeat, presence_ttl
 from tideflow.errors import BusError
 
 if TYPE_CHECKING:
@@ -33,34 +40,48 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tideflow.bus.nats")
 
-TTL = 10.0
-"""Seconds a reader's key outlives its last renewal (a killed reader counts that long)."""
-
 
 def bucket_name(bus: NatsBus) -> str:
     return f"{bus.prefix}_readers"
 
 
+def beats_bucket_name(bus: NatsBus) -> str:
+    return f"{bus.prefix}_beats"
+
+
 async def readers_bucket(bus: NatsBus) -> KeyValue:
+    return await _bucket(bus, bucket_name(bus), presence_ttl(bus.lease))
+
+
+async def beats_bucket(bus: NatsBus) -> KeyValue:
+    return await _bucket(bus, beats_bucket_name(bus), BEATS_KEPT)
+
+
+async def _bucket(bus: NatsBus, name: str, ttl: float) -> KeyValue:
     try:
-        return await bus.js.key_value(bucket_name(bus))
+        return await bus.js.key_value(name)
     except nats.js.errors.BucketNotFoundError:
         with contextlib.suppress(nats.js.errors.BadRequestError):  # made by another at once
-            return await bus.js.create_key_value(bucket=bucket_name(bus), ttl=TTL)
-        return await bus.js.key_value(bucket_name(bus))
+            return await bus.js.create_key_value(bucket=name, ttl=ttl)
+        return await bus.js.key_value(name)
 
 
 class Presence:
     """The keys of one reader, renewed while it is open."""
 
-    def __init__(self, bus: NatsBus, queues: list[str] | None) -> None:
+    def __init__(self, bus: NatsBus, queues: list[str] | None, worker: str | None) -> None:
         me = uuid.uuid4().hex
+        wanted = None if queues is None else sorted(set(queues))
         self.bus = bus
-        if queues is None:
+        self.me = me
+        if wanted is None:
             self.keys = [f"all.{me}"]
         else:
-            self.keys = [f"q.{queue_token(q)}.{me}" for q in sorted(set(queues))]
+            self.keys = [f"q.{queue_token(q)}.{me}" for q in wanted]
+        self.beat = None if worker is None else {"worker": worker, "queues": wanted}
+        self.ttl = presence_ttl(bus.lease)
         self._kv: KeyValue | None = None
+        self._beats: KeyValue | None = None
         self._renewer: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -74,6 +95,10 @@ class Presence:
                 await self._renewer
             self._renewer = None
         kv, self._kv = self._kv, None
+        beats, self._beats = self._beats, None
+        if beats is not None:
+            with contextlib.suppress(nats.errors.Error):
+                await beats.delete(self.me)
         if kv is None:
             return
         for key in self.keys:
@@ -81,18 +106,27 @@ class Presence:
                 await kv.delete(key)
 
     async def _announce(self) -> None:
-        """Put the keys; a failure is logged (the reader reads on, uncounted for now)."""
+        """Put the keys (and the beat); a failure is logged (the reader reads on,
+        uncounted for now)."""
         try:
             if self._kv is None:
                 self._kv = await readers_bucket(self.bus)
+                made = (await self._kv.status()).ttl  # made by a process with a shorter lease?
+                self.ttl = min(self.ttl, made or self.ttl)
             for key in self.keys:
                 await self._kv.put(key, b"")
+            if self.beat is not None:
+                if self._beats is None:
+                    self._beats = await beats_bucket(self.bus)
+                await self._beats.put(self.me, orjson.dumps(self.beat | {"at": time.time()}))
         except nats.errors.Error as exc:
             log.warning("NATS bus %s: announcing a task reader failed: %s", self.bus.url, exc)
 
     async def _renew(self) -> None:
         while True:
-            await asyncio.sleep(TTL / 3)  # the keys' heartbeat, not a wait on a condition
+            await asyncio.sleep(
+                presence_ttl(self.bus.lease) / 3
+            )  # the keys' heartbeat, not a wait on a condition
             await self._announce()
 
 
@@ -141,6 +175,40 @@ async def _queue_stats(bus: NatsBus) -> list[QueueStats]:
     return rows
 
 
+async def worker_beats(bus: NatsBus) -> list[WorkerBeat]:
+    try:
+        return await _worker_beats(bus)
+    except nats.errors.Error as exc:
+        raise BusError(f"NATS bus {bus.url}: reading the worker beats failed: {exc}") from None
+
+
+async def _worker_beats(bus: NatsBus) -> list[WorkerBeat]:
+    kv = await beats_bucket(bus)
+    try:
+        keys = await kv.keys()
+    except nats.js.errors.NoKeysError:
+        return []
+    live = set().union(*(await _readers(bus)).values())
+    beats = []
+    for key in keys:
+        try:
+            entry = await kv.get(key)
+        except nats.js.errors.KeyNotFoundError:
+            continue  # closed since the keys were listed
+        if entry.value:
+            data = orjson.loads(entry.value)
+            queues = data.get("queues")
+            beats.append(
+                WorkerBeat(
+                    worker=str(data["worker"]),
+                    queues=None if queues is None else tuple(queues),
+                    last_beat=float(data["at"]),
+                    live=key in live,
+                )
+            )
+    return sorted(beats, key=lambda b: (b.worker, b.last_beat))
+
+
 async def _readers(bus: NatsBus) -> dict[str, set[str]]:
     """Queue token ('*': every queue) -> the readers that say they read it."""
     kv = await readers_bucket(bus)
@@ -170,4 +238,12 @@ async def _oldest_age(bus: NatsBus, subject: str, after: int) -> float | None:
     return max(0.0, time.time() - stored)
 
 
-__all__ = ["TTL", "Presence", "bucket_name", "queue_stats", "readers_bucket"]
+__all__ = [
+    "Presence",
+    "beats_bucket",
+    "beats_bucket_name",
+    "bucket_name",
+    "queue_stats",
+    "readers_bucket",
+    "worker_beats",
+]

@@ -13,6 +13,8 @@ Keys, all under ``<prefix>:`` (``tideflow`` unless the URL says otherwise):
 - ``delayed``: a sorted set of nacked messages by due time, moved back onto their
   streams when due;
 - ``dead``: a stream of the entries that could not be read (malformed), with why;
+- ``readers``: who reads which queue now; ``beats`` and ``beat_records``: the last beat
+  of each reader opened with a worker name (``redis_presence``);
 - the ``control`` channel (PUBLISH / SUBSCRIBE) for cancels, and the ``ended`` channel
   for run ends (one message per batch, ``bus/fanout.py``'s wire form), subscribed on a
   connection of its own at the first ``run_ends`` call (a worker or a server never
@@ -83,6 +85,7 @@ from tideflow.bus.base import (
     QueueStats,
     RunEnded,
     Stream,
+    WorkerBeat,
     partition_of,
     wanted_partitions,
 )
@@ -261,12 +264,13 @@ class RedisBus(Bus):
     # -- consumer ---------------------------------------------------------------
 
     async def consume_tasks(
-        self, queues: Collection[str] | None = None, *, prefetch: int
+        self, queues: Collection[str] | None = None, *, prefetch: int, worker: str | None = None
     ) -> AsyncGenerator[Delivery[DispatchTask], None]:
         _check_count("prefetch", prefetch)
         self.client  # noqa: B018 (refuses a bus that is not open)
         consumer = TaskConsumer(self, queues, prefetch)
-        presence = redis_presence.Presence(self, None if queues is None else list(queues))
+        wanted = None if queues is None else list(queues)
+        presence = redis_presence.Presence(self, wanted, worker)
         try:
             await presence.start()
             while True:
@@ -331,8 +335,14 @@ class RedisBus(Bus):
         lease ran out stays held until a consumer sweeps it), ``oldest_age`` from the id
         of the first entry after the group's last delivered one (Redis time), and
         ``consumers`` the open readers of the queue by their presence
-        (``redis_presence``: a killed one counts for up to its TTL, 10 s)."""
+        (``redis_presence``: a killed one counts for up to ``presence_ttl``, the lease
+        and at most 10 s)."""
         return await redis_presence.queue_stats(self)
+
+    async def worker_beats(self) -> list[WorkerBeat]:
+        """From ``<prefix>:beats`` (Redis time of each renewal); ``live`` by the reader's
+        presence, as ``queue_stats`` counts it (``redis_presence``)."""
+        return await redis_presence.worker_beats(self)
 
     # -- what the consumers share -----------------------------------------------
 

@@ -307,10 +307,38 @@ return {now, readers, out}
 ANNOUNCE = (
     _HELPERS
     + """
--- KEYS: the readers set. ARGV: ms a member lives, then the members (queue NUL reader).
-local due = now_ms() + tonumber(ARGV[1])
-for i = 2, #ARGV do redis.call('ZADD', KEYS[1], due, ARGV[i]) end
+-- KEYS: the readers set, the beats set, the beat records. ARGV: ms a member lives, ms a
+-- beat is kept, the reader ('' for one with no worker name), its record, then the
+-- members. A named reader's beat is scored with this time; beats older than kept go.
+local now = now_ms()
+local due = now + tonumber(ARGV[1])
+for i = 5, #ARGV do redis.call('ZADD', KEYS[1], due, ARGV[i]) end
+if ARGV[3] ~= '' then
+  redis.call('ZADD', KEYS[2], now, ARGV[3])
+  redis.call('HSET', KEYS[3], ARGV[3], ARGV[4])
+  local before = now - tonumber(ARGV[2])
+  local old = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', before, 'LIMIT', 0, 100)
+  if #old > 0 then
+    redis.call('ZREM', KEYS[2], unpack(old))
+    redis.call('HDEL', KEYS[3], unpack(old))
+  end
+end
 return 0
+"""
+)
+
+BEATS = (
+    _HELPERS
+    + """
+-- KEYS: the readers set, the beats set, the beat records. Returns {the live readers'
+-- members, {reader, beat ms, record or ''} for each beat}.
+local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now_ms(), '+inf')
+local beats = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+local out = {}
+for i = 1, #beats, 2 do
+  out[#out + 1] = {beats[i], beats[i + 1], redis.call('HGET', KEYS[3], beats[i]) or ''}
+end
+return {live, out}
 """
 )
 
@@ -325,5 +353,6 @@ SCRIPTS = {
     "release": RELEASE,
     "queue_stats": QUEUE_STATS,
     "announce": ANNOUNCE,
+    "beats": BEATS,
 }
 """Every script by the name ``RedisBus.script`` calls it by."""

@@ -5,8 +5,14 @@ A consumer group cannot say which consumers are reading now: before Redis 7.2 an
 killed consumer stays in ``XINFO CONSUMERS`` for good. So each ``consume_tasks``
 reader says so itself: members of the sorted set ``<prefix>:readers``
 (``<reader>:<queue>`` per queue it reads, ``<reader>*`` for a reader of every queue),
-scored with the server time at which they lapse, renewed every ``TTL / 3`` seconds,
-removed when it closes, and lapsed after ``TTL`` seconds when its process dies.
+scored with the server time at which they lapse, renewed every third of their TTL
+(``presence_ttl``: the bus's lease, at most 10 s), removed when it closes, and lapsed
+after the TTL when its process dies.
+
+A reader opened with a ``worker`` name also beats: each renewal scores it with the server
+time in the sorted set ``<prefix>:beats`` (its record, worker and queues, in the hash
+``<prefix>:beat_records``), in the same script; both are deleted when it closes, and a
+beat older than ``BEATS_KEPT`` is trimmed by the next renewal of any reader.
 """
 
 from __future__ import annotations
@@ -15,10 +21,12 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from tideflow.bus.backends.redis_consumers import FAILED, RANKS, TASK_GROUP, text
-from tideflow.bus.base import QueueStats
+from tideflow.bus.base import BEATS_KEPT, QueueStats, WorkerBeat, presence_ttl
 from tideflow.errors import BusError
 
 if TYPE_CHECKING:
@@ -26,18 +34,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tideflow.bus.redis")
 
-TTL = 10.0
-"""Seconds a reader's member outlives its last renewal (a killed reader counts that long)."""
 _ID = 32
 
 
 class Presence:
     """The members of one reader, renewed while it is open."""
 
-    def __init__(self, bus: RedisBus, queues: list[str] | None) -> None:
+    def __init__(self, bus: RedisBus, queues: list[str] | None, worker: str | None) -> None:
         me = uuid.uuid4().hex
+        wanted = None if queues is None else sorted(set(queues))
         self.bus = bus
-        self.members = [f"{me}*"] if queues is None else [f"{me}:{q}" for q in sorted(set(queues))]
+        self.ttl = presence_ttl(bus.lease)
+        self.members = [f"{me}*"] if wanted is None else [f"{me}:{q}" for q in wanted]
+        self.reader = "" if worker is None else me
+        self.record = b"" if worker is None else orjson.dumps({"worker": worker, "queues": wanted})
         self._renewer: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -50,20 +60,33 @@ class Presence:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._renewer
             self._renewer = None
+        bus = self.bus
+        commands: list[tuple[Any, ...]] = [("ZREM", bus.key("readers"), *self.members)]
+        if self.reader:
+            commands += [("ZREM", bus.key("beats"), self.reader)]
+            commands += [("HDEL", bus.key("beat_records"), self.reader)]
         with contextlib.suppress(BusError, *FAILED):  # closing: a lapsed member is harmless
-            await self.bus.client.zrem(self.bus.key("readers"), *self.members)
+            await bus.run(*commands)
 
     async def _announce(self) -> None:
-        """Add the members; a failure is logged (the reader reads on, uncounted for now)."""
+        """Add the members (and the beat); a failure is logged (the reader reads on,
+        uncounted for now)."""
         try:
-            ttl_ms = round(TTL * 1000)
-            await self.bus.script("announce", [self.bus.key("readers")], ttl_ms, *self.members)
+            await self.bus.script(
+                "announce",
+                _keys(self.bus),
+                round(self.ttl * 1000),
+                round(BEATS_KEPT * 1000),
+                self.reader,
+                self.record,
+                *self.members,
+            )
         except FAILED as exc:
             log.warning("redis bus %s: announcing a task reader failed: %s", self.bus.shown, exc)
 
     async def _renew(self) -> None:
         while True:
-            await asyncio.sleep(TTL / 3)  # the members' heartbeat, not a wait on a condition
+            await asyncio.sleep(self.ttl / 3)  # the members' heartbeat, not a wait on a condition
             await self._announce()
 
 
@@ -97,6 +120,35 @@ async def queue_stats(bus: RedisBus) -> list[QueueStats]:
     return rows
 
 
+async def worker_beats(bus: RedisBus) -> list[WorkerBeat]:
+    try:
+        members, rows = await bus.script("beats", _keys(bus))
+    except FAILED as exc:
+        raise bus.failure("reading the worker beats", exc) from exc
+    every, readers = _readers([text(m) for m in members])
+    live = every.union(*readers.values())
+    beats = []
+    for reader, score, record in rows:
+        me, raw = text(reader), text(record)
+        if not raw:
+            continue  # trimmed between the two reads of a renewal (or damaged): unknown
+        data = orjson.loads(raw)
+        queues = data.get("queues")
+        beats.append(
+            WorkerBeat(
+                worker=str(data["worker"]),
+                queues=None if queues is None else tuple(queues),
+                last_beat=float(score) / 1000,
+                live=me in live,
+            )
+        )
+    return sorted(beats, key=lambda b: (b.worker, b.last_beat))
+
+
+def _keys(bus: RedisBus) -> list[str]:
+    return [bus.key("readers"), bus.key("beats"), bus.key("beat_records")]
+
+
 def _readers(members: list[str]) -> tuple[set[str], dict[str, set[str]]]:
     """The readers of every queue, and the readers of each named queue."""
     every: set[str] = set()
@@ -110,4 +162,4 @@ def _readers(members: list[str]) -> tuple[set[str], dict[str, set[str]]]:
     return every, readers
 
 
-__all__ = ["TTL", "Presence", "queue_stats"]
+__all__ = ["Presence", "queue_stats", "worker_beats"]

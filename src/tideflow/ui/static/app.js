@@ -153,29 +153,49 @@ function renderMe() {
 
 // -- runs list ---------------------------------------------------------------------
 
+// The list pages by the API's cursors (newest first): the hash keeps the filters, the
+// page size and `pages`, the cursors of the pages paged through (the last is the page
+// shown), so that Newer goes back one and a link or a reload shows the same page. Each
+// page is live: its stream sends it again when any run changes.
+const PAGE_SIZES = [20, 50, 100, 200];
+
 async function runsPage(params) {
   const definitions = await api("/definitions");
   const names = [...new Set(definitions.definitions.map((d) => d.name))];
+  const limit = Math.min(500, Math.max(1, Math.floor(Number(params.get("limit")) || 50)));
+  const pages = (params.get("pages") || "").split(",").filter(Boolean);
   const workflow = h("select", { id: "filter-workflow", "aria-label": "Definition" },
     h("option", { value: "" }, "All definitions"), names.map((n) => h("option", { value: n, selected: params.get("workflow") === n }, n)));
   const status = h("select", { id: "filter-status", "aria-label": "Status" }, h("option", { value: "" }, "Any status"),
     [...RUN_TERMINAL, "pending", "running", "compensating"].sort().map((s) => h("option", { value: s, selected: params.get("status") === s }, s)));
-  const apply = () => {
+  const size = h("select", { id: "page-size", "aria-label": "Runs per page" },
+    [...new Set([...PAGE_SIZES, limit])].sort((a, b) => a - b).map((n) => h("option", { value: n, selected: n === limit }, `${n} per page`)));
+  const go = (trail) => {
     const q = new URLSearchParams();
     if (workflow.value) q.set("workflow", workflow.value);
     if (status.value) q.set("status", status.value);
+    if (Number(size.value) !== 50) q.set("limit", size.value);
+    if (trail.length) q.set("pages", trail.join(","));
     location.hash = `#/runs?${q}`;
   };
-  workflow.addEventListener("change", apply);
-  status.addEventListener("change", apply);
+  for (const select of [workflow, status, size]) select.addEventListener("change", () => go([]));
+  const newest = h("button", { id: "page-newest", disabled: !pages.length, onclick: () => go([]) }, "Newest");
+  const newer = h("button", { id: "page-newer", disabled: !pages.length, onclick: () => go(pages.slice(0, -1)) }, "Newer");
+  const older = h("button", { id: "page-older", disabled: true }, "Older");
   const body = h("tbody", { id: "runs" });
   const live = h("span", { class: "muted", id: "live" }, "connecting…");
-  show(h("h1", {}, "Runs"), h("div", { class: "filters" }, workflow, status, live),
-    h("table", {}, h("thead", {}, h("tr", {}, ["Run", "Definition", "Version", "Status", "Created", "Updated"].map((t) => h("th", {}, t)))), body));
-  const query = new URLSearchParams();
+  show(h("h1", {}, "Runs"), h("div", { class: "filters" }, workflow, status, size, live),
+    h("table", {}, h("thead", {}, h("tr", {}, ["Run", "Definition", "Version", "Status", "Created", "Updated"].map((t) => h("th", {}, t)))), body),
+    h("div", { class: "filters pager" }, newest, newer, older));
+  const query = new URLSearchParams({ limit: String(limit) });
   for (const key of ["workflow", "status"]) if (params.get(key)) query.set(key, params.get(key));
+  if (pages.length) query.set("cursor", pages[pages.length - 1]);
+  const first = pages.length * limit + 1;
   const source = stream(`/streams/runs?${query}`, "runs", (page) => {
-    live.textContent = `live · ${page.runs.length} shown`;
+    const last = first + page.runs.length - 1;
+    live.textContent = `live · ${!page.runs.length ? "no runs" : last === first ? `run ${first}` : `runs ${first}–${last}`}`;
+    older.disabled = !page.next_cursor;
+    older.onclick = () => go([...pages, page.next_cursor]);
     body.replaceChildren(...page.runs.map((run) => h("tr", {
       class: "row", "data-run": run.run_id, onclick: () => { location.hash = `#/runs/${run.run_id}`; },
     }, h("td", {}, h("a", { href: `#/runs/${run.run_id}` }, run.run_id)), h("td", {}, run.workflow), h("td", {}, run.version),
