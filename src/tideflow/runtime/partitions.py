@@ -7,10 +7,12 @@ advances a run, in order. No server talks to another: each one
 
 - holds a *membership* lease (``server:<owner>``) while it lives;
 - every ``ttl / 5`` seconds renews it and its partition leases, reads the live members
-  and computes its fair share by rendezvous (highest-random-weight) hashing: partition
-  ``p`` belongs to the member with the highest ``weight(member, p)``. Every server
-  computes the same answer from the same rows, and a member that joins or leaves moves
-  only the partitions it wins or held (about ``1/n`` of them);
+  and computes its share by rendezvous (highest-random-weight) hashing with bounded
+  loads: partition ``p`` goes to the member with the highest ``weight(member, p)`` that
+  still has room, and each member's quota is ``partitions // n`` or one more
+  (``share``). Every server computes the same answer from the same rows; a member that
+  joins or leaves moves the partitions it wins or held (about ``1/n`` of them) and, to
+  keep the shares even, a few between the others (about 6% of them on average);
 - takes the partitions of its share that are free or whose lease expired, recovers
   each (runtime/recovery.py, filtered to the partition) and only then applies its
   events (``Ownership``: the scheduler consumes ``bus.consume_events(applied)``);
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import math
@@ -76,10 +79,28 @@ def weight(member: str, partition: int) -> int:
 
 def share(partitions: int, members: Collection[str], me: str) -> frozenset[int]:
     """The partitions ``me`` wins among ``members`` (``me`` counts as one of them)."""
-    everyone = {*members, me}
-    return frozenset(
-        p for p in range(partitions) if max(everyone, key=lambda m: (weight(m, p), m)) == me
-    )
+    owners = _owners(partitions, tuple(sorted({*members, me})))
+    return frozenset(p for p, owner in enumerate(owners) if owner == me)
+
+
+@functools.lru_cache(maxsize=64)
+def _owners(partitions: int, members: tuple[str, ...]) -> tuple[str, ...]:
+    """The owner of each partition: rendezvous hashing with bounded loads. Each member
+    has a quota, ``partitions // n`` or one more (the extra ones go to the members that
+    rank highest by ``weight(member, -1)``), and the (member, partition) pairs are taken
+    in order of falling weight, each partition by the first member with room left.
+    Without the bound, 16 partitions over 3 servers is often 9, 4 and 3, and now and
+    then a server with none."""
+    base, extra = divmod(partitions, len(members))
+    ranked = sorted(members, key=lambda m: (weight(m, -1), m), reverse=True)
+    room = {m: base + (1 if i < extra else 0) for i, m in enumerate(ranked)}
+    pairs = sorted(((weight(m, p), m, p) for m in members for p in range(partitions)), reverse=True)
+    owners: dict[int, str] = {}
+    for _, member, partition in pairs:
+        if partition not in owners and room[member]:
+            owners[partition] = member
+            room[member] -= 1
+    return tuple(owners[p] for p in range(partitions))
 
 
 def shown(partitions: Iterable[int]) -> str:

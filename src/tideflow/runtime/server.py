@@ -7,7 +7,8 @@ number of servers run side by side on one store and bus, all active: runs hash t
 bus's event partitions, and each server holds leases on a share of them (rows in the
 store, renewed every ``ttl / 5`` seconds; runtime/partitions.py) and applies only their
 events, so one server at a time advances a run, in order. The share is computed by
-rendezvous hashing over the live servers, so every server agrees without talking:
+rendezvous hashing with bounded loads over the live servers (each holds ``partitions
+// n`` or one more), so every server agrees without talking:
 
 - a server that starts takes the free partitions of its share, recovers each (what
   its previous owner left: unrelayed effects, pending runs, lost attempts, timers)
