@@ -40,7 +40,7 @@ import httpx
 
 from tideflow import errors
 from tideflow.api.problem_types import ERRORS, TYPE_PREFIX
-from tideflow.bus.base import QueueStats
+from tideflow.bus.base import QueueStats, WorkerBeat
 from tideflow.errors import Diagnostic, RemoteProblem, ServerUnreachable, TideflowError
 from tideflow.model.plan import Plan, Priority
 from tideflow.model.states import RUN_TERMINAL, RunStatus, SignalOutcome
@@ -416,6 +416,19 @@ class HttpClient:
                 consumers=row["consumers"],
             )
             for row in body["queues"]
+        ]
+
+    async def worker_beats(self) -> builtins.list[WorkerBeat]:
+        """The workers reading the server's bus, with their last heartbeat (``GET /workers``)."""
+        body = await self._call("GET", "/workers")
+        return [
+            WorkerBeat(
+                worker=row["worker"],
+                queues=None if row["queues"] is None else tuple(row["queues"]),
+                last_beat=row["last_beat"],
+                live=row["live"],
+            )
+            for row in body["workers"]
         ]
 
 

@@ -48,6 +48,8 @@ from tideflow.api.models import (
     StartRun,
     StoredDefinition,
     WhyView,
+    WorkerList,
+    WorkerRow,
 )
 from tideflow.api.problems import Problem
 from tideflow.api.run_views import run_view_routes
@@ -204,6 +206,13 @@ def _service_routes(app: FastAPI, client: Client) -> None:
         with tasks and no worker."""
         rows = await client.queues()
         return QueueList(queues=[QueueRow.of(r) for r in rows], unserved=unserved(rows))
+
+    @app.get("/workers", tags=["service"], dependencies=[READ])
+    async def workers() -> WorkerList:
+        """The workers reading the bus's task queues, with their last heartbeat: the live
+        ones, and for a day the ones that stopped without closing (``live`` false: their
+        process died; a clean stop forgets them)."""
+        return WorkerList(workers=[WorkerRow.of(b) for b in await client.worker_beats()])
 
     @app.get("/ready", tags=["service"])
     async def ready() -> Ready:

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tideflow.bus.base import QueueStats
+from tideflow.bus.base import QueueStats, WorkerBeat
 from tideflow.model.plan import Plan
 from tideflow.model.states import SignalOutcome
 from tideflow.runtime.result import RunResult
@@ -257,6 +257,28 @@ class QueueRow(BaseModel):
 class QueueList(BaseModel):
     queues: list[QueueRow]
     unserved: list[str] = Field(description="Queues with tasks waiting and no consumer")
+
+
+class WorkerRow(BaseModel):
+    worker: str = Field(description="The worker's name: host/pid, as its attempts record it")
+    queues: list[str] | None = Field(description="The queues it reads (null: every queue)")
+    last_beat: float = Field(description="Epoch seconds of its last heartbeat")
+    live: bool = Field(
+        description="Still reading; false: it stopped without closing (its process died)"
+    )
+
+    @classmethod
+    def of(cls, beat: WorkerBeat) -> WorkerRow:
+        return cls(
+            worker=beat.worker,
+            queues=None if beat.queues is None else list(beat.queues),
+            last_beat=beat.last_beat,
+            live=beat.live,
+        )
+
+
+class WorkerList(BaseModel):
+    workers: list[WorkerRow]
 
 
 class ScheduleView(BaseModel):

@@ -1,9 +1,11 @@
 """`tideflow queues`: what waits on a cluster's bus, per queue and priority
-(``Bus.queue_stats``), and which queues no worker serves."""
+(``Bus.queue_stats``), which queues no worker serves, and the workers with their last
+heartbeat (``Bus.worker_beats``)."""
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,7 +13,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from tideflow.bus.base import QueueStats, unserved
+from tideflow.bus.base import QueueStats, WorkerBeat, unserved
 from tideflow.cli.cluster import ClusterBusOption
 from tideflow.cli.common import JsonOption, err, fail_usage, run_async, table_console, write_json
 from tideflow.cli.remote import ServerOption, TokenOption, check_server, http_client
@@ -26,7 +28,9 @@ def queues_cmd(
 ) -> None:
     """Show the task queues of a cluster's bus: per queue and priority, the tasks
     waiting (depth), delivered and not settled (held), the age of the oldest
-    waiting one, and the workers reading the queue (consumers).
+    waiting one, and the workers reading the queue (consumers); then the workers,
+    each with the queues it reads and its last heartbeat (a worker whose process
+    died is listed as stopped, with the time its heartbeat stopped, for a day).
 
     A queue with tasks and no consumer gets a warning on stderr: its tasks stay
     queued (never lost, never failed) until a worker for it starts
@@ -39,13 +43,24 @@ def queues_cmd(
       tideflow queues --server http://tideflow:8080 --token tf_...
     """
     check_server(ctx, server)
-    rows = run_async(_read_remote(server, token)) if server else run_async(_read(_bus_url(bus)))
+    read = _read_remote(server, token) if server else _read(_bus_url(bus))
+    rows, beats = run_async(read)
     if as_json:
-        write_json({"queues": [row_json(r) for r in rows], "unserved": unserved(rows)})
-    elif rows:
-        table_console().print(queues_table(rows))
+        write_json(
+            {
+                "queues": [row_json(r) for r in rows],
+                "unserved": unserved(rows),
+                "workers": [beat_json(b) for b in beats],
+            }
+        )
     else:
-        table_console().print("no task queue on this bus yet", markup=False)
+        console = table_console()
+        if rows:
+            console.print(queues_table(rows))
+        else:
+            console.print("no task queue on this bus yet", markup=False)
+        if beats:
+            console.print(workers_table(beats, time.time()))
     for line in warnings(rows):
         err.print(f"[bold yellow]warning:[/] {escape(line)}", markup=True)
 
@@ -64,18 +79,18 @@ def _bus_url(bus: str) -> str:
     return bus
 
 
-async def _read_remote(server: str, token: str | None) -> list[QueueStats]:
+async def _read_remote(server: str, token: str | None) -> tuple[list[QueueStats], list[WorkerBeat]]:
     async with http_client(server, token) as client:
-        return await client.queues()
+        return await client.queues(), await client.worker_beats()
 
 
-async def _read(url: str) -> list[QueueStats]:
+async def _read(url: str) -> tuple[list[QueueStats], list[WorkerBeat]]:
     from tideflow.bus import open_bus
 
     bus = open_bus(url)
     await bus.open()
     try:
-        return await bus.queue_stats()
+        return await bus.queue_stats(), await bus.worker_beats()
     finally:
         await bus.close()
 
@@ -109,6 +124,31 @@ def row_json(row: QueueStats) -> dict[str, Any]:
     }
 
 
+def workers_table(beats: Sequence[WorkerBeat], now: float) -> Table:
+    table = Table()
+    for name in ("worker", "queues", "state", "last heartbeat"):
+        table.add_column(name, no_wrap=name != "queues")
+    for beat in beats:
+        queues = "all" if beat.queues is None else ", ".join(beat.queues)
+        ago = age_text(max(now - beat.last_beat, 0.0))
+        table.add_row(
+            escape(beat.worker),
+            escape(queues),
+            "live" if beat.live else "[bold red]stopped[/]",
+            f"{ago} ago",
+        )
+    return table
+
+
+def beat_json(beat: WorkerBeat) -> dict[str, Any]:
+    return {
+        "worker": beat.worker,
+        "queues": None if beat.queues is None else list(beat.queues),
+        "last_beat": beat.last_beat,
+        "live": beat.live,
+    }
+
+
 def warnings(rows: Sequence[QueueStats]) -> list[str]:
     lines = []
     for queue in unserved(rows):
@@ -138,4 +178,13 @@ def age_text(seconds: float) -> str:
     return f"{whole}s"
 
 
-__all__ = ["age_text", "queues_cmd", "queues_table", "row_json", "unserved", "warnings"]
+__all__ = [
+    "age_text",
+    "beat_json",
+    "queues_cmd",
+    "queues_table",
+    "row_json",
+    "unserved",
+    "warnings",
+    "workers_table",
+]

@@ -95,7 +95,7 @@ def test_a_moderation_run_is_seen_waiting_signalled_and_finished(
 ) -> None:
     from playwright.sync_api import expect
 
-    _, link = ui
+    served, link = ui
     base = link.split("/ui/", 1)[0]
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     errors: list[str] = []
@@ -156,7 +156,10 @@ def test_a_moderation_run_is_seen_waiting_signalled_and_finished(
     expect(page.locator("#runs")).to_contain_text("No runs.")
     page.locator("nav a[data-nav='queues']").click()
     expect(page.locator("main h1")).to_have_text("Queues")
-    expect(page.locator("main table")).to_be_visible()
+    expect(page.locator("main table").first).to_be_visible()
+    workers = page.locator("main table.workers tbody tr")  # the server's own workers, live
+    expect(workers.first).to_contain_text("live")
+    expect(workers.first).to_contain_text(f"/{served.proc.pid}")
     assert errors == []
 
     # the one-time link opened one session: a second browser is turned away

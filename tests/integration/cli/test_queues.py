@@ -4,8 +4,12 @@ per test), and its errors: a bad or unreachable bus URL is exit 2 with one line.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
+import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -150,3 +154,46 @@ def test_ages_read_as_people_say_them() -> None:
         "1d03h",
         "1d",
     ]
+
+
+def test_queues_lists_the_workers_with_their_heartbeat(bus_url: str) -> None:
+    """A worker's reader open on the bus (in another thread and event loop) is listed
+    live with the queues it reads; once it closes, it is gone."""
+    stop = threading.Event()
+
+    async def read() -> None:
+        bus = open_bus(bus_url)
+        await bus.open()
+        try:
+            reader = bus.consume_tasks(["reports"], prefetch=1, worker="cli-host/4242")
+            waiting = asyncio.ensure_future(anext(reader))
+            await asyncio.to_thread(stop.wait)
+            waiting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiting
+            await reader.aclose()
+        finally:
+            await bus.close()
+
+    def listed() -> list[dict[str, Any]]:
+        data = stdout_json(invoke("queues", "--json", "--bus", bus_url))
+        return [b for b in data["workers"] if b["worker"] == "cli-host/4242"]
+
+    thread = threading.Thread(target=asyncio.run, args=(read(),))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not (beats := listed()):
+            assert time.monotonic() < deadline, "the reader never beat"
+            time.sleep(0.05)
+        (beat,) = beats
+        assert beat["queues"] == ["reports"] and beat["live"] is True
+        assert beat["last_beat"] <= time.time() + 5
+        shown = invoke("queues", "--bus", bus_url)
+        assert shown.exit_code == 0, shown.output
+        row = next(line for line in shown.stdout.splitlines() if "cli-host/4242" in line)
+        assert row.replace("│", " ").split()[:3] == ["cli-host/4242", "reports", "live"]
+    finally:
+        stop.set()
+        thread.join(20)
+    assert listed() == []

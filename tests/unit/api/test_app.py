@@ -4,7 +4,10 @@ admin token (who may do what is tests/unit/api/test_authorisation.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import textwrap
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -424,3 +427,18 @@ async def test_queues_show_what_waits_on_the_bus() -> None:
         assert rows[("billing", "normal")]["depth"] == 1
         assert rows[("billing", "normal")]["consumers"] == 0
         assert body["unserved"] == ["billing"]
+
+
+async def test_workers_are_listed_with_their_heartbeat() -> None:
+    async with Runtime(workers=2) as rt:
+        transport = httpx.ASGITransport(app=create_app(rt.client, auth=False))
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as api:
+            for _ in range(1000):  # the pool's readers open as its tasks start
+                body: dict[str, Any] = (await api.get("/workers")).json()
+                if body["workers"]:
+                    break
+                await asyncio.sleep(0.01)
+    (worker,) = {w["worker"] for w in body["workers"]}
+    assert worker.endswith(f"/{os.getpid()}")
+    assert all(w["live"] and w["queues"] is None for w in body["workers"])
+    assert all(w["last_beat"] <= time.time() for w in body["workers"])

@@ -42,6 +42,7 @@ ROUTES: dict[tuple[str, str], Action | None] = {
     ("GET", "/docs/oauth2-redirect"): None,
     ("GET", "/redoc"): None,
     ("GET", "/queues"): Action.READ,
+    ("GET", "/workers"): Action.READ,
     ("GET", "/metrics"): Action.READ,  # a scraper sends a viewer token (docs/observability.md)
     ("POST", "/definitions/validate"): Action.READ,
     ("POST", "/definitions"): Action.DEFINITIONS,

@@ -45,6 +45,7 @@ async def test_every_route_has_its_schemas() -> None:
         "/health",
         "/ready",
         "/queues",
+        "/workers",
         "/metrics",
         "/definitions/validate",
         "/definitions",

@@ -145,6 +145,7 @@ async def test_every_method_over_http(served: Served, tmp_path: Path) -> None:
         assert await c.retry(broken, "again") in (RunStatus.RUNNING, RunStatus.PENDING)
 
         assert isinstance(await c.queues(), list)
+        assert all(b.live for b in await c.worker_beats())
 
 
 async def test_problems_become_the_servers_exceptions(served: Served) -> None:

@@ -483,12 +483,19 @@ async function definitionsPage(name, version) {
 }
 
 async function queuesPage() {
-  const body = await api("/queues");
+  const [body, seen] = await Promise.all([api("/queues"), api("/workers")]);
+  const now = Date.now() / 1000;
+  const workers = seen.workers.map((w) => h("tr", { class: w.live ? "" : "stopped" }, h("td", {}, w.worker),
+    h("td", {}, w.queues === null ? "all" : w.queues.join(", ")), h("td", {}, w.live ? "live" : "stopped"),
+    h("td", {}, `${Math.max(now - w.last_beat, 0).toFixed(1)} s ago`)));
   const rows = body.queues.map((q) => h("tr", {}, h("td", {}, q.queue), h("td", {}, q.priority), h("td", {}, q.depth), h("td", {}, q.held),
     h("td", {}, q.oldest_age === null ? "—" : `${q.oldest_age.toFixed(1)} s`), h("td", {}, q.consumers)));
   show(h("h1", {}, "Queues"), body.unserved.length ? note(`No worker reads: ${body.unserved.join(", ")}`, true) : null,
     h("table", {}, h("thead", {}, h("tr", {}, ["Queue", "Priority", "Waiting", "Held", "Oldest", "Workers"].map((t) => h("th", {}, t)))),
       h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 6, class: "muted" }, "No queue has tasks.")))),
+    h("h2", {}, "Workers"),
+    h("table", { class: "workers" }, h("thead", {}, h("tr", {}, ["Worker", "Queues", "State", "Last heartbeat"].map((t) => h("th", {}, t)))),
+      h("tbody", {}, workers.length ? workers : h("tr", {}, h("td", { colspan: 4, class: "muted" }, "No worker reads this bus.")))),
     h("p", {}, h("button", { onclick: () => route() }, "Refresh")));
 }
 
