@@ -345,11 +345,18 @@ async function runPage(runId) {
     } catch (err) { head.append(note(err.message, true)); }
   }
 
+  // Reads overlap (a click while a live refresh is on its way): only the last one asked
+  // for fills the body, or a slow history read would land under the Timeline tab.
+  let tabAsked = 0;
   async function renderTab() {
-    for (const b of tabs.children) b.classList.toggle("on", b.dataset.tab === tab);
-    if (tab === "timeline") tabBody.replaceChildren(gantt(await api(`/runs/${runId}/attempts?limit=2000`)));
-    else if (tab === "history") tabBody.replaceChildren(historyList((await api(`/runs/${runId}/history`)).entries));
-    else tabBody.replaceChildren(h("pre", {}, json(view.output)));
+    const mine = ++tabAsked;
+    const shown = tab;
+    for (const b of tabs.children) b.classList.toggle("on", b.dataset.tab === shown);
+    let body;
+    if (shown === "timeline") body = gantt(await api(`/runs/${runId}/attempts?limit=2000`));
+    else if (shown === "history") body = historyList((await api(`/runs/${runId}/history`)).entries);
+    else body = h("pre", {}, json(view.output));
+    if (mine === tabAsked) tabBody.replaceChildren(body);
   }
   for (const [key, label] of [["timeline", "Timeline"], ["history", "History"], ["output", "Output"]]) {
     tabs.append(h("button", { "data-tab": key, onclick: () => { tab = key; renderTab(); } }, label));
