@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from tideflow.core.decide import Decider
 
 _RUNNING = StepStatus.RUNNING
+_RUNNING_VALUE = _RUNNING.value
 _RETRYING = StepStatus.RETRYING
 
 
@@ -98,7 +99,7 @@ def record_fact(d: Decider, st: StepState, cause: str) -> None:
     """Record a fact about the attempt in flight: ``running -> running``, the one
     self-transition the table allows (no state changes, nothing to propagate)."""
     assert st.status is _RUNNING
-    d.record(st.key, _RUNNING.value, _RUNNING.value, cause, st.attempts)
+    d.record(st.key, _RUNNING_VALUE, _RUNNING_VALUE, cause, st.attempts)
 
 
 def redelivered_cause(what: str, attempt: int, event: TaskStarted) -> str:

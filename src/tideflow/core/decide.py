@@ -152,7 +152,7 @@ class Decider:
     def set_run(self, new: RunStatus, cause: str) -> None:
         state = self.state
         check_run_transition(state.status, new)
-        self.record("run", state.status.value, new.value, cause)
+        self.record("run", state.status._value_, new._value_, cause)  # _value_: see set_step
         state.status = new
 
     def record(
@@ -240,7 +240,9 @@ class Decider:
         old = st.status
         check_step_transition(st.key, old, new)
         st.status = new
-        self.record(st.key, old.value, new.value, cause, attempt)
+        # ``_value_``, the member's value as an attribute: ``.value`` is an enum property
+        # (two Python calls), and every step goes through here three times or more.
+        self.record(st.key, old._value_, new._value_, cause, attempt)
         if new in STEP_TERMINAL:
             st.finished_at = self.now
             if st.timers:

@@ -2,7 +2,9 @@
 
 A timer is a ``TimerRef`` kept in ``RunState.timers`` under its id, and, when it
 belongs to a step instance, listed in that step's ``timers`` too (so that a step
-that ends disarms all of its own). Ids name what a timer is for: ``run_timeout``
+that ends disarms all of its own). A step's ``timers`` is a tuple, replaced on every
+change: most steps never arm one, and an empty tuple is one shared object where a list
+was one more object per step instance for the garbage collector to track. Ids name what a timer is for: ``run_timeout``
 for the run, ``<kind>:<step key>:<attempt>`` for a step's (unique while armed, and
 the same on every replay).
 """
@@ -30,14 +32,14 @@ def arm(
     key = st.key if st is not None else ""
     tid = timer_id(kind, key, attempt)
     if st is not None and tid not in d.state.timers:
-        st.timers.append(tid)
+        st.timers = (*st.timers, tid)
     d.state.timers[tid] = TimerRef(kind=kind, step_key=key, attempt=attempt, fire_at=fire_at)
     d.commands.append(StartTimer(run_id=d.state.run_id, timer_id=tid, fire_at=fire_at))
 
 
 def disarm(d: Decider, st: StepState, tid: str) -> None:
     if d.state.timers.pop(tid, None) is not None:
-        st.timers.remove(tid)
+        st.timers = _without(st.timers, tid)
         d.commands.append(CancelTimer(run_id=d.state.run_id, timer_id=tid))
 
 
@@ -47,7 +49,7 @@ def disarm_all(d: Decider, st: StepState) -> None:
     for tid in st.timers:
         if timers.pop(tid, None) is not None:
             d.commands.append(CancelTimer(run_id=d.state.run_id, timer_id=tid))
-    st.timers.clear()
+    st.timers = ()
 
 
 def fired(d: Decider, tid: str) -> TimerRef | None:
@@ -56,5 +58,9 @@ def fired(d: Decider, tid: str) -> TimerRef | None:
     if ref is not None and ref.step_key:
         st = d.state.steps.get(ref.step_key)
         if st is not None and tid in st.timers:
-            st.timers.remove(tid)
+            st.timers = _without(st.timers, tid)
     return ref
+
+
+def _without(timers: tuple[str, ...], tid: str) -> tuple[str, ...]:
+    return tuple(t for t in timers if t != tid)

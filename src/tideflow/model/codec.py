@@ -104,6 +104,7 @@ def _step_from_data(data: dict[str, Any]) -> StepState:
     data["status"] = StepStatus(data["status"])
     data["error"] = error_from_data(data["error"])
     data["map"] = MapProgress(**data["map"]) if data["map"] is not None else None
+    data["timers"] = tuple(data.get("timers") or ())
     return StepState(**data)
 
 

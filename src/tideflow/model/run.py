@@ -79,7 +79,8 @@ class StepState:
     deps_ok: int = 0
     deps_skipped: int = 0
     deadline_at: float | None = None
-    timers: list[str] = field(default_factory=list)
+    timers: tuple[str, ...] = ()
+    """Ids of the timers armed for this instance (a tuple: see core/timers.py)."""
     map: MapProgress | None = None
     iteration: int = 0
     """For a loop: the current iteration."""

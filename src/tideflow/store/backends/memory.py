@@ -79,7 +79,7 @@ class _Run:
     """Kept as objects and tuples; turned into HistoryEntry rows only when read."""
 
     def advance(self, state: RunState, time: float) -> None:
-        self.status = state.status.value
+        self.status = state.status._value_  # not the enum property: once per event
         self.updated_at = time
         self.finished_at = state.finished_at
         self.output = state.output

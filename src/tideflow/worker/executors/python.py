@@ -42,7 +42,7 @@ from tideflow.worker.executors.functions import (
     unregister,
 )
 from tideflow.worker.executors.isolated import DEFAULT_KILL_GRACE, run_isolated
-from tideflow.worker.executors.threads import DaemonThreadPool
+from tideflow.worker.executors.threads import DaemonThreadPool, LoopCall
 
 __all__ = ["PythonExecutor", "register", "registered", "unregister"]
 
@@ -111,7 +111,16 @@ class PythonExecutor(Executor):
         try:
             if is_async(fn):
                 return await fn(**kwargs)
-            result = await self._in_thread(fn, kwargs, ctx, spec)
+            # In a pool thread, in a copy of this context (awaited here, not in a coroutine
+            # of its own: this is every sync step's path).
+            pool = self.pool
+            context = contextvars.copy_context()
+            call = pool.call(functools.partial(context.run, _contained, fn, kwargs))
+            try:
+                result = await call.future
+            except asyncio.CancelledError:
+                _abandon(pool, call, ctx, spec)
+                raise
             if inspect.isawaitable(result):  # a sync callable that returned a coroutine
                 result = await result
             return result
@@ -120,27 +129,21 @@ class PythonExecutor(Executor):
         except BaseException as exc:  # SystemExit, KeyboardInterrupt, ... from an async function
             raise escaped(exc) from None
 
-    async def _in_thread(
-        self, fn: Callable[..., Any], kwargs: dict[str, Any], ctx: StepContext, spec: str
-    ) -> Any:
-        pool = self.pool
-        context = contextvars.copy_context()
-        call = pool.call(functools.partial(context.run, _contained, fn, kwargs))
-        try:
-            return await call.future
-        except asyncio.CancelledError:
-            thread = pool.abandon(call)
-            if thread is not None:
-                log.warning(
-                    "run %s step %s: python function %r is still running in thread %s after "
-                    "its attempt ended; the thread is abandoned (it does not keep the process "
-                    "alive; use isolation: process to have such a function killed)",
-                    ctx.run_id,
-                    ctx.step_id,
-                    spec,
-                    thread,
-                )
-            raise
+
+def _abandon(pool: DaemonThreadPool, call: LoopCall[Any], ctx: StepContext, spec: str) -> None:
+    """The attempt ended while its function runs: give up on the call (its thread, if it
+    had started, leaves the pool)."""
+    thread = pool.abandon(call)
+    if thread is not None:
+        log.warning(
+            "run %s step %s: python function %r is still running in thread %s after "
+            "its attempt ended; the thread is abandoned (it does not keep the process "
+            "alive; use isolation: process to have such a function killed)",
+            ctx.run_id,
+            ctx.step_id,
+            spec,
+            thread,
+        )
 
 
 def _contained(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:

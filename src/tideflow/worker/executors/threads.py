@@ -21,7 +21,9 @@ the loop wakes a thread only when no thread is busy: a busy thread takes the que
 calls itself as it finishes each one. Whether that is enough is checked on the loop
 every ``STALL`` seconds while calls wait: when every busy thread has been in its
 current call that long (slow or blocked functions), more threads are woken, one per
-waiting call, up to the pool's size. Quick functions thus run on one or two threads
+waiting call, up to the pool's size; not while a thread woken earlier has yet to take
+its call (it waits for the GIL while the loop is busy: with a burst of quick calls, a
+check that woke more threads then woke up to the pool's size, all fighting for the GIL). Quick functions thus run on one or two threads
 with few wake-ups; slow ones still run side by side (each waits ``STALL`` at most
 for a thread).
 """
@@ -124,11 +126,14 @@ class DaemonThreadPool(Executor):
             self._watch = None
             if not self._calls or self._closed:
                 return
-            since = time.monotonic() - STALL
-            if all(started <= since for started in self._busy_since.values()):
-                for _ in range(len(self._calls)):
-                    if not self._wake_another():
-                        break
+            if not self._waking:
+                # A thread on its way waits for the GIL, which the loop holds (it is busy),
+                # not for a call: waking more would only have them all fight for it.
+                since = time.monotonic() - STALL
+                if all(started <= since for started in self._busy_since.values()):
+                    for _ in range(len(self._calls)):
+                        if not self._wake_another():
+                            break
             self._watch = loop.call_later(STALL, self._check, loop)
 
     def abandon(self, future: _Handle) -> str | None:
