@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -384,12 +385,8 @@ class Client:
             name=name,
             payload=payload,
         )
-        if self.tracing is None:
-            await self._link.deliver([event])
-        else:  # a span in the caller's trace, linked to the run's; the event carries it
-            attributes = {"tideflow.run_id": run_id, "tideflow.signal": name}
-            with self.tracing.sending(f"signal {name}", run_id, state.trace, attributes) as h:
-                await self._link.deliver([event], h)
+        with self._sending(f"signal {name}", state, {"tideflow.signal": name}) as headers:
+            await self._link.deliver([event], headers)
         return SignalOutcome.DELIVERED
 
     async def cancel(self, run_id: str, reason: str = "cancelled on request") -> RunStatus:
@@ -402,11 +399,8 @@ class Client:
         event = CancelRequested(
             event_id=self._new_id(), run_id=run_id, time=self._clock.now(), reason=reason
         )
-        if self.tracing is None:
-            await self._link.deliver([event])
-        else:
-            with _sending(self.tracing, "cancel", state) as headers:
-                await self._link.deliver([event], headers)
+        with self._sending(f"cancel {state.workflow}", state) as headers:
+            await self._link.deliver([event], headers)
         return status
 
     async def retry(self, run_id: str, reason: str = "retried on request") -> RunStatus:
@@ -421,12 +415,22 @@ class Client:
         event = RunRetried(
             event_id=self._new_id(), run_id=run_id, time=self._clock.now(), reason=reason
         )
-        if self.tracing is None:
-            await self._link.commit([event])
-        else:
-            with _sending(self.tracing, "retry", state) as headers:
-                await self._link.commit([event], headers)
+        with self._sending(f"retry {state.workflow}", state) as headers:
+            await self._link.commit([event], headers)
         return (await self._link.state(run_id)).status
+
+    def _sending(
+        self, span: str, state: RunState, attributes: Mapping[str, str] | None = None
+    ) -> AbstractContextManager[Headers]:
+        """With tracing on, the span ``span`` of a signal, cancel or retry: in the caller's
+        trace, linked to the run's; it yields the headers its event carries. Without
+        tracing, no header."""
+        if self.tracing is None:
+            return contextlib.nullcontext(NO_HEADERS)
+        named = {"tideflow.run_id": state.run_id, "tideflow.workflow": state.workflow}
+        return self.tracing.sending(
+            span, state.run_id, state.trace, {**named, **(attributes or {})}
+        )
 
     # -- reading runs -----------------------------------------------------------
 
@@ -511,13 +515,6 @@ class Client:
     async def unfinished(self) -> builtins.list[str]:
         """Ids of the runs in the store that have not ended."""
         return await self.store.unfinished_runs()
-
-
-def _sending(tracing: Tracing, what: str, state: RunState) -> AbstractContextManager[Headers]:
-    """The span ``<what> <workflow>`` of a cancel or a retry, in the caller's trace and
-    linked to the run's; yields the headers its event carries."""
-    attributes = {"tideflow.run_id": state.run_id, "tideflow.workflow": state.workflow}
-    return tracing.sending(f"{what} {state.workflow}", state.run_id, state.trace, attributes)
 
 
 class _Recording(EngineLink):

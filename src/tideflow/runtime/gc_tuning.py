@@ -42,10 +42,8 @@ def hold(threshold: int | None) -> bool:
     """A runtime starts: raise the first threshold to ``threshold`` unless it is None or the
     application set its own. True when the caller must `release` it when it stops."""
     global _holders, _previous, _applied
-    if threshold is None:
+    if threshold is None:  # (``Runtime`` has refused one below 1)
         return False
-    if threshold < 1:
-        raise ValueError(f"gc_threshold must be a positive number of allocations, not {threshold}")
     with _lock:
         _holders += 1
         if _holders == 1:

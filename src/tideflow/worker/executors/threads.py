@@ -21,11 +21,10 @@ the loop wakes a thread only when no thread is busy: a busy thread takes the que
 calls itself as it finishes each one. Whether that is enough is checked on the loop
 every ``STALL`` seconds while calls wait: when every busy thread has been in its
 current call that long (slow or blocked functions), more threads are woken, one per
-waiting call, up to the pool's size; not while a thread woken earlier has yet to take
-its call (it waits for the GIL while the loop is busy: with a burst of quick calls, a
-check that woke more threads then woke up to the pool's size, all fighting for the GIL). Quick functions thus run on one or two threads
-with few wake-ups; slow ones still run side by side (each waits ``STALL`` at most
-for a thread).
+waiting call, up to the pool's size; but not while a thread woken earlier has yet to
+take its call (it waits for the GIL, which the busy loop holds: waking more then only
+had them all fight for it). Quick functions thus run on one or two threads with few
+wake-ups; slow ones still run side by side (each waits ``STALL`` at most for a thread).
 """
 
 from __future__ import annotations
