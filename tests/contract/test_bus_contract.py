@@ -931,6 +931,38 @@ async def test_the_beat_of_a_reader_that_stopped_long_ago_is_trimmed(
             await pending
 
 
+DAMAGED = [
+    b"{not json",
+    b"[]",
+    b'{"queues": ["default"]}',
+    b'{"worker": "w", "queues": 5, "at": 1}',
+]
+"""Beat records no version of tideflow writes: each is left out of ``worker_beats``."""
+
+
+async def test_a_damaged_beat_record_is_left_out(broker_backend: BusBackend) -> None:
+    from tideflow.bus.backends.nats import NatsBus
+    from tideflow.bus.backends.nats_presence import beats_bucket
+    from tideflow.bus.backends.redis import RedisBus
+
+    bus = await broker_backend.open()
+    for i, record in enumerate(DAMAGED):
+        if isinstance(bus, RedisBus):
+            await bus.client.zadd(bus.key("beats"), {f"bad{i}": time.time() * 1000})
+            await bus.client.hset(bus.key("beat_records"), f"bad{i}", record)
+        else:
+            assert isinstance(bus, NatsBus)
+            await (await beats_bucket(bus)).put(f"bad{i}", record)
+    reader = bus.consume_tasks(["default"], prefetch=1, worker="host-a/41")
+    waiting = asyncio.ensure_future(anext(reader))
+    beats = await beats_when(bus, lambda b: len(b) == 1)
+    assert beats[0].worker == "host-a/41" and beats[0].live
+    waiting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiting
+    await reader.aclose()
+
+
 # -- URLs ----------------------------------------------------------------------
 
 

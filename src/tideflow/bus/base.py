@@ -212,6 +212,25 @@ class WorkerBeat:
     reader that is not live stopped without closing (its process died, or lost the bus)."""
 
 
+def beat_of(record: bytes | str, *, live: bool, at: float | None = None) -> WorkerBeat | None:
+    """A beat from the JSON record a broker keeps of it (``{"worker", "queues"}``, and
+    ``"at"``, epoch seconds, unless the broker's own score gives ``at``); None for a record
+    that is not one (damaged, or written by another version): it is left out, not fatal."""
+    import orjson
+
+    try:
+        data = orjson.loads(record)
+        queues = data.get("queues")
+        return WorkerBeat(
+            worker=str(data["worker"]),
+            queues=None if queues is None else tuple(str(q) for q in queues),
+            last_beat=float(data["at"] if at is None else at),
+            live=live,
+        )
+    except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError):
+        return None
+
+
 def unserved(rows: Sequence[QueueStats]) -> list[str]:
     """The queues with tasks waiting and no consumer."""
     return sorted({r.queue for r in rows if r.depth and not r.consumers})
@@ -395,6 +414,7 @@ __all__ = [
     "RunEnded",
     "Stream",
     "WorkerBeat",
+    "beat_of",
     "partition_of",
     "presence_ttl",
     "wanted_partitions",

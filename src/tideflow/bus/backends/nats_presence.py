@@ -32,7 +32,7 @@ import orjson
 from nats.js.kv import KeyValue
 
 from tideflow.bus.backends.nats_readers import PRIORITIES, queue_of_token, queue_token
-from tideflow.bus.base import BEATS_KEPT, QueueStats, WorkerBeat, presence_ttl
+from tideflow.bus.base import BEATS_KEPT, QueueStats, WorkerBeat, beat_of, presence_ttl
 from tideflow.errors import BusError
 
 if TYPE_CHECKING:
@@ -189,23 +189,15 @@ async def _worker_beats(bus: NatsBus) -> list[WorkerBeat]:
     except nats.js.errors.NoKeysError:
         return []
     live = set().union(*(await _readers(bus)).values())
-    beats = []
+    beats: list[WorkerBeat] = []
     for key in keys:
         try:
             entry = await kv.get(key)
         except nats.js.errors.KeyNotFoundError:
             continue  # closed since the keys were listed
-        if entry.value:
-            data = orjson.loads(entry.value)
-            queues = data.get("queues")
-            beats.append(
-                WorkerBeat(
-                    worker=str(data["worker"]),
-                    queues=None if queues is None else tuple(queues),
-                    last_beat=float(data["at"]),
-                    live=key in live,
-                )
-            )
+        beat = beat_of(entry.value, live=key in live) if entry.value else None
+        if beat is not None:  # (a damaged record, or another version's, is left out)
+            beats.append(beat)
     return sorted(beats, key=lambda b: (b.worker, b.last_beat))
 
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from tideflow.bus.backends.redis_consumers import FAILED, RANKS, TASK_GROUP, text
-from tideflow.bus.base import BEATS_KEPT, QueueStats, WorkerBeat, presence_ttl
+from tideflow.bus.base import BEATS_KEPT, QueueStats, WorkerBeat, beat_of, presence_ttl
 from tideflow.errors import BusError
 
 if TYPE_CHECKING:
@@ -127,21 +127,11 @@ async def worker_beats(bus: RedisBus) -> list[WorkerBeat]:
         raise bus.failure("reading the worker beats", exc) from exc
     every, readers = _readers([text(m) for m in members])
     live = every.union(*readers.values())
-    beats = []
-    for reader, score, record in rows:
-        me, raw = text(reader), text(record)
-        if not raw:
-            continue  # trimmed between the two reads of a renewal (or damaged): unknown
-        data = orjson.loads(raw)
-        queues = data.get("queues")
-        beats.append(
-            WorkerBeat(
-                worker=str(data["worker"]),
-                queues=None if queues is None else tuple(queues),
-                last_beat=float(score) / 1000,
-                live=me in live,
-            )
-        )
+    beats = [
+        beat
+        for reader, score, record in rows
+        if (beat := beat_of(text(record), live=text(reader) in live, at=float(score) / 1000))
+    ]  # a record trimmed between the two reads of a renewal, or damaged, is left out
     return sorted(beats, key=lambda b: (b.worker, b.last_beat))
 
 
