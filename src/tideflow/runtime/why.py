@@ -52,10 +52,9 @@ __all__ = ["OVERDUE", "STUCK", "Diagnosis", "Reason", "WhyKind", "diagnose"]
 
 OVERDUE = 5.0
 """Seconds past its time after which an armed timer that has not fired is reported."""
-JOINS_SHOWN = 20
-"""Blocked joins named one by one (a 10,000-step run reports the rest as a count)."""
 SHOWN = 20
-"""Step reasons of one kind named one by one; the rest are counted in one more reason."""
+"""Step reasons of one kind (and blocked joins) named one by one; the rest are counted in
+one more reason (a 10,000-step run has as many)."""
 
 _TIMER_WAITS = {"sleep": "sleep", "retry": "retry backoff", "loop_delay": "loop delay"}
 _TIMER_WAITS |= {"compensation_retry": "compensation retry backoff"}
@@ -415,7 +414,7 @@ def _joins(seen: _Seen) -> list[Reason]:
         if not open_deps or all(_status(state, d) in _NOT_BEGUN for d in open_deps):
             continue
         count += 1
-        if len(blocked) < JOINS_SHOWN:
+        if len(blocked) < SHOWN:
             statuses = {d: _status(state, d) for d in open_deps}
             shown = ", ".join(f"{d} ({s})" for d, s in statuses.items())
             blocked.append(
