@@ -109,6 +109,25 @@ class Backend:
 
         return PostgresStore(self.url, schema=self.schema, drop_schema_on_close=drop)
 
+    async def settled(self, pid: int) -> None:
+        """Once the killed driver ``pid`` is gone, wait until its database sessions are too:
+        a COMMIT it sent just before the kill still lands after it died, and the next
+        driver's segment would count it (PostgreSQL; an SQLite write ends with its process)."""
+        if self.schema is None:
+            return
+        import asyncpg  # type: ignore[import-untyped]
+
+        mine = f"tideflow/{pid}/%"
+        conn = await asyncpg.connect(self.url)
+        try:
+            deadline = time.monotonic() + 20
+            query = "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE $1"
+            while await conn.fetchval(query, mine):
+                assert time.monotonic() < deadline, f"driver {pid}'s sessions outlived it 20s"
+                await asyncio.sleep(0.01)
+        finally:
+            await conn.close()
+
     @contextlib.asynccontextmanager
     async def opened(self, *, drop: bool = False) -> AsyncIterator[Store]:
         store = self.store(drop=drop)
@@ -206,6 +225,7 @@ def planned_scenarios(rng: random.Random) -> list[list[Kill]]:
 
 @dataclass
 class DriverExit:
+    pid: int
     returncode: int
     ready: bool
     messages: list[dict[str, Any]]
@@ -282,7 +302,7 @@ async def run_driver(
         await reader
         stderr = (await errors).decode(errors="replace")
     assert proc.returncode is not None
-    return DriverExit(proc.returncode, ready.is_set(), messages, stderr)
+    return DriverExit(proc.pid, proc.returncode, ready.is_set(), messages, stderr)
 
 
 def sigkill(proc: asyncio.subprocess.Process) -> None:
@@ -353,6 +373,8 @@ class Scenario:
             self.fail(f"runs stuck: {stuck['unfinished']} did not end in {DRIVER_TIMEOUT - 10}s")
         if exit.returncode not in (0, -9):
             self.fail(f"the driver failed (rc {exit.returncode}):\n{exit.stderr}")
+        if exit.killed:
+            await self.backend.settled(exit.pid)
         async with self.backend.opened() as store:
             previous, self.view = self.view, await observe(store, self.run_ids)
         executions, self.offset = read_log(self.log, self.offset)

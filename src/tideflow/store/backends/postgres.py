@@ -19,6 +19,8 @@ import asyncio
 import contextlib
 import getpass
 import math
+import os
+import socket
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -85,6 +87,12 @@ async def _keep_session(conn: Any) -> None:
     """Pool reset hook: the store leaves no session state behind (no SET, LISTEN,
     session locks or cursors; asyncpg still rolls back an open transaction), so a
     released connection needs no extra ``RESET ALL`` round trip."""
+
+
+def application_name() -> str:
+    """What ``pg_stat_activity.application_name`` says of this process's connections:
+    ``tideflow/<pid>/<host>``, cut to PostgreSQL's 63 bytes (the pid first, so it stays)."""
+    return f"tideflow/{os.getpid()}/{socket.gethostname()}"[:63]
 
 
 class PostgresStore(LeaseAndInbox, Store):
@@ -173,7 +181,7 @@ class PostgresStore(LeaseAndInbox, Store):
             raise
 
     def _settings(self) -> dict[str, str]:
-        settings = {"application_name": "tideflow"}
+        settings = {"application_name": application_name()}
         if self.schema:
             settings["search_path"] = quote_ident(self.schema)
         return settings
@@ -571,4 +579,4 @@ def _one_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-__all__ = ["PostgresStore"]
+__all__ = ["PostgresStore", "application_name"]
