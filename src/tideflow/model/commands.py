@@ -11,13 +11,16 @@ from typing import Any
 
 from tideflow.model.events import ErrorInfo
 from tideflow.model.plan import Priority
+from tideflow.model.quick import quick_init
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Command:
     run_id: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DispatchTask(Command):
     """Run one attempt of an action on a worker."""
@@ -46,6 +49,7 @@ class DispatchTask(Command):
     the field existed."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CancelTask(Command):
     step_key: str
@@ -58,17 +62,20 @@ class CancelTask(Command):
     existed."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StartTimer(Command):
     timer_id: str
     fire_at: float
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CancelTimer(Command):
     timer_id: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StartChildRun(Command):
     step_key: str
@@ -80,11 +87,13 @@ class StartChildRun(Command):
     """True for `mode: sync`: the parent expects a ChildRunFinished event."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CancelChildRun(Command):
     child_run_id: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EmitEvent(Command):
     """Publish a CloudEvent (already complete: id, source, type, time, data)."""
@@ -92,6 +101,7 @@ class EmitEvent(Command):
     event: dict[str, Any]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunFinished(Command):
     """The run reached a terminal state; notify waiters and a waiting parent."""

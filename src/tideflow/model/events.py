@@ -13,7 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tideflow.model.quick import quick_init
 
+
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ErrorInfo:
     """A step or run error as recorded in history: ``{type, message}``."""
@@ -46,6 +49,7 @@ class ErrorInfo:
         return self.type in names or any(c in names for c in self.classes)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Event:
     event_id: str
@@ -53,6 +57,7 @@ class Event:
     time: float
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunStarted(Event):
     input: Any = None
@@ -60,6 +65,7 @@ class RunStarted(Event):
     parent_step_key: str | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AttemptEvent(Event):
     """What a worker (or recovery) reports about one attempt: its start or its outcome.
@@ -80,6 +86,7 @@ class AttemptEvent(Event):
     history it wrote replays as it was applied."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TaskStarted(AttemptEvent):
     """A worker began executing an attempt (``time`` is when): its ``timeout`` counts from
@@ -94,6 +101,7 @@ class TaskStarted(AttemptEvent):
     duplicate to drop but a fact for the history: the attempt runs again, elsewhere."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TaskLost(AttemptEvent):
     """The execution of an attempt is gone without an outcome (the process that ran it
@@ -104,6 +112,7 @@ class TaskLost(AttemptEvent):
     reason: str = "its worker stopped"
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TaskCompleted(AttemptEvent):
     output: Any = None
@@ -113,6 +122,7 @@ class TaskCompleted(AttemptEvent):
     worker: str = ""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TaskFailed(AttemptEvent):
     error: ErrorInfo
@@ -123,11 +133,13 @@ class TaskFailed(AttemptEvent):
     worker: str = ""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TimerFired(Event):
     timer_id: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SignalReceived(Event):
     name: str
@@ -137,6 +149,7 @@ class SignalReceived(Event):
     out from `emit` to other runs are not buffered: they are only for current waiters."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ChildRunFinished(Event):
     step_key: str
@@ -146,11 +159,13 @@ class ChildRunFinished(Event):
     error: ErrorInfo | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CancelRequested(Event):
     reason: str = "cancelled on request"
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunRetried(Event):
     """An operator re-opens a failed or timed-out run from its steps that did not succeed."""
@@ -158,6 +173,7 @@ class RunRetried(Event):
     reason: str = "retried on request"
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineFailed(Event):
     """The engine could not apply or store one of this run's events: the run fails with
@@ -182,6 +198,7 @@ EVENT_KINDS: dict[type[Event], str] = {
 EVENT_TYPES: dict[str, type[Event]] = {v: k for k, v in EVENT_KINDS.items()}
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Transition:
     """One recorded state change, for the run's history."""
