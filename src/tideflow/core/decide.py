@@ -160,11 +160,8 @@ class Decider:
     ) -> None:
         """Add a state change to the run's history (``subject``: the run, a step instance
         or a step's compensation)."""
-        self.transitions.append(
-            Transition(
-                subject=subject, old=old, new=new, time=self.now, cause=cause, attempt=attempt
-            )
-        )
+        # positional: a named tuple is built twice as fast so (every step records ~4)
+        self.transitions.append(Transition(subject, old, new, self.now, cause, attempt))
 
     def finish_run(self, status: RunStatus, cause: str) -> None:
         state = self.state
