@@ -16,6 +16,7 @@ so a chain of 10,000 engine steps is handled in one flat loop.
 from __future__ import annotations
 
 from collections import deque
+from functools import partial
 from typing import Any, NamedTuple
 
 from tideflow.core import attempts, fired, joins, reopen, saga
@@ -63,6 +64,12 @@ _RUNNING = StepStatus.RUNNING
 _SKIPPED = StepStatus.SKIPPED
 _SUCCEEDED = StepStatus.SUCCEEDED
 _WAITING = StepStatus.WAITING
+
+
+_transition = partial(tuple.__new__, Transition)
+"""``Transition(...)`` from a tuple of all its fields, without the named tuple's own
+``__new__`` (a Python function): every step records about four, and this takes a third
+of the time."""
 
 
 class Decision(NamedTuple):
@@ -160,8 +167,7 @@ class Decider:
     ) -> None:
         """Add a state change to the run's history (``subject``: the run, a step instance
         or a step's compensation)."""
-        # positional: a named tuple is built twice as fast so (every step records ~4)
-        self.transitions.append(Transition(subject, old, new, self.now, cause, attempt))
+        self.transitions.append(_transition((subject, old, new, self.now, cause, attempt)))
 
     def finish_run(self, status: RunStatus, cause: str) -> None:
         state = self.state
