@@ -34,12 +34,13 @@ from tideflow.bus.base import NO_HEADERS, TRACEPARENT, Bus, EventBatch, Headers
 from tideflow.core.decide import decide
 from tideflow.errors import NotFound
 from tideflow.model.events import EngineFailed, Event
+from tideflow.model.plan import Plan
 from tideflow.runtime.commits import Outcome, commit_apart
 from tideflow.runtime.observers import Observers
 from tideflow.runtime.partitions import Ownership
 from tideflow.runtime.poison import DEFINITELY_DATA, Failure, classify, describe, engine_failed
 from tideflow.runtime.relay import Relay
-from tideflow.runtime.runs import Plans, RunCache
+from tideflow.runtime.runs import LiveRun, Plans, RunCache
 from tideflow.store.base import AppliedEvent, Store
 
 log = logging.getLogger("tideflow.scheduler")
@@ -339,22 +340,45 @@ class Scheduler:
             faults.checkpoint("after_relay")
 
     async def _apply_all(self, events: list[Event]) -> list[AppliedEvent]:
-        """Apply each event; a run whose event cannot be applied drops out of the batch."""
+        """Apply each event; a run whose event cannot be applied drops out of the batch. A
+        run in memory with its plan is applied without an await (every event's path)."""
         batch: list[AppliedEvent] = []
         failed: set[str] = set()
         for event in events:
-            if event.run_id in failed:
+            run_id = event.run_id
+            if run_id in failed:
                 continue
-            about = logcontext.run_id.set(event.run_id)  # its log lines are the run's
+            about = logcontext.run_id.set(run_id)  # its log lines are the run's
             try:
-                applied = await self._apply(event)
-            except _ApplyFailed:
-                failed.add(event.run_id)
-                continue
+                found = self._cached(run_id) or await self._load(event)
+                if found is None:
+                    continue
+                live, plan = found
+                try:
+                    decision = decide(plan, live.state, event)
+                except Exception as exc:
+                    self._runs.evict(run_id)
+                    kind = type(event).__name__
+                    await self._fail_run(
+                        run_id, [event], f"applying {kind} failed: {describe(exc)}"
+                    )
+                    failed.add(run_id)
+                    continue
+                if decision.changed:
+                    self._in_flight.add(run_id)
+                    seq, snapshot = live.next_seq()
+                    batch.append(
+                        AppliedEvent(
+                            event=event,
+                            state=live.state,
+                            transitions=decision.transitions,
+                            commands=decision.commands,
+                            seq=seq,
+                            snapshot=snapshot,
+                        )
+                    )
             finally:
                 logcontext.run_id.reset(about)
-            if applied is not None:
-                batch.append(applied)
         if failed:
             batch = [a for a in batch if a.event.run_id not in failed]
             self._in_flight.difference_update(failed)
@@ -431,8 +455,17 @@ class Scheduler:
         else:
             await self._relay.send(events, "commit again")
 
-    async def _apply(self, event: Event) -> AppliedEvent | None:
-        kind = type(event).__name__
+    def _cached(self, run_id: str) -> tuple[LiveRun, Plan] | None:
+        """The run and its plan when both are in memory and nothing about it is in doubt."""
+        live = self._runs.hit(run_id)
+        if live is None or (self._doubt and run_id in self._doubt):
+            return None
+        plan = self._plans.known(live.state.plan_hash)
+        return None if plan is None else (live, plan)
+
+    async def _load(self, event: Event) -> tuple[LiveRun, Plan] | None:
+        """The run and its plan, loaded from the store; None when the event cannot be
+        applied (an unknown run, or one that cannot be loaded: logged)."""
         try:
             live = self._runs.hit(event.run_id) or await self._runs.get(event.run_id)
             if self._doubt:
@@ -441,34 +474,17 @@ class Scheduler:
                 live.state.plan_hash
             )
         except NotFound:
-            log.warning("event %s for unknown run %s dropped", kind, event.run_id)
+            log.warning("event %s for unknown run %s dropped", type(event).__name__, event.run_id)
             return None
         except Exception as exc:  # a damaged snapshot or history, a plan that no longer compiles
             log.error(
                 "run %s cannot be loaded, event %s not applied: %s",
                 event.run_id,
-                kind,
+                type(event).__name__,
                 describe(exc),
             )
             return None
-        try:
-            decision = decide(plan, live.state, event)
-        except Exception as exc:
-            self._runs.evict(event.run_id)
-            await self._fail_run(event.run_id, [event], f"applying {kind} failed: {describe(exc)}")
-            raise _ApplyFailed from exc
-        if not decision.changed:
-            return None
-        self._in_flight.add(event.run_id)
-        seq, snapshot = live.next_seq()
-        return AppliedEvent(
-            event=event,
-            state=live.state,
-            transitions=decision.transitions,
-            commands=decision.commands,
-            seq=seq,
-            snapshot=snapshot,
-        )
+        return live, plan
 
 
 async def _next_unless(
@@ -494,7 +510,3 @@ async def _next_unless(
 
 class _Ended(Exception):
     """The bus ended an event stream (it is closing)."""
-
-
-class _ApplyFailed(Exception):
-    """An event of this run could not be applied (the run is being failed)."""
