@@ -6,11 +6,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tideflow.model.plan import Plan
+from tideflow.model.quick import quick_init
 from tideflow.model.run import RunState
 from tideflow.model.states import RunStatus
 from tideflow.worker.secrets import redact_fields
 
 
+@quick_init  # a result has one per step
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepResult:
     status: str
@@ -28,6 +30,7 @@ class StepResult:
         }
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunResult:
     run_id: str

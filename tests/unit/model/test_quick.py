@@ -11,6 +11,7 @@ import pytest
 
 from tideflow.model import commands, events
 from tideflow.model.quick import quick_init
+from tideflow.runtime.result import RunResult, StepResult
 
 
 def _dataclasses(*modules: Any) -> list[type]:
@@ -24,10 +25,10 @@ def _dataclasses(*modules: Any) -> list[type]:
     ]
 
 
-CLASSES = _dataclasses(events, commands)
+CLASSES = [*_dataclasses(events, commands), RunResult, StepResult]
 
 
-def test_every_event_and_command_is_built_quickly() -> None:
+def test_every_event_command_and_result_is_built_quickly() -> None:
     assert len(CLASSES) > 20
     assert [c.__name__ for c in CLASSES if "_set0" not in c.__init__.__code__.co_names] == []
 
