@@ -43,11 +43,12 @@ async def commit_apart(
     for part in parts:
         if out.down is not None:
             break
-        error = await _try(commit, part)
-        if error is None:
-            out.committed.extend(part)
-        else:
+        try:
+            await commit(part)
+        except Exception as error:
             await _search(commit, part, error, out)
+        else:
+            out.committed.extend(part)
     return out
 
 

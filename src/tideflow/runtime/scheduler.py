@@ -251,13 +251,16 @@ class Scheduler:
             for run_id in self._in_flight:
                 self._runs.evict(run_id)
             raise out.down or next(iter(out.failures.values()))
-        await self._not_committed(out, events, delivered)
+        if out.down or out.failures:
+            await self._not_committed(out, events, delivered)
         # Committed is committed: its effects go out first (the next step's dispatch does
         # not wait for the ack's round trip), and an ack that fails (the broker went
         # away) keeps nothing from the relay: the events, coming again, are duplicates
         # that relay nothing.
         try:
-            await self._committed(out.committed, relay)
+            await self._relay.hand(out.committed, act=relay)
+            if faults.ARMED:
+                faults.checkpoint("after_relay")
         finally:
             if delivered is not None:
                 await delivered.ack()
@@ -333,11 +336,6 @@ class Scheduler:
             await self._run_failed(
                 run_id, mine, error, alone=not out.committed, delivered=delivered
             )
-
-    async def _committed(self, batch: list[AppliedEvent], relay: bool = True) -> None:
-        await self._relay.hand(batch, act=relay)
-        if faults.ARMED:
-            faults.checkpoint("after_relay")
 
     async def _apply_all(self, events: list[Event]) -> list[AppliedEvent]:
         """Apply each event; a run whose event cannot be applied drops out of the batch. A
