@@ -188,6 +188,10 @@ class _TaskDelivery(Delivery[DispatchTask]):
     async def ack(self) -> None:
         self._consumer.settle(self)
 
+    def settle(self) -> None:
+        """``ack`` without a coroutine (`LocalBus.ack_tasks`)."""
+        self._consumer.settle(self)
+
     async def nack(self, delay: float = 0.0) -> None:
         _check_delay(delay)
         if self._consumer.settle(self):
@@ -361,6 +365,13 @@ class LocalBus(Bus):
             owner = owners[index]
             if owner is not None:
                 owner.wake()
+
+    async def ack_tasks(self, deliveries: Sequence[Delivery[DispatchTask]]) -> None:
+        for delivery in deliveries:
+            if type(delivery) is _TaskDelivery:
+                delivery.settle()  # (no coroutine per task: this is every attempt's path)
+            else:
+                await delivery.ack()
 
     async def publish_control(self, message: Control) -> None:
         self._controls.put((message,))
