@@ -57,6 +57,7 @@ from tideflow.model.events import Event, TaskCompleted, TaskFailed, TaskLost
 from tideflow.worker.executors.base import StepContext
 from tideflow.worker.executors.registry import ExecutorRegistry
 from tideflow.worker.interceptors import (
+    Builtins,
     ExecuteInput,
     ExecuteOutput,
     Interceptor,
@@ -116,8 +117,11 @@ class WorkerPool:
         self._executing: set[Key] = set()
         """Attempts past their slot: running, not waiting for one."""
         self._random = random.Random()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:
+        # Kept: asking for the running loop costs a system call (getpid) in CPython 3.11.
+        self._loop = asyncio.get_running_loop()
         control = self._bus.consume_control()  # listening before the first task comes
         self._loops = [
             asyncio.create_task(self._consume(), name="tideflow-worker"),
@@ -180,6 +184,7 @@ class WorkerPool:
     async def _consume(self) -> None:
         """Take tasks (at most ``concurrency`` unacknowledged) and run each as its own
         asyncio task, so that one attempt can be cancelled alone."""
+        loop = asyncio.get_running_loop()
         deliveries = self._bus.consume_tasks(
             self._queues, prefetch=self._prefetch, worker=self._starts.worker
         )
@@ -198,7 +203,7 @@ class WorkerPool:
                     del self._cancelled[key]
                     await delivery.ack()  # cancelled while it was queued
                     continue
-                runner = asyncio.create_task(self._run(key, delivery))
+                runner = loop.create_task(self._run(key, delivery))
                 self._running[key] = (runner, delivery)
 
     async def _run(self, key: Key, delivery: Delivery[DispatchTask]) -> None:
@@ -231,7 +236,9 @@ class WorkerPool:
             return
         try:
             if event is not None:
-                await self._starts.sent()
+                sending = self._starts.sending()
+                if sending is not None:
+                    await sending
             await self._outcomes.settle(event, delivery)
         except Exception:
             log.exception("the outcome of %s could not be published; its task comes again", key)
@@ -276,19 +283,23 @@ class WorkerPool:
         try:
             starts = self._starts
             if not starts.at_once(task, delivery):
-                starts.later(task, reports)
+                starts.later(task, reports, self._loop)
             elif not await starts.report(task, delivery, reports):
                 return self._lost(task, delivery)  # it must not run
-            out = await self._chain.execute(
-                ExecuteInput(
-                    task=task,
-                    context=ctx,
-                    config=task.config,
-                    input=task.input,
-                    headers=headers,
-                    report_headers=reports,
+            chain = self._chain
+            if type(chain) is Builtins and not task.secrets:  # nothing to hand an input to
+                out = await chain.run(task, ctx, task.config, task.input)
+            else:
+                out = await chain.execute(
+                    ExecuteInput(
+                        task=task,
+                        context=ctx,
+                        config=task.config,
+                        input=task.input,
+                        headers=headers,
+                        report_headers=reports,
+                    )
                 )
-            )
         except asyncio.CancelledError:
             return None
         except KeyboardInterrupt:  # Ctrl-C reaches the loop here; the python executor

@@ -89,10 +89,16 @@ class StartReports:
         `later` records it (no coroutine: that is every other attempt's path)."""
         return delivery > 1 or (not task.idempotent and self._start_durably is not None)
 
-    def later(self, task: DispatchTask, headers: Headers = NO_HEADERS) -> None:
+    def later(
+        self,
+        task: DispatchTask,
+        headers: Headers = NO_HEADERS,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
         """Record that ``task`` starts now; the start goes out once ``REPORT_DELAY`` old,
-        unless its outcome carries it first, with ``headers`` as they are by then."""
-        loop = asyncio.get_running_loop()
+        unless its outcome carries it first, with ``headers`` as they are by then.
+        ``loop`` is the running one, when the caller knows it."""
+        loop = loop or asyncio.get_running_loop()
         due = loop.time() + REPORT_DELAY
         self._unsent[attempt_key(task)] = (self._clock(), due, headers)
         if self._timer is None:
@@ -117,12 +123,14 @@ class StartReports:
             round=round_,
         )
 
-    async def sent(self) -> None:
-        """Wait until every start reported so far is published (an outcome never overtakes
-        its start)."""
+    def sending(self) -> asyncio.Future[None] | None:
+        """What to wait for until every start reported so far is published (an outcome
+        never overtakes its start); None when they are (no coroutine: that is the path of
+        most outcomes)."""
         sending = self._sending
-        if sending is not None and not sending.done():
-            await asyncio.shield(sending)
+        if sending is None or sending.done():
+            return None
+        return asyncio.shield(sending)
 
     def _flush(self) -> None:
         """Send the starts that are due; wait for the others."""

@@ -55,3 +55,24 @@ def test_check_config() -> None:
     )
     with pytest.raises(InvalidStepConfig, match="'n' is a required property"):
         check_config("x", SCHEMA, None)
+
+
+def test_a_config_object_that_comes_again_is_not_encoded_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A constant config is the plan's own object on every attempt: once it is known to be
+    valid, its identity is enough (no JSON encoding and digest per attempt)."""
+    from tideflow.worker.executors import config as module
+
+    encoded: list[object] = []
+    key = module._key
+    monkeypatch.setattr(module, "_key", lambda schema, cfg: encoded.append(cfg) or key(schema, cfg))
+    constant = {"n": 7}
+    for _ in range(5):
+        assert check_config("x", SCHEMA, constant) is constant
+    assert len(encoded) == 2  # validated, then seen again as valid: from then on, by identity
+    equal = {"n": 7}
+    assert check_config("x", SCHEMA, equal) is equal  # another object: by its digest
+    assert len(encoded) == 3
+    with pytest.raises(InvalidStepConfig):
+        check_config("y", {"type": "object", "required": ["m"]}, constant)  # another schema

@@ -58,8 +58,9 @@ class BusClock(Protocol):
 class MonotonicClock:
     """Leases on the event loop's timers, measured on the monotonic clock."""
 
-    def now(self) -> float:
-        return time.monotonic()
+    # The clock itself, not a method around it: it is read for every task put on a lane
+    # and every delivery held.
+    now = staticmethod(time.monotonic)
 
     def call_at(self, when: float, callback: Callable[[], None]) -> Handle:
         return asyncio.get_running_loop().call_later(max(0.0, when - time.monotonic()), callback)
@@ -188,6 +189,10 @@ class _TaskDelivery(Delivery[DispatchTask]):
     async def ack(self) -> None:
         self._consumer.settle(self)
 
+    def settle(self) -> None:
+        """``ack`` without a coroutine (`LocalBus.ack_tasks`)."""
+        self._consumer.settle(self)
+
     async def nack(self, delay: float = 0.0) -> None:
         _check_delay(delay)
         if self._consumer.settle(self):
@@ -232,7 +237,7 @@ class _TaskConsumer(_Waiting):
         self.wake()
 
     def _pick(self) -> Any:
-        queues = self.names if self.names is not None else list(self.bus.queues.values())
+        queues = self.names if self.names is not None else self.bus.all_lanes
         count = len(queues)
         if not count:
             return None
@@ -338,6 +343,8 @@ class LocalBus(Bus):
         self.lease = float(lease)
         self.clock: BusClock = clock or MonotonicClock()
         self.queues: dict[str, tuple[_Lane, _Lane, _Lane]] = {}
+        self.all_lanes: list[tuple[_Lane, _Lane, _Lane]] = []
+        """The values of ``queues``, kept as a list for consumers of every queue."""
         self.parts: list[deque[Any]] = [deque() for _ in range(partitions)]
         self._owners: list[_EventConsumer | None] = [None] * partitions
         self._task_consumers: list[_TaskConsumer] = []
@@ -361,6 +368,13 @@ class LocalBus(Bus):
             owner = owners[index]
             if owner is not None:
                 owner.wake()
+
+    async def ack_tasks(self, deliveries: Sequence[Delivery[DispatchTask]]) -> None:
+        for delivery in deliveries:
+            if type(delivery) is _TaskDelivery:
+                delivery.settle()  # (no coroutine per task: this is every attempt's path)
+            else:
+                await delivery.ack()
 
     async def publish_control(self, message: Control) -> None:
         self._controls.put((message,))
@@ -469,6 +483,7 @@ class LocalBus(Bus):
         if lanes is None:
             clock = self.clock
             lanes = self.queues[queue] = (_Lane(clock), _Lane(clock), _Lane(clock))
+            self.all_lanes.append(lanes)
         return lanes
 
     def hand_back_task(self, delivery: _TaskDelivery, delay: float) -> None:

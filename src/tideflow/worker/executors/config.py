@@ -7,7 +7,10 @@ only known at execution time, so each executor checks the rendered config again
 Most configs are the same on every attempt (no templates, or templates that render
 the same), so a config that passed is remembered, by a digest of its JSON form
 (the rendered config may hold secrets: the digest does not), and is not validated
-again: encoding a small config costs a microsecond, validating it tens.
+again: encoding a small config costs a microsecond, validating it tens. A config that
+comes again as the very same object (a constant config is the plan's own object on every
+attempt) is recognised by its identity, without encoding it again: a rendered config is
+never changed in place (the plan's constants are shared by every run).
 """
 
 from __future__ import annotations
@@ -28,14 +31,22 @@ _validators: dict[int, tuple[Mapping[str, Any], Draft202012Validator]] = {}
 VALID_CONFIGS_KEPT = 4096
 """How many distinct valid configs are remembered (least recently used ones are dropped)."""
 _valid: OrderedDict[tuple[int, bytes], None] = OrderedDict()
+SAME_CONFIGS_KEPT = 256
+"""How many valid config objects are remembered by identity (oldest dropped first)."""
+_same: dict[int, tuple[Mapping[str, Any], Any]] = {}
+"""id(config) -> (its schema, the config itself: kept alive so that its id is not reused)."""
 
 
 def check_config(executor_name: str, schema: Mapping[str, Any], config: Any) -> Mapping[str, Any]:
     """Return ``config`` (``None`` counts as ``{}``) or raise ``InvalidStepConfig``."""
     config = {} if config is None else config
+    same = _same.get(id(config))
+    if same is not None and same[1] is config and same[0] is schema:
+        return config  # type: ignore[no-any-return]
     key = _key(schema, config)
     if key is not None and key in _valid:
         _valid.move_to_end(key)
+        _remember(schema, config)  # seen twice: likely to come again as this object
         return config  # type: ignore[no-any-return]
     errors = sorted(_validator(schema).iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
@@ -47,6 +58,12 @@ def check_config(executor_name: str, schema: Mapping[str, Any], config: Any) -> 
         if len(_valid) > VALID_CONFIGS_KEPT:
             _valid.popitem(last=False)
     return config
+
+
+def _remember(schema: Mapping[str, Any], config: Any) -> None:
+    _same[id(config)] = (schema, config)
+    if len(_same) > SAME_CONFIGS_KEPT:
+        del _same[next(iter(_same))]
 
 
 def _key(schema: Mapping[str, Any], config: Any) -> tuple[int, bytes] | None:
