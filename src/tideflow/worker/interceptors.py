@@ -32,6 +32,7 @@ from tideflow.errors import StepError
 from tideflow.model import storable
 from tideflow.model.commands import DispatchTask
 from tideflow.model.events import ErrorInfo
+from tideflow.model.quick import quick_init
 from tideflow.worker.executors.base import StepContext
 from tideflow.worker.executors.errorinfo import error_info_from_exception
 from tideflow.worker.executors.registry import ExecutorRegistry
@@ -48,6 +49,7 @@ __all__ = [
 ]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ExecuteInput:
     """One attempt: the task as dispatched, its context, and the config and input the
@@ -66,6 +68,7 @@ class ExecuteInput:
     report_headers: dict[str, str] = field(default_factory=dict)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ExecuteOutput:
     """What the attempt produced: its output, or the error that fails it."""

@@ -12,6 +12,8 @@ import pytest
 from tideflow.model import commands, events
 from tideflow.model.quick import quick_init
 from tideflow.runtime.result import RunResult, StepResult
+from tideflow.worker.executors.base import StepContext
+from tideflow.worker.interceptors import ExecuteInput, ExecuteOutput
 
 
 def _dataclasses(*modules: Any) -> list[type]:
@@ -25,10 +27,17 @@ def _dataclasses(*modules: Any) -> list[type]:
     ]
 
 
-CLASSES = [*_dataclasses(events, commands), RunResult, StepResult]
+CLASSES = [
+    *_dataclasses(events, commands),
+    RunResult,
+    StepResult,
+    StepContext,
+    ExecuteInput,
+    ExecuteOutput,
+]
 
 
-def test_every_event_command_and_result_is_built_quickly() -> None:
+def test_every_value_built_per_step_is_built_quickly() -> None:
     assert len(CLASSES) > 20
     assert [c.__name__ for c in CLASSES if "_set0" not in c.__init__.__code__.co_names] == []
 

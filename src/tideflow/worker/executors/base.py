@@ -13,6 +13,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from tideflow.model.quick import quick_init
+
 _NO_HEADERS: Mapping[str, str] = {}
 OUTGOING_HEADERS: ContextVar[Mapping[str, str]] = ContextVar(
     "tideflow_outgoing_headers", default=_NO_HEADERS
@@ -22,6 +24,7 @@ context, unless the step sets them itself: an interceptor puts them here (the tr
 tideflow.observability.tracing, the attempt span's W3C ``traceparent``); empty otherwise."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepContext:
     """What an executor (and a python function declaring ``ctx``) knows about its step."""
