@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tideflow.store.backends import sqlite_checkpoints
-from tideflow.store.backends.sqlite import INLINE_EVENTS, SqliteStore
+from tideflow.store.backends.sqlite import BUSY_TIMEOUT_MS, INLINE_EVENTS, SqliteStore
 
 from .conftest import compile_stored
 from .scenarios import Driver, order_plan, order_script
@@ -157,6 +157,57 @@ async def test_a_commit_while_another_process_writes_waits_on_the_store_thread(
         assert (await store.get_run("waits")).status == "running"
         await store.commit(rest[:1])  # idle again: on this thread once more
         assert threads == ["tideflow-sqlite", threading.current_thread().name]
+    finally:
+        other.close()
+        await store.close()
+
+
+async def test_inline_commits_issue_no_pragma_and_the_thread_still_waits(
+    tmp_path: Path,
+) -> None:
+    """The connection keeps the busy timeout it was last given: inline commits in a row
+    (a new run's, then its events') set it to 0 once, and a call on the store's thread
+    gets its full wait back."""
+    store = SqliteStore(f"sqlite:///{tmp_path}/runs.db", compile_plan=compile_stored)
+    await store.open()
+    try:
+        statements: list[str] = []
+        store.conn.set_trace_callback(statements.append)
+        driver = Driver(store, batch_size=100)
+        h = await driver.new_run(order_plan(), "quiet")
+        for action in order_script(h)[:3]:
+            action()
+        for applied in driver.pending:
+            await store.commit([applied])
+        store.conn.set_trace_callback(None)
+        pragmas = [s for s in statements if s.startswith("PRAGMA")]
+        assert pragmas == ["PRAGMA busy_timeout = 0"]
+        assert statements.count("COMMIT") == 1 + len(driver.pending) > 2  # the run, its events
+        timeout = await store._run(lambda: store.conn.execute("PRAGMA busy_timeout").fetchone()[0])
+        assert timeout == BUSY_TIMEOUT_MS
+    finally:
+        await store.close()
+
+
+async def test_a_run_is_created_here_when_idle_and_on_the_thread_when_another_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "runs.db"
+    store = SqliteStore(f"sqlite:///{path}", compile_plan=compile_stored)
+    await store.open()
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        threads = commit_threads(store, monkeypatch)
+        driver = Driver(store)
+        await driver.new_run(order_plan(), "here")
+        other.execute("BEGIN IMMEDIATE")
+        create = asyncio.ensure_future(driver.new_run(order_plan(), "there"))
+        await asyncio.sleep(0.05)
+        assert not create.done()  # it waits on the store's thread, the loop goes on
+        other.execute("COMMIT")
+        await asyncio.wait_for(create, 10)
+        assert threads == [threading.current_thread().name, "tideflow-sqlite"]
+        assert {(await store.get_run(r)).status for r in ("here", "there")} == {"pending"}
     finally:
         other.close()
         await store.close()

@@ -207,6 +207,33 @@ async def test_committed_runs_load_back_to_the_same_state(
     assert (await store.get_run("half")).status == "running"
 
 
+async def test_the_summary_follows_the_status_through_failure_and_retry(store: Store) -> None:
+    """Commits that leave the status as it is (a SQL store may then leave it out of its
+    update) and commits that move it, one event at a time."""
+    driver = Driver(store)
+    h = await driver.new_run(short_plan(), "again")
+    seen = []
+    for action in (
+        h.start,
+        lambda: h.fail("only", retryable=False),
+        h.retry,
+        lambda: h.signal("nobody-waits"),
+        lambda: h.complete("only", {"second": True}),
+    ):
+        action()
+        await driver.flush()
+        summary = await store.get_run("again")
+        assert (summary.finished_at, summary.output) == (h.state.finished_at, h.state.output)
+        seen.append((summary.status, summary.finished_at is None, summary.error is None))
+    assert seen == [
+        ("running", True, True),
+        ("failed", False, False),
+        ("running", True, True),
+        ("running", True, True),
+        ("succeeded", False, True),
+    ]
+
+
 async def test_load_unknown_run(store: Store) -> None:
     with pytest.raises(NotFound, match="nope"):
         await store.load_run("nope")

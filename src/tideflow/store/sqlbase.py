@@ -70,6 +70,10 @@ class RunUpdate:
     error: str | None
     last_seq: int
     expected_seq: int
+    status_changed: bool = True
+    """False when no event of the batch moved the run (every run status change is a
+    ``run`` transition): its status and ``finished_at`` are as stored, and a SQL store
+    can leave them out of the update instead of rewriting the index entries on them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +89,7 @@ def batch_rows(batch: Sequence[AppliedEvent]) -> BatchRows:
     history = []
     first_seq: dict[str, int] = {}
     last: dict[str, AppliedEvent] = {}
+    moved: set[str] = set()
     snapshots: set[str] = set()
     outbox = []
     for applied in batch:
@@ -93,11 +98,13 @@ def batch_rows(batch: Sequence[AppliedEvent]) -> BatchRows:
         history.append(_history_row(applied))
         first_seq.setdefault(run_id, applied.seq)
         last[run_id] = applied
+        if any(t.subject == "run" for t in applied.transitions):
+            moved.add(run_id)
         if applied.snapshot:
             snapshots.add(run_id)
         for outbox_id, command in applied.outbox:
             outbox.append((outbox_id, run_id, event.time, dumps(codec.command_to_data(command))))
-    runs = [_run_update(a, first_seq[run_id] - 1) for run_id, a in last.items()]
+    runs = [_run_update(a, first_seq[run_id] - 1, run_id in moved) for run_id, a in last.items()]
     # The runtime hands every event of a run the same live state object, so a snapshot
     # asked for mid-batch already holds the later events: store it under the run's last
     # seq of the batch, or a reload would replay those events a second time.
@@ -119,7 +126,7 @@ def _history_row(applied: AppliedEvent) -> tuple[str, int, str, str, float, str,
     return (event.run_id, applied.seq, event.event_id, kind, event.time, data, transitions)
 
 
-def _run_update(applied: AppliedEvent, expected: int) -> RunUpdate:
+def _run_update(applied: AppliedEvent, expected: int, status_changed: bool) -> RunUpdate:
     state = applied.state
     return RunUpdate(
         run_id=state.run_id,
@@ -130,6 +137,7 @@ def _run_update(applied: AppliedEvent, expected: int) -> RunUpdate:
         error=dumps(codec.error_to_data(state.error)) if state.error is not None else None,
         last_seq=applied.seq,
         expected_seq=expected,
+        status_changed=status_changed,
     )
 
 

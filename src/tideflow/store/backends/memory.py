@@ -109,7 +109,6 @@ class MemoryStore(Store):
         self._plans: dict[str, Plan] = {}
         self._runs: dict[str, _Run] = {}
         self._idempotency: dict[str, str] = {}
-        self._event_ids: set[str] = set()
         self._outbox: dict[str, OutboxItem] = {}
         self._timers: dict[str, dict[str, float]] = {}
         """Run id -> timer id -> when it fires (by run, so that an ended run's rows go at
@@ -309,7 +308,6 @@ class MemoryStore(Store):
     def _apply(self, applied: AppliedEvent) -> None:
         event = applied.event
         run = self._runs[event.run_id]
-        self._event_ids.add(event.event_id)
         run.last_seq = applied.seq
         run.log.append((applied.seq, event, _rows(applied.transitions)))
         for outbox_id, command in applied.outbox:

@@ -12,15 +12,19 @@ A commit of one event (``INLINE_EVENTS``) made while the store's thread has
 nothing to do runs on the caller's thread instead: the two thread hops cost more than
 such a commit (about 170 µs of hops against 150 µs of work, measured on a 10-step
 chain run one at a time), and a lone run's latency is the sum of its commits. It never
-waits for the file's write lock there (``busy_timeout`` 0 for that moment): when another
-process holds it, the commit goes to the store's thread, which waits as usual. Larger
-batches stay on the thread, where SQLite works while the event loop goes on.
+waits for the file's write lock there (``busy_timeout`` 0): when another process holds
+it, the commit goes to the store's thread, which waits as usual (``BUSY_TIMEOUT_MS``).
+The connection keeps the timeout it was last given and each side sets its own only
+when it differs, so a run of inline commits issues no PRAGMA (a pair of them around
+every inline commit was a tenth of its cost). Larger batches stay on the thread, where
+SQLite works while the event loop goes on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import math
 import queue
 import sqlite3
@@ -104,6 +108,8 @@ class SqliteStore(Store):
         self._lock = threading.Lock()
         """The connection, used by one thread at a time (the store's, or a caller's for a
         small commit: see the module docstring)."""
+        self._busy_timeout = BUSY_TIMEOUT_MS
+        """The connection's ``busy_timeout`` now (read and set under ``_lock``)."""
         self._checkpointer: Checkpointer | None = None
         weakref.finalize(self, self._calls.put, None)  # stops the thread of a store never closed
         self._plans: dict[str, Plan] = {}
@@ -125,7 +131,7 @@ class SqliteStore(Store):
             self._thread.start()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._calls.put((loop, future, fn, args))
+        self._calls.put((loop, future, self._waiting, (fn, args)))
         self._queued += 1
         try:
             return await future
@@ -134,22 +140,40 @@ class SqliteStore(Store):
         finally:
             self._queued -= 1
 
-    def _commit_here(self, write: Callable[[sqlite3.Connection], None]) -> bool:
-        """Commit ``write`` on this thread if the store's thread is idle and no other
-        process holds the write lock (see the module docstring); False when it did not."""
+    def _waiting(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        """``fn(*args)`` on the store's thread, which waits for another process's write
+        lock up to ``BUSY_TIMEOUT_MS``."""
+        if self._busy_timeout != BUSY_TIMEOUT_MS and self._conn is not None:
+            self._set_busy_timeout(self._conn, BUSY_TIMEOUT_MS)
+        return fn(*args)
+
+    def _set_busy_timeout(self, conn: sqlite3.Connection, ms: int) -> None:
+        conn.execute(f"PRAGMA busy_timeout = {ms}")
+        self._busy_timeout = ms
+
+    async def _commit(self, write: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``write`` in one transaction: here when the store's thread is idle and no
+        other process holds the write lock (see the module docstring), else on the thread."""
+        done = self._commit_here(write)
+        if done is _NOT_HERE:
+            return await self._run(self._transaction, write)
+        return done
+
+    def _commit_here(self, write: Callable[[sqlite3.Connection], T]) -> T | _NotHere:
         if self._queued or self._conn is None or not self._lock.acquire(blocking=False):
-            return False
+            return _NOT_HERE
         conn = self._conn
         try:
-            conn.execute("PRAGMA busy_timeout = 0")
+            if self._busy_timeout:
+                self._set_busy_timeout(conn, 0)
             try:
+                # The transaction itself never waits either: in WAL mode its statements
+                # and COMMIT need no lock beyond the write lock taken here, and the
+                # automatic checkpoint after it is passive (it never calls the busy handler).
                 conn.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError:  # another process writes: the thread waits
-                return False
-            finally:
-                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            self._finish(conn, write)
-            return True
+                return _NOT_HERE
+            return self._finish(conn, write)
         except sqlite3.DatabaseError as exc:
             raise self._translate(exc) from None
         finally:
@@ -198,7 +222,7 @@ class SqliteStore(Store):
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
-            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            self._set_busy_timeout(conn, BUSY_TIMEOUT_MS)
             if self.path != ":memory:":
                 _enable_wal(conn)
             conn.execute("PRAGMA synchronous = NORMAL")
@@ -377,19 +401,17 @@ class SqliteStore(Store):
     ) -> tuple[str, bool]:
         row = sb.new_run_row(state, idempotency_key)
 
-        def insert() -> tuple[str, bool]:
-            # one statement is its own transaction: no BEGIN and COMMIT round it
-            if self.conn.execute(Q["insert_run"], row).rowcount:
-                if self._checkpointer is not None:
-                    self._checkpointer.wrote()
+        def insert(conn: sqlite3.Connection) -> tuple[str, bool]:
+            if conn.execute(Q["insert_run"], row).rowcount:
                 return state.run_id, True
-            existing = self.conn.execute(Q["run_by_idempotency_key"], (idempotency_key,))
-            found = existing.fetchone()
+            found = conn.execute(Q["run_by_idempotency_key"], (idempotency_key,)).fetchone()
             if found is None:
                 raise RunExists(f"run {state.run_id} exists already")
             return found[0], False
 
-        return await self._run(insert)
+        # A transaction of one statement, made here like a commit of one event: a run
+        # started while nothing else is going on does not wait for two thread hops.
+        return await self._commit(insert)
 
     async def load_run(self, run_id: str) -> StoredRun:
         def read(conn: sqlite3.Connection) -> tuple[Any, list[Any]]:
@@ -411,17 +433,7 @@ class SqliteStore(Store):
 
         def write(conn: sqlite3.Connection) -> None:
             for run in rows.runs:
-                params = (
-                    run.status,
-                    run.updated_at,
-                    run.finished_at,
-                    run.output,
-                    run.error,
-                    run.last_seq,
-                )
-                if not conn.execute(
-                    Q["advance_run"], (*params, run.run_id, run.expected_seq)
-                ).rowcount:
+                if not conn.execute(*_advance_run(run)).rowcount:
                     raise ConcurrencyConflict(f"run {run.run_id} was advanced by another applier")
             conn.executemany(Q["insert_history"], rows.history)
             for run_id, seq, snapshot in rows.snapshots:
@@ -432,9 +444,10 @@ class SqliteStore(Store):
                 conn.executemany(Q["delete_outbox"], relayed_rows)
             _write_index(conn, index)
 
-        if len(batch) <= INLINE_EVENTS and self._commit_here(write):
-            return
-        await self._run(self._transaction, write)
+        if len(batch) <= INLINE_EVENTS:
+            await self._commit(write)
+        else:
+            await self._run(self._transaction, write)
 
     async def history(self, run_id: str) -> list[HistoryEntry]:
         def read(conn: sqlite3.Connection) -> list[Any]:
@@ -636,6 +649,13 @@ class SqliteStore(Store):
             total += len(ids)
 
 
+class _NotHere(enum.Enum):
+    NOT_HERE = enum.auto()
+
+
+_NOT_HERE = _NotHere.NOT_HERE
+"""What ``_commit_here`` returns when the commit has to go to the store's thread."""
+
 _Call = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...]]
 """A call for the store's thread: run ``fn(*args)``, settle the future on its loop."""
 
@@ -705,6 +725,14 @@ def _definition_names(conn: sqlite3.Connection) -> list[str]:
 
 def _changed(conn: sqlite3.Connection, query: str, params: tuple[Any, ...]) -> bool:
     return bool(conn.execute(Q[query], params).rowcount)
+
+
+def _advance_run(run: sb.RunUpdate) -> tuple[str, tuple[Any, ...]]:
+    where = (run.run_id, run.expected_seq)
+    if run.status_changed:
+        moved = (run.status, run.updated_at, run.finished_at, run.output, run.error, run.last_seq)
+        return Q["advance_run"], (*moved, *where)
+    return Q["advance_run_in_place"], (run.updated_at, run.output, run.error, run.last_seq, *where)
 
 
 def _write_index(conn: sqlite3.Connection, rows: IndexRows) -> None:

@@ -61,6 +61,13 @@ INSERT INTO history (run_id, seq, event_id, kind, time, data, transitions) VALUE
 UPDATE runs SET status = ?, updated_at = ?, finished_at = ?, output = ?, error = ?, last_seq = ?
 WHERE run_id = ? AND last_seq = ?;
 
+-- name: advance_run_in_place
+-- advance_run for a batch that did not change the run's status (or finished_at): SQLite
+-- rewrites the index entries of every column an UPDATE sets, changed or not, and leaving
+-- status out spares the runs_status_created page in most commits.
+UPDATE runs SET updated_at = ?, output = ?, error = ?, last_seq = ?
+WHERE run_id = ? AND last_seq = ?;
+
 -- name: save_snapshot
 UPDATE runs SET snapshot = ?, snapshot_seq = ? WHERE run_id = ?;
 
