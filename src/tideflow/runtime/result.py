@@ -87,12 +87,12 @@ def _result(state: RunState) -> RunResult:
         run_id=state.run_id,
         workflow=state.workflow,
         version=state.version,
-        status=state.status.value,
+        status=state.status._value_,  # the attribute: .value is a property (two calls)
         output=state.output,
         error=state.error.to_dict() if state.error else None,
         steps={
             key: StepResult(
-                status=st.status.value,
+                status=st.status._value_,
                 attempts=st.attempts,
                 output=st.output,
                 error=st.error.to_dict() if st.error else None,
