@@ -22,7 +22,6 @@ import asyncio
 import json
 import multiprocessing
 import socket
-import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -30,6 +29,7 @@ from typing import Any
 import h11
 import orjson
 import uvicorn
+from scratch import scratch_dir
 
 from tideflow.api import create_app
 from tideflow.api.event_sources import EventSources
@@ -78,7 +78,7 @@ def requests(orders: list[str], batch: int) -> list[tuple[str, bytes]]:
 async def bench(runs: int, concurrency: int, batch: int, store: str | None) -> dict[str, Any]:
     options: dict[str, Any] = {"workers": 1}
     if store == "sqlite":
-        options["store"] = f"sqlite:///{tempfile.mkdtemp(prefix='tideflow-gw-')}/bench.db"
+        options["store"] = f"sqlite:///{scratch_dir('tideflow-gw-')}/bench.db"
     sources = EventSources.of(
         {"sources": [{"source": SOURCE, "auth": "bearer", "token_env": "T"}]}, {"T": TOKEN}
     )

@@ -36,11 +36,12 @@ import os
 import random
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from scratch import scratch_dir
 
 from tideflow.dsl import compile_definition
 from tideflow.model.plan import Plan
@@ -158,7 +159,7 @@ def runtime_factory(store: str) -> Callable[[], Runtime]:
     if store == "memory":
         return lambda: Runtime(workers=32)
     if store == "sqlite":
-        directory = tempfile.mkdtemp(prefix="tideflow-bench-")
+        directory = scratch_dir("tideflow-bench-")
         counter = iter(range(1_000_000))
         return lambda: Runtime(workers=32, store=f"sqlite:///{directory}/bench-{next(counter)}.db")
     url = os.environ.get("TIDEFLOW_BENCH_PG", "postgresql://root@127.0.0.1:5432/test")

@@ -24,10 +24,11 @@ import os
 import resource
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
+
+from scratch import scratch_dir
 
 from tideflow.core.decide import decide
 from tideflow.dsl import compile_definition
@@ -154,7 +155,7 @@ async def engine(kind: str, where: str, cache: int, touch: int, offset: int) -> 
 
 def _where(kind: str) -> str:
     if kind == "sqlite":
-        return f"sqlite:///{tempfile.mkdtemp(prefix='tideflow-waiting-')}/waiting.db"
+        return f"sqlite:///{scratch_dir('tideflow-waiting-')}/waiting.db"
     url = os.environ.get("TIDEFLOW_BENCH_PG", "postgresql://root@127.0.0.1:5432/test")
     return f"{url}#bench_waiting_{os.getpid()}"
 
