@@ -104,7 +104,7 @@ class RunCache:
 
     def add(self, state: RunState) -> LiveRun:
         live = self._live[state.run_id] = LiveRun(state, 0)
-        self._trim()
+        self.trim()
         return live
 
     def evict(self, run_id: str) -> None:
@@ -144,11 +144,13 @@ class RunCache:
         live = LiveRun(state, stored.last_seq, len(stored.tail))
         if not state.is_terminal:
             self._live[run_id] = live
-            self._trim()
+            self.trim()
         return live
 
-    def _trim(self) -> None:
-        """Evict the least recently used idle runs beyond the size (the newest stays)."""
+    def trim(self) -> None:
+        """Evict the least recently used idle runs beyond the size (the newest stays).
+        Also called after each batch: the runs a batch loaded could not be evicted while
+        it was in flight."""
         excess = len(self._live) - self._size
         if excess <= 0:
             return

@@ -192,6 +192,7 @@ class Scheduler:
                 await self._apply_committed(batch.events, delivered=batch)
             finally:
                 self._in_flight.clear()
+                self._runs.trim()
 
     async def apply(
         self,
@@ -219,6 +220,7 @@ class Scheduler:
                 )
             finally:
                 self._in_flight.clear()
+                self._runs.trim()
 
     async def _apply_committed(
         self,
