@@ -38,11 +38,11 @@ import asyncio
 import contextlib
 import logging
 import random
+from collections import deque
 from collections.abc import Callable, Collection, Sequence
 
 from tideflow import logcontext
 from tideflow.bus.base import (
-    NO_HEADERS,
     Bus,
     CancelAttempt,
     Control,
@@ -97,7 +97,7 @@ class WorkerPool:
             bus, clock=clock, new_event_id=new_event_id, start_durably=start_durably
         )
         self._prefetch = max(prefetch or concurrency, concurrency)
-        self._slots = asyncio.Semaphore(concurrency)
+        self._slots = _Slots(concurrency)
         self._clock = clock
         self._new_id = new_event_id
         self._chain = build_chain(
@@ -216,16 +216,22 @@ class WorkerPool:
         logcontext.bind(task.run_id, task.step_id, task.attempt)  # this asyncio task's lines
         slots = self._slots
         try:
-            await slots.acquire()  # (not ``async with``: two coroutines less per attempt)
+            waiter = slots.take()
+            if waiter is not None:
+                try:
+                    await waiter
+                except asyncio.CancelledError:
+                    slots.forgo(waiter)
+                    raise
             try:
                 if not self._draining:
                     ran = True
                     self._executing.add(key)
                     event = await self._execute(
-                        delivery.body, delivery.deliveries, delivery.headers
+                        delivery.body, delivery.deliveries, delivery.headers, key
                     )
             finally:
-                slots.release()
+                slots.give_back()
         except asyncio.CancelledError:
             pass  # cancelled while it waited for a slot
         finally:
@@ -269,7 +275,7 @@ class WorkerPool:
                     log.exception("the lease of %s could not be extended", delivery.body.run_id)
 
     async def _execute(
-        self, task: DispatchTask, delivery: int = 1, headers: Headers = NO_HEADERS
+        self, task: DispatchTask, delivery: int, headers: Headers, key: Key
     ) -> Event | Message[Event] | None:
         ctx = StepContext(
             run_id=task.run_id,
@@ -283,7 +289,7 @@ class WorkerPool:
         try:
             starts = self._starts
             if not starts.at_once(task, delivery):
-                starts.later(task, reports, self._loop)
+                starts.later(task, reports, self._loop, key)
             elif not await starts.report(task, delivery, reports):
                 return self._lost(task, delivery)  # it must not run
             chain = self._chain
@@ -306,7 +312,7 @@ class WorkerPool:
             raise  # turns one that user code raises into a step error itself
         except BaseException as exc:  # SystemExit and the like, or an interceptor's own
             out = failure(exc)  # failure: they fail the step, not the worker
-        event = self._outcome(task, out)
+        event = self._outcome(task, out, key)
         return Message(event, reports) if reports else event
 
     def _lost(self, task: DispatchTask, delivery: int) -> Event | None:
@@ -326,8 +332,8 @@ class WorkerPool:
             round=task.round,
         )
 
-    def _outcome(self, task: DispatchTask, out: ExecuteOutput) -> Event:
-        started = self._starts.take(task)
+    def _outcome(self, task: DispatchTask, out: ExecuteOutput, key: Key) -> Event:
+        started = self._starts.take(key)
         worker = self._starts.worker if started is not None else ""
         if out.error is not None:
             return TaskFailed(
@@ -355,3 +361,44 @@ class WorkerPool:
             started_at=started,
             worker=worker,
         )
+
+
+class _Slots:
+    """At most ``size`` attempts at a time, slots handed on first come, first served.
+
+    Not an ``asyncio.Semaphore``: its ``acquire`` asks ``locked()``, which builds a
+    generator on every call, and every attempt takes a slot. A slot given back goes
+    straight to the oldest waiter (its future's result), so no newcomer overtakes it.
+    """
+
+    __slots__ = ("_free", "_waiters")
+
+    def __init__(self, size: int) -> None:
+        self._free = size
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    def take(self) -> asyncio.Future[None] | None:
+        """Take a free slot (None), or a future that ends when one is handed over; a
+        waiter cancelled while it waits must call `forgo`."""
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            return None
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        return waiter
+
+    def forgo(self, waiter: asyncio.Future[None]) -> None:
+        """A waiter gives up: a slot handed over to it just before is passed on."""
+        if waiter.done() and not waiter.cancelled():
+            self.give_back()
+        else:
+            waiter.cancel()
+
+    def give_back(self) -> None:
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():  # (a cancelled one is)
+                waiter.set_result(None)
+                return
+        self._free += 1

@@ -81,7 +81,7 @@ class StartReports:
                 return True
             except Exception:  # a fact for the history: the attempt runs all the same
                 log.exception("the start of redelivered %s could not be reported", key)
-        self.later(task, headers)
+        self.later(task, headers, key=key)
         return True
 
     def at_once(self, task: DispatchTask, delivery: int = 1) -> bool:
@@ -94,19 +94,22 @@ class StartReports:
         task: DispatchTask,
         headers: Headers = NO_HEADERS,
         loop: asyncio.AbstractEventLoop | None = None,
+        key: Key | None = None,
     ) -> None:
         """Record that ``task`` starts now; the start goes out once ``REPORT_DELAY`` old,
         unless its outcome carries it first, with ``headers`` as they are by then.
-        ``loop`` is the running one, when the caller knows it."""
+        ``loop`` is the running one and ``key`` the task's `attempt_key`, when the caller
+        knows them (the pool does: every attempt comes this way)."""
         loop = loop or asyncio.get_running_loop()
         due = loop.time() + REPORT_DELAY
-        self._unsent[attempt_key(task)] = (self._clock(), due, headers)
+        self._unsent[key or attempt_key(task)] = (self._clock(), due, headers)
         if self._timer is None:
             self._timer = loop.call_at(due, self._flush)
 
-    def take(self, task: DispatchTask) -> float | None:
-        """When the attempt started, if that has not been sent yet (its outcome carries it)."""
-        started = self._unsent.pop(attempt_key(task), None) if self._unsent else None
+    def take(self, key: Key) -> float | None:
+        """When the attempt (its `attempt_key`) started, if that has not been sent yet (its
+        outcome carries it)."""
+        started = self._unsent.pop(key, None) if self._unsent else None
         return None if started is None else started[0]
 
     def _event(self, key: Key, time: float, delivery: int = 1) -> TaskStarted:
