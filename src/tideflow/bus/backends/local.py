@@ -9,6 +9,7 @@ deliveries of a consumer are kept in lease order), never by a timer per message.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import math
 import time
 from collections import deque
@@ -58,7 +59,7 @@ class BusClock(Protocol):
 class MonotonicClock:
     """Leases on the event loop's timers, measured on the monotonic clock."""
 
-    # The clock itself, not a method around it: it is read for every task put on a lane
+    # The clock itself, not a method around it: it is read for every batch put on lanes
     # and every delivery held.
     now = staticmethod(time.monotonic)
 
@@ -88,29 +89,19 @@ def _unpack(entry: Any) -> tuple[Any, Headers, int]:
 
 class _Lane(deque[Any]):
     """The tasks waiting at one priority of one queue, with when each was put there
-    (for ``queue_stats``; a handed-back task counts from when it came back)."""
+    (``stamps``, for ``queue_stats``; a handed-back task counts from when it came back).
 
-    __slots__ = ("_clock", "stamps")
+    Whoever puts or takes a task puts or takes its stamp alongside, at the same end: the
+    deque's own methods are kept (no Python call per task put on a lane or taken)."""
 
-    def __init__(self, clock: BusClock) -> None:
+    __slots__ = ("stamps",)
+
+    def __init__(self) -> None:
         super().__init__()
-        self._clock = clock
         self.stamps: deque[float] = deque()
 
-    def append(self, entry: Any) -> None:
-        super().append(entry)
-        self.stamps.append(self._clock.now())
-
-    def appendleft(self, entry: Any) -> None:
-        super().appendleft(entry)
-        self.stamps.appendleft(self._clock.now())
-
-    def popleft(self) -> Any:
-        self.stamps.popleft()
-        return super().popleft()
-
-    def oldest_age(self) -> float | None:
-        return self._clock.now() - min(self.stamps) if self.stamps else None
+    def oldest_age(self, now: float) -> float | None:
+        return now - min(self.stamps) if self.stamps else None
 
 
 class _Leases:
@@ -158,32 +149,34 @@ class _Leases:
 
 
 class _Waiting:
-    """A consumer that may wait for work: ``wake`` ends its wait."""
+    """A consumer that may wait for work: ``wake`` ends its wait (``waiter`` is None
+    while it does not wait: the callers on every message's path look at it first)."""
 
     def __init__(self) -> None:
-        self._waiter: asyncio.Future[None] | None = None
+        self.waiter: asyncio.Future[None] | None = None
 
     def wake(self) -> None:
-        waiter = self._waiter
+        waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
     async def wait(self) -> None:
-        self._waiter = asyncio.get_running_loop().create_future()
+        self.waiter = asyncio.get_running_loop().create_future()
         try:
-            await self._waiter
+            await self.waiter
         finally:
-            self._waiter = None
+            self.waiter = None
 
 
 class _TaskDelivery(Delivery[DispatchTask]):
     __slots__ = ("_consumer", "body", "deliveries", "headers")
 
-    def __init__(self, consumer: _TaskConsumer, entry: Any) -> None:
-        body, headers, deliveries = _unpack(entry)
+    def __init__(
+        self, consumer: _TaskConsumer, body: DispatchTask, headers: Headers, deliveries: int
+    ) -> None:
         self.body = body
         self.headers = headers
-        self.deliveries = deliveries + 1
+        self.deliveries = deliveries
         self._consumer = consumer
 
     async def ack(self) -> None:
@@ -217,32 +210,48 @@ class _TaskConsumer(_Waiting):
         self._turn = 0
 
     def take(self) -> _TaskDelivery | None:
+        """The next task, by priority turn (`_lane`), held under a lease; None when the
+        prefetch bound is reached or no task waits."""
         if len(self.leases.held) >= self.prefetch:
             return None
-        entry = self._pick()
-        if entry is None:
+        lane = self._lane()
+        if lane is None:
             return None
-        delivery = _TaskDelivery(self, entry)
+        lane.stamps.popleft()
+        entry = lane.popleft()
+        kind = type(entry)
+        if kind is _Again:
+            delivery = _TaskDelivery(self, entry.body, entry.headers, entry.deliveries + 1)
+        elif kind is Message:
+            delivery = _TaskDelivery(self, entry.body, entry.headers, 1)
+        else:
+            delivery = _TaskDelivery(self, entry, NO_HEADERS, 1)
         self.leases.hold(delivery)
         return delivery
 
     def settle(self, delivery: _TaskDelivery) -> bool:
-        if not self.leases.release(delivery):
+        if self.leases.held.pop(delivery, None) is None:
             return False  # settled already, or its lease ran out and it went back
-        self.wake()
+        if self.waiter is not None:  # (at the prefetch bound)
+            self.wake()
         return True
 
     def _expired(self, delivery: _TaskDelivery) -> None:
         self.bus.hand_back_task(delivery, 0.0)
         self.wake()
 
-    def _pick(self) -> Any:
+    def _lane(self) -> _Lane | None:
+        """The lane to take from: the queues take turns, and so do the priorities (high
+        first, ``PRIORITY_CYCLE``), a priority with nothing waiting giving its turn on."""
         queues = self.names if self.names is not None else self.bus.all_lanes
         count = len(queues)
-        if not count:
+        if count == 1:
+            order = queues
+        elif count:
+            self._turn = start = (self._turn + 1) % count
+            order = queues[start:] + queues[:start]
+        else:
             return None
-        self._turn = start = (self._turn + 1) % count
-        order = queues[start:] + queues[:start] if start else queues
         want = _CYCLE[self._cursor]
         for ranks in ((want,), (0, 1, 2)):
             for rank in ranks:
@@ -250,7 +259,7 @@ class _TaskConsumer(_Waiting):
                     lane = lanes[rank]
                     if lane:
                         self._cursor = (self._cursor + 1) % len(_CYCLE)
-                        return lane.popleft()
+                        return lane
         return None
 
 
@@ -301,22 +310,34 @@ class _EventConsumer(_Waiting):
         self.bus = bus
         self.partitions = partitions
         self.leases = _Leases(bus.clock, bus.lease, self._expired)
+        self.ready = {index for index in partitions if bus.parts[index]}
+        """The partitions of this consumer that have events (`LocalBus.put_event` adds
+        one): a take looks at those, not at every partition."""
         self._turn = 0
 
     def take(self, max_batch: int) -> _EventBatch | None:
-        parts = self.bus.parts
+        # The partitions take turns being first, in their order (``partitions`` is sorted).
         owned = self.partitions
-        entries: list[Any] = []
-        count = len(owned)
-        self._turn = start = (self._turn + 1) % count
-        for i in range(count):
-            part = parts[owned[(start + i) % count]]
-            while part and len(entries) < max_batch:
-                entries.append(part.popleft())
-            if len(entries) >= max_batch:
-                break
-        if not entries:
+        self._turn = start = (self._turn + 1) % len(owned)
+        ready = self.ready
+        if not ready:
             return None
+        order = sorted(ready)
+        if len(order) > 1:
+            cut = bisect.bisect_left(order, owned[start])
+            order = order[cut:] + order[:cut]
+        parts = self.bus.parts
+        entries: list[Any] = []
+        for index in order:
+            part = parts[index]
+            room = max_batch - len(entries)
+            if len(part) <= room:
+                entries.extend(part)
+                part.clear()
+                ready.discard(index)
+            else:
+                entries.extend(part.popleft() for _ in range(room))
+                break
         batch = _EventBatch(self, entries)
         self.leases.hold(batch)
         return batch
@@ -354,19 +375,33 @@ class LocalBus(Bus):
     # -- producer ---------------------------------------------------------------
 
     async def publish_tasks(self, tasks: Sequence[DispatchTask | Message[DispatchTask]]) -> None:
+        now = self.clock.now()
+        queues = self.queues
         for task in tasks:
             body = task.body if isinstance(task, Message) else task
-            self.lanes_of(body.queue)[_RANK[body.priority]].append(task)
+            lanes = queues.get(body.queue) or self.lanes_of(body.queue)
+            lane = lanes[_RANK[body.priority]]
+            lane.append(task)
+            lane.stamps.append(now)
         self._wake_task_consumers()
 
     async def publish_events(self, events: Sequence[Event | Message[Event]]) -> None:
-        parts, owners, count = self.parts, self._owners, self.partitions
+        count = self.partitions
         for event in events:
             body = event.body if isinstance(event, Message) else event
-            index = partition_of(body.run_id, count)
-            parts[index].append(event)
-            owner = owners[index]
-            if owner is not None:
+            self.put_event(partition_of(body.run_id, count), event)
+
+    def put_event(self, index: int, entry: Any, *, first: bool = False) -> None:
+        """Queue an event (``first``: ahead of the others of its partition) and tell the
+        partition's consumer that it has one."""
+        if first:
+            self.parts[index].appendleft(entry)
+        else:
+            self.parts[index].append(entry)
+        owner = self._owners[index]
+        if owner is not None:
+            owner.ready.add(index)
+            if owner.waiter is not None:
                 owner.wake()
 
     async def ack_tasks(self, deliveries: Sequence[Delivery[DispatchTask]]) -> None:
@@ -438,6 +473,7 @@ class LocalBus(Bus):
         """``consumers``: the open ``consume_tasks`` streams of this bus that read the
         queue (one opened for every queue counts for each); ``held``: their leases."""
         rows = []
+        now = self.clock.now()
         for name in sorted(self.queues):
             lanes = self.queues[name]
             readers = [
@@ -459,7 +495,7 @@ class LocalBus(Bus):
                         priority=priority,
                         depth=len(lane),
                         held=held,
-                        oldest_age=lane.oldest_age(),
+                        oldest_age=lane.oldest_age(now),
                         consumers=len(readers),
                     )
                 )
@@ -481,8 +517,7 @@ class LocalBus(Bus):
     def lanes_of(self, queue: str) -> tuple[_Lane, _Lane, _Lane]:
         lanes = self.queues.get(queue)
         if lanes is None:
-            clock = self.clock
-            lanes = self.queues[queue] = (_Lane(clock), _Lane(clock), _Lane(clock))
+            lanes = self.queues[queue] = (_Lane(), _Lane(), _Lane())
             self.all_lanes.append(lanes)
         return lanes
 
@@ -490,7 +525,9 @@ class LocalBus(Bus):
         again = _Again(delivery.body, delivery.headers, delivery.deliveries)
 
         def put_back() -> None:
-            self.lanes_of(delivery.body.queue)[_RANK[delivery.body.priority]].appendleft(again)
+            lane = self.lanes_of(delivery.body.queue)[_RANK[delivery.body.priority]]
+            lane.appendleft(again)
+            lane.stamps.appendleft(self.clock.now())
             self._wake_task_consumers()
 
         self._later(delay, put_back)
@@ -503,10 +540,7 @@ class LocalBus(Bus):
             for entry in reversed(entries):  # ahead of newer events, in their order
                 body, headers, deliveries = _unpack(entry)
                 index = partition_of(body.run_id, self.partitions)
-                self.parts[index].appendleft(_Again(body, headers, deliveries + 1))
-                owner = self._owners[index]
-                if owner is not None:
-                    owner.wake()
+                self.put_event(index, _Again(body, headers, deliveries + 1), first=True)
 
         self._later(delay, put_back)
 
@@ -518,7 +552,8 @@ class LocalBus(Bus):
 
     def _wake_task_consumers(self) -> None:
         for consumer in self._task_consumers:
-            consumer.wake()
+            if consumer.waiter is not None:
+                consumer.wake()
 
     def _claim(self, partitions: Collection[int] | None) -> list[int]:
         wanted = wanted_partitions(partitions, self.partitions)
