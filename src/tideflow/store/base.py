@@ -47,6 +47,7 @@ from tideflow.model.commands import (
 )
 from tideflow.model.events import Event, Transition
 from tideflow.model.plan import Plan
+from tideflow.model.quick import quick_init
 from tideflow.model.run import RunState
 from tideflow.model.schedules import ScheduleRow
 from tideflow.model.tokens import ApiToken
@@ -69,14 +70,21 @@ class AppliedEvent:
     snapshot: bool = False
     """Also store the full state after this event."""
 
+    _outbox: list[tuple[str, Command]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+    """``outbox`` once computed: the store and the relay both read it, per event."""
+
     @property
     def outbox(self) -> list[tuple[str, Command]]:
         """Outbox entries of this event: ``(id, command)``, ids derived from the event id."""
-        return [
-            (f"{self.event.event_id}#{index}", command)
-            for index, command in enumerate(self.commands)
-            if isinstance(command, OUTBOX_COMMANDS)
-        ]
+        entries = self._outbox
+        if entries is None:
+            entries = self._outbox = []
+            for index, command in enumerate(self.commands):
+                if isinstance(command, OUTBOX_COMMANDS):
+                    entries.append((f"{self.event.event_id}#{index}", command))
+        return entries
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -169,6 +177,7 @@ class DueTimer:
     fire_at: float
 
 
+@quick_init  # one per dispatched attempt, built by every commit that dispatches
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TaskLease:
     """An attempt in flight (dispatched, no outcome recorded yet) and who holds it."""

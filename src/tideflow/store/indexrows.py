@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from tideflow.model.commands import (
     CancelTask,
     CancelTimer,
+    Command,
     DispatchTask,
     StartChildRun,
     StartTimer,
@@ -123,16 +124,36 @@ def state_rows(state: RunState, in_flight: Sequence[TaskLease]) -> IndexRows:
 
 
 def index_rows(batch: Sequence[AppliedEvent]) -> IndexRows:
+    # One loop with the event and command cases written in it (no call per event or per
+    # command, no generator per event): every commit of every store runs it.
     rows = IndexRows()
+    timers, tasks = rows.timers, rows.tasks
     last: dict[str, RunState] = {}
     waits_changed: set[str] = set()
     for applied in batch:
-        run_id = applied.event.run_id
+        event = applied.event
+        run_id = event.run_id
         last[run_id] = applied.state
-        _event(rows, applied)
-        _commands(rows, applied)
-        if any(t.old == _WAITING or t.new == _WAITING for t in applied.transitions):
-            waits_changed.add(run_id)
+        if isinstance(event, _OUTCOMES):
+            tasks[(run_id, event.step_key)] = TaskRow(event.attempt, None, gone=True)
+        elif isinstance(event, TaskStarted):
+            key = (run_id, event.step_key)
+            row = tasks.get(key)
+            if row is not None and row.attempt == event.attempt and not row.gone:
+                row.started_at = event.time
+            else:
+                tasks[key] = TaskRow(event.attempt, None, event.time)
+        elif isinstance(event, TimerFired):
+            timers[(run_id, event.timer_id)] = None
+        elif isinstance(event, ChildRunFinished):
+            tasks[(run_id, event.step_key)] = TaskRow(_CHILD, None, gone=True)
+        if applied.commands:
+            _commands(rows, applied.commands, event.time)
+        if run_id not in waits_changed:
+            for t in applied.transitions:
+                if t.old == _WAITING or t.new == _WAITING:
+                    waits_changed.add(run_id)
+                    break
     for run_id, state in last.items():
         if state.is_terminal:
             rows.ended.append(run_id)
@@ -146,32 +167,14 @@ def index_rows(batch: Sequence[AppliedEvent]) -> IndexRows:
     return rows
 
 
-def _event(rows: IndexRows, applied: AppliedEvent) -> None:
-    event = applied.event
-    if isinstance(event, TimerFired):
-        rows.timers[(event.run_id, event.timer_id)] = None
-    elif isinstance(event, TaskStarted):
-        key = (event.run_id, event.step_key)
-        row = rows.tasks.get(key)
-        if row is not None and row.attempt == event.attempt and not row.gone:
-            row.started_at = event.time
-        else:
-            rows.tasks[key] = TaskRow(event.attempt, None, event.time)
-    elif isinstance(event, _OUTCOMES):
-        rows.tasks[(event.run_id, event.step_key)] = TaskRow(event.attempt, None, gone=True)
-    elif isinstance(event, ChildRunFinished):
-        rows.tasks[(event.run_id, event.step_key)] = TaskRow(_CHILD, None, gone=True)
-
-
-def _commands(rows: IndexRows, applied: AppliedEvent) -> None:
-    time = applied.event.time
-    for command in applied.commands:
-        if isinstance(command, StartTimer):
+def _commands(rows: IndexRows, commands: Sequence[Command], time: float) -> None:
+    for command in commands:
+        if isinstance(command, DispatchTask):
+            rows.tasks[(command.run_id, command.step_key)] = TaskRow(command.attempt, time)
+        elif isinstance(command, StartTimer):
             rows.timers[(command.run_id, command.timer_id)] = command.fire_at
         elif isinstance(command, CancelTimer):
             rows.timers[(command.run_id, command.timer_id)] = None
-        elif isinstance(command, DispatchTask):
-            rows.tasks[(command.run_id, command.step_key)] = TaskRow(command.attempt, time)
         elif isinstance(command, StartChildRun) and command.wait:
             rows.tasks[(command.run_id, command.step_key)] = TaskRow(_CHILD, time)
         elif isinstance(command, CancelTask):

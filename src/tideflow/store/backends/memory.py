@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from tideflow.errors import DefinitionConflict, NotFound, RunExists
 from tideflow.model import codec
@@ -231,28 +231,39 @@ class MemoryStore(Store):
         return StoredRun(snapshot=state, tail=tail, last_seq=run.last_seq)
 
     async def commit(self, batch: Sequence[AppliedEvent], relayed: Sequence[str] = ()) -> None:
-        expected: dict[str, int] = {}
+        # Written as few loops with no call per event: every step of every run passes here.
+        runs = self._runs
+        last: dict[str, AppliedEvent] = {}
+        wanted: set[str] = set()
         for applied in batch:
             run_id = applied.event.run_id
-            expected.setdefault(run_id, applied.seq - 1)
-        for run_id, seq in expected.items():
-            if self._run(run_id).last_seq != seq:
+            if run_id not in last and self._run(run_id).last_seq != applied.seq - 1:
                 raise ConcurrencyConflict(f"run {run_id} was advanced by another applier")
-        last = {applied.event.run_id: applied for applied in batch}
+            last[run_id] = applied
+            if applied.snapshot:
+                wanted.add(run_id)
         # As in the SQL stores, a snapshot asked for mid-batch is stored as of the run's
         # last event of the batch; serialised before anything changes (it may fail).
-        wanted = {applied.event.run_id for applied in batch if applied.snapshot}
         snapshots = {run_id: _snapshot(last[run_id].state) for run_id in wanted}
         index = index_rows(batch)
+        outbox = self._outbox
         for applied in batch:
-            self._apply(applied)
+            event = applied.event
+            run = runs[event.run_id]
+            run.last_seq = applied.seq
+            # A Transition is a named tuple: copied as a plain tuple (untracked by the
+            # garbage collector once it holds only plain values).
+            run.log.append((applied.seq, event, tuple(map(_plain, applied.transitions))))
+            if applied.commands:
+                for outbox_id, command in applied.outbox:
+                    outbox[outbox_id] = OutboxItem(id=outbox_id, run_id=run.run_id, command=command)
         for run_id, applied in last.items():
-            run = self._runs[run_id]
+            run = runs[run_id]
             run.advance(applied.state, applied.event.time)
             if run_id in snapshots:
                 run.snapshot, run.snapshot_at = snapshots[run_id], len(run.log)
         for outbox_id in relayed:
-            self._outbox.pop(outbox_id, None)
+            outbox.pop(outbox_id, None)
         self._write_index(index)
 
     def _write_index(self, rows: IndexRows) -> None:
@@ -264,25 +275,30 @@ class MemoryStore(Store):
                 of_run.pop(timer_id, None)
                 if not of_run:
                     del timers[run_id]
-        upserts, starts, deletes = rows.task_rows()
-        for run_id, key, attempt in deletes:
+        # Each key has one net change (IndexRows.task_rows), so they are written in one
+        # pass: no two of them touch the same row.
+        for (run_id, key), row in rows.tasks.items():
             held = tasks.get(run_id)
-            if held is not None and (old := held.get(key)) is not None and old.attempt == attempt:
-                del held[key]
-                if not held:
-                    del tasks[run_id]
-        for run_id, key, attempt, dispatched, started in upserts:
-            tasks.setdefault(run_id, {})[key] = TaskLease(
-                run_id=run_id,
-                step_key=key,
-                attempt=attempt,
-                dispatched_at=dispatched,
-                started_at=started,
-            )
-        for started, run_id, key, attempt in starts:
-            held = tasks.get(run_id)
-            if held is not None and (old := held.get(key)) is not None and old.attempt == attempt:
-                held[key] = replace(old, started_at=started)
+            old = held.get(key) if held is not None else None
+            if row.gone:
+                if old is not None and old.attempt == row.attempt:
+                    del held[key]  # type: ignore[union-attr]
+                    if not held:
+                        del tasks[run_id]
+            elif row.dispatched_at is not None:
+                lease = TaskLease(
+                    run_id=run_id,
+                    step_key=key,
+                    attempt=row.attempt,
+                    dispatched_at=row.dispatched_at,
+                    started_at=row.started_at,
+                )
+                if held is None:
+                    tasks[run_id] = {key: lease}
+                else:
+                    held[key] = lease
+            elif row.started_at is not None and old is not None and old.attempt == row.attempt:
+                held[key] = replace(old, started_at=row.started_at)  # type: ignore[index]
         for run_id, names in rows.waits.items():
             self._set_waits(run_id, names)
         if rows.ended:
@@ -304,14 +320,6 @@ class MemoryStore(Store):
             self._timers.pop(run_id, None)
             self._tasks.pop(run_id, None)
             self._set_waits(run_id, frozenset())
-
-    def _apply(self, applied: AppliedEvent) -> None:
-        event = applied.event
-        run = self._runs[event.run_id]
-        run.last_seq = applied.seq
-        run.log.append((applied.seq, event, _rows(applied.transitions)))
-        for outbox_id, command in applied.outbox:
-            self._outbox[outbox_id] = OutboxItem(id=outbox_id, run_id=event.run_id, command=command)
 
     async def history(self, run_id: str) -> list[HistoryEntry]:
         return [_entry(run_id, *row) for row in self._run(run_id).log]
@@ -544,8 +552,8 @@ def _snapshot(state: RunState) -> str:
         raise UnstorableData(f"the state of run {state.run_id}: {exc.message}") from None
 
 
-def _rows(transitions: list[Transition]) -> tuple[TransitionRow, ...]:
-    return tuple((t.subject, t.old, t.new, t.time, t.cause, t.attempt) for t in transitions)
+_plain = cast("Callable[[Transition], TransitionRow]", tuple)
+"""A transition as a plain tuple (``tuple`` of a named tuple: a copy, built in C)."""
 
 
 def _transition(row: TransitionRow) -> Transition:
