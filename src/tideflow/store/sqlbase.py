@@ -10,6 +10,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 import orjson
@@ -18,6 +19,7 @@ from tideflow.errors import DefinitionConflict, DefinitionInactive, NotFound, Ti
 from tideflow.model import codec
 from tideflow.model.events import Event
 from tideflow.model.plan import Plan
+from tideflow.model.quick import quick_init
 from tideflow.model.run import RunState
 from tideflow.model.schedules import ScheduleOrigin, ScheduleRow, ScheduleSpec
 from tideflow.model.tokens import ApiToken, stored_role
@@ -40,6 +42,8 @@ from tideflow.store.paging import decode_cursor, encode_cursor
 PlanCompiler = Callable[[Mapping[str, Any]], Plan]
 
 _DUMPS_OPTIONS = orjson.OPT_NON_STR_KEYS
+_SUBJECT = itemgetter(0)
+"""A transition's subject (``Transition.subject``, by position)."""
 
 
 def dumps(value: Any) -> str:
@@ -58,7 +62,8 @@ def loads(text: str | bytes | None, what: str) -> Any:
         raise codec.StateFormatError(f"{what} is not valid JSON ({exc})") from None
 
 
-@dataclass(frozen=True, slots=True)
+@quick_init  # one per run of every commit
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunUpdate:
     """The summary columns of one run after a batch, with the sequence it expects."""
 
@@ -76,7 +81,8 @@ class RunUpdate:
     can leave them out of the update instead of rewriting the index entries on them."""
 
 
-@dataclass(frozen=True, slots=True)
+@quick_init  # one per commit
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BatchRows:
     history: list[tuple[str, int, str, str, float, str, str]]
     runs: list[RunUpdate]
@@ -98,7 +104,7 @@ def batch_rows(batch: Sequence[AppliedEvent]) -> BatchRows:
         history.append(_history_row(applied))
         first_seq.setdefault(run_id, applied.seq)
         last[run_id] = applied
-        if any(t.subject == "run" for t in applied.transitions):
+        if "run" in map(_SUBJECT, applied.transitions):  # no generator per event
             moved.add(run_id)
         if applied.snapshot:
             snapshots.add(run_id)
@@ -130,7 +136,7 @@ def _run_update(applied: AppliedEvent, expected: int, status_changed: bool) -> R
     state = applied.state
     return RunUpdate(
         run_id=state.run_id,
-        status=state.status.value,
+        status=state.status._value_,  # not the enum property: once per run and commit
         updated_at=applied.event.time,
         finished_at=state.finished_at,
         output=dumps(state.output) if state.output is not None else None,
