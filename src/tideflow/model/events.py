@@ -202,8 +202,8 @@ class Transition(NamedTuple):
     """One recorded state change, for the run's history.
 
     A named tuple, not a frozen dataclass like the other values: every step records
-    about four, and a tuple is built in a third of the time (0.26 µs, positionally) and
-    is left alone by the garbage collector once its fields are plain values."""
+    about four, and a tuple is built in a third of the time (0.26 µs, positionally; the
+    core builds them with ``tuple.__new__``, 0.12 µs)."""
 
     subject: str
     """``run`` or a step key."""
