@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -77,3 +78,33 @@ print(calls[0], starts[0])
     *rows, counts = done.stdout.splitlines()
     assert json.loads(rows[0])["step_type"] == "python"
     assert counts == "2000 200"  # 200 runs x 10 steps, each run started on its own
+
+
+def test_the_ab_script_runs_each_tree_s_own_code(tmp_path: Path) -> None:
+    """bench/ab.py measures a row with each tree's own bench/run.py and src/: a copy whose
+    W2 fans out to 10 steps instead of 1,000 reports its own step count."""
+    base = tmp_path / "base"
+    shutil.copytree(ROOT / "src", base / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "bench", base / "bench", ignore=shutil.ignore_patterns("__pycache__"))
+    run_py = base / "bench" / "run.py"
+    text = run_py.read_text()
+    assert '"W2": lambda kind: (fan(1000, kind), 1, 1)' in text
+    run_py.write_text(text.replace("fan(1000, kind)", "fan(10, kind)"))
+    done = subprocess.run(
+        [
+            *(sys.executable, "bench/ab.py", str(base), "."),
+            *("--only", "W2", "--steps", "noop", "--rounds", "1", "--json"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [(line["tree"], line["steps"], line["rounds"]) for line in lines] == [
+        (str(base), 11, 1),
+        (".", 1001, 1),
+    ]
+    assert all(line["steps_per_s"] > 0 and line["loop_us_per_step"] > 0 for line in lines)
