@@ -138,7 +138,7 @@ async def engine(kind: str, where: str, cache: int, touch: int, offset: int) -> 
             await rt.signal(run_id, "go", {"by": "bench"})
         if touch:
             await asyncio.wait_for(moved.wait(), 600)
-        cached = len(rt._runs)
+        cached = len(rt._engine.runs)
     finally:
         await rt.close()
     return {

@@ -108,3 +108,24 @@ def test_the_ab_script_runs_each_tree_s_own_code(tmp_path: Path) -> None:
         (".", 1001, 1),
     ]
     assert all(line["steps_per_s"] > 0 and line["loop_us_per_step"] > 0 for line in lines)
+
+
+def test_the_waiting_runs_benchmark_reports_a_cache_bounded_engine() -> None:
+    """bench/waiting.py (the 100,000-waiting-runs measurement, run small here): a fresh
+    engine on a store of waiting runs holds no more idle runs than its cache size."""
+    done = subprocess.run(
+        [
+            *(sys.executable, "bench/waiting.py", "--store", "sqlite"),
+            *("--runs", "300", "--cache", "50", "--touch", "120"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [(r["store"], r["cache"], r["touched"]) for r in rows] == [("sqlite", 50, 120)]
+    assert 0 < rows[0]["cached_runs"] <= 50
+    assert rows[0]["start_s"] > 0 and rows[0]["peak_rss_mb"] > 0
