@@ -11,26 +11,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _python(*argv: str) -> subprocess.CompletedProcess[str]:
+    """``python ARGV…`` in the project's root, its output captured (5 minutes at most)."""
+    return subprocess.run(
+        [sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
+    )
+
+
 def test_bench_script_runs_and_reports_rows_for_both_step_kinds() -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "bench/run.py",
-            "--only",
-            "W3",
-            "--only",
-            "W1-seq",
-            "--repeat",
-            "1",
-            "--json",
-            "--store",
-            "sqlite",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    done = _python(
+        *("bench/run.py", "--only", "W3", "--only", "W1-seq"),
+        *("--repeat", "1", "--json", "--store", "sqlite"),
     )
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in done.stdout.splitlines()]
@@ -66,14 +57,7 @@ Runtime.start_run = counted_start
 run.main(["--only", "W1-seq", "--steps", "python", "--repeat", "1", "--json"])
 print(calls[0], starts[0])
 """
-    done = subprocess.run(
-        [sys.executable, "-c", probe],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = _python("-c", probe)
     assert done.returncode == 0, done.stderr
     *rows, counts = done.stdout.splitlines()
     assert json.loads(rows[0])["step_type"] == "python"
@@ -90,16 +74,9 @@ def test_the_ab_script_runs_each_tree_s_own_code(tmp_path: Path) -> None:
     text = run_py.read_text()
     assert '"W2": lambda kind: (fan(1000, kind), 1, 1)' in text
     run_py.write_text(text.replace("fan(1000, kind)", "fan(10, kind)"))
-    done = subprocess.run(
-        [
-            *(sys.executable, "bench/ab.py", str(base), "."),
-            *("--only", "W2", "--steps", "noop", "--rounds", "1", "--json"),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    done = _python(
+        *("bench/ab.py", str(base), "."),
+        *("--only", "W2", "--steps", "noop", "--rounds", "1", "--json"),
     )
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines()]
@@ -113,16 +90,9 @@ def test_the_ab_script_runs_each_tree_s_own_code(tmp_path: Path) -> None:
 def test_the_waiting_runs_benchmark_reports_a_cache_bounded_engine() -> None:
     """bench/waiting.py (the 100,000-waiting-runs measurement, run small here): a fresh
     engine on a store of waiting runs holds no more idle runs than its cache size."""
-    done = subprocess.run(
-        [
-            *(sys.executable, "bench/waiting.py", "--store", "sqlite"),
-            *("--runs", "300", "--cache", "50", "--touch", "120"),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    done = _python(
+        *("bench/waiting.py", "--store", "sqlite"),
+        *("--runs", "300", "--cache", "50", "--touch", "120"),
     )
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
