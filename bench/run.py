@@ -24,6 +24,10 @@ Usage:
 
 Each row reports steps/s (steps executed / wall time from first start to last
 finish), per-step cost in microseconds, and p50/p99 run latency for W1.
+
+Rows run on the event loop every ``tideflow`` command runs on (`tideflow.loop`: uvloop,
+unless ``TIDEFLOW_LOOP`` says otherwise); ``--loop asyncio`` measures the standard
+library's loop, which a program calling ``asyncio.run`` gets.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from typing import Any
 
 from scratch import scratch_dir
 
+import tideflow.loop
 from tideflow.dsl import compile_definition
 from tideflow.model.plan import Plan
 from tideflow.runtime.runtime import Runtime
@@ -59,6 +64,7 @@ class Row:
     us_per_step: float
     p50_ms: float | None = None
     p99_ms: float | None = None
+    loop: str = "asyncio"
 
 
 STEP_TYPES: dict[str, dict[str, Any]] = {
@@ -125,9 +131,14 @@ def measure(
     store: str,
     kind: str,
     make_runtime: Callable[[], Runtime],
+    loop: str | None = None,
 ) -> Row:
+    """One measurement, on ``loop`` (``uvloop`` or ``asyncio``; default `tideflow.loop`'s)."""
     plan, count, concurrency = workload
-    seconds, latencies = asyncio.run(_runs(make_runtime, plan, count, concurrency))
+    loop = loop or tideflow.loop.loop_name()
+    factory = tideflow.loop.loop_factory({tideflow.loop.ENV: loop})
+    with asyncio.Runner(loop_factory=factory) as runner:
+        seconds, latencies = runner.run(_runs(make_runtime, plan, count, concurrency))
     steps = len(plan.specs) * count
     row = Row(
         workload=name,
@@ -137,6 +148,7 @@ def measure(
         seconds=round(seconds, 3),
         steps_per_s=round(steps / seconds),
         us_per_step=round(seconds / steps * 1e6, 1),
+        loop=loop,
     )
     if count > 1:
         qs = statistics.quantiles(latencies, n=100)
@@ -196,7 +208,14 @@ def main(argv: list[str] | None = None) -> int:
         choices=sorted(STEP_TYPES),
         help="step kinds to measure (default: both); python calls bench_steps:step",
     )
+    parser.add_argument(
+        "--loop",
+        choices=["uvloop", "asyncio"],
+        help="the event loop (default: the commands' own, uvloop unless $TIDEFLOW_LOOP "
+        "says otherwise)",
+    )
     args = parser.parse_args(argv)
+    loop = args.loop or tideflow.loop.loop_name()
     names = args.only or list(WORKLOADS)
     kinds = args.steps or list(STEP_TYPES)
     rows: list[Row] = []
@@ -205,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         workload = WORKLOADS[name](kind)
         factory = runtime_factory(store)
         best = max(
-            (measure(name, workload, store, kind, factory) for _ in range(args.repeat)),
+            (measure(name, workload, store, kind, factory, loop) for _ in range(args.repeat)),
             key=lambda r: r.steps_per_s,
         )
         rows.append(best)
@@ -218,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{best.workload:<8} {best.store:<8} {best.step_type:<6} {best.steps:>7} steps  "
                 f"{best.seconds:>7.3f} s  {best.steps_per_s:>8} steps/s  "
-                f"{best.us_per_step:>6} us/step{latency}"
+                f"{best.us_per_step:>6} us/step{latency}  ({best.loop})"
             )
     for kind in kinds:
         by = {r.workload: r for r in rows if r.store == "memory" and r.step_type == kind}

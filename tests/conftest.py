@@ -8,13 +8,16 @@ service that went missing in CI can never pass as a skip.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+import uvloop
 
 # The CLI's tables take their width from COLUMNS when stdout is not a terminal (and 200
 # without it). Whoever runs the suite (an 80-column shell that exports it, or a
@@ -118,3 +121,33 @@ def redis_url() -> str:
 @pytest.fixture(scope="session")
 def nats_url() -> str:
     return require(NATS)
+
+
+BOTH_LOOPS = (
+    "tests/unit/worker",
+    "tests/integration/executors",
+    "tests/contract/test_bus_contract.py",
+    "tests/contract/test_relay_faults.py",
+    "tests/unit/runtime/test_runtime.py",
+    "tests/unit/runtime/test_containment.py",
+)
+"""Where the async tests run twice, on asyncio's loop and on uvloop (the loop of every
+`tideflow` command, `tideflow.loop`): the engine, its workers and executors (threads,
+subprocesses, timeouts), the buses and the relay's faults. Elsewhere: asyncio's loop."""
+_ROOT = Path(__file__).resolve().parent.parent
+_ASYNCIO_ONLY: Mapping[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "asyncio": asyncio.new_event_loop
+}
+_BOTH: Mapping[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "asyncio": asyncio.new_event_loop,
+    "uvloop": uvloop.new_event_loop,
+}
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    where = Path(str(item.path)).resolve().relative_to(_ROOT).as_posix()
+    if any(where == p or where.startswith(p + "/") for p in BOTH_LOOPS):
+        return _BOTH
+    return _ASYNCIO_ONLY

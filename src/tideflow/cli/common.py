@@ -31,6 +31,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+import tideflow.loop
 from tideflow.errors import (
     DefinitionError,
     Diagnostic,
@@ -197,9 +198,15 @@ def run_async(coro: Coroutine[Any, Any, T], *, interrupted: str = "interrupted")
     Ctrl-C or SIGTERM prints ``interrupted`` and exits 130.
 
     Both stop the same way: the coroutine is cancelled, so the runtime it opened
-    closes cleanly (what is committed stays committed; the rest resumes later)."""
+    closes cleanly (what is committed stays committed; the rest resumes later). The loop
+    is `tideflow.loop`'s: uvloop unless ``TIDEFLOW_LOOP`` says otherwise."""
     try:
-        return asyncio.run(_stopped_by_sigterm(coro))
+        tideflow.loop.loop_name()  # a bad TIDEFLOW_LOOP stops here, before coro is wrapped
+    except TideflowError as exc:
+        coro.close()
+        raise fail_error(exc) from None
+    try:
+        return tideflow.loop.run(_stopped_by_sigterm(coro))
     except TideflowError as exc:
         raise fail_error(exc) from None
     except (KeyboardInterrupt, _Terminated):

@@ -78,14 +78,16 @@ async def test_a_remembered_cancel_drops_only_the_task_of_its_own_round() -> Non
     await bus.close()
 
 
-RELEASE = asyncio.Event()
+RELEASE: list[asyncio.Event] = []
+"""The event the blocker waits on: a new one per test, since an event belongs to the loop
+it was first awaited in (each test has its own, asyncio's or uvloop)."""
 ENTERED: list[int] = []
 
 
 @register("cancels_test_blocker")
 async def blocker(round: int) -> int:
     ENTERED.append(round)
-    await RELEASE.wait()
+    await RELEASE[0].wait()
     return round
 
 
@@ -93,7 +95,7 @@ async def test_a_late_cancel_of_an_earlier_round_leaves_the_running_attempt_alon
     """What made the race certain once outcomes were gathered: the cancel of round 0's
     attempt 1 reached the worker after round 1's attempt 1 had started, and stopped it."""
     ENTERED.clear()
-    RELEASE.clear()
+    RELEASE[:] = [asyncio.Event()]
     bus = LocalBus(lease=30)
     await bus.open()
     ids = itertools.count()
@@ -122,7 +124,7 @@ async def test_a_late_cancel_of_an_earlier_round_leaves_the_running_attempt_alon
     await bus.publish_control(CancelAttempt(run_id="r", step_key="s", attempt=1))  # round 0
     await until(lambda: len(pool._cancelled) == 1, "the cancel came and was remembered")
     assert pool.running == 1
-    RELEASE.set()
+    RELEASE[0].set()
     outcomes: list[Event] = []
     async with contextlib.aclosing(bus.consume_events(max_batch=100)) as events:
         async with asyncio.timeout(5):

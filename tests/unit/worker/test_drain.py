@@ -21,14 +21,16 @@ from tideflow.worker.executors.registry import ExecutorRegistry
 from tideflow.worker.pool import WorkerPool
 from tideflow.worker.process import start_verdict
 
-RELEASE = asyncio.Event()
+RELEASE: list[asyncio.Event] = []
+"""The event the blocker waits on: a new one per test, since an event belongs to the loop
+it was first awaited in (each test has its own, asyncio's or uvloop)."""
 ENTERED: list[str] = []
 
 
 @register("drain_test_blocker")
 async def blocker(name: str) -> str:
     ENTERED.append(name)
-    await RELEASE.wait()
+    await RELEASE[0].wait()
     return name
 
 
@@ -67,7 +69,7 @@ async def until(check, what: str, timeout: float = 5.0) -> None:
 
 async def test_drain_hands_back_what_waits_and_what_outlives_the_grace():
     ENTERED.clear()
-    RELEASE.clear()
+    RELEASE[:] = [asyncio.Event()]
     bus = LocalBus(lease=30)
     await bus.open()
     first = pool(bus, concurrency=1, prefetch=2)
@@ -80,7 +82,7 @@ async def test_drain_hands_back_what_waits_and_what_outlives_the_grace():
     events = bus.consume_events(max_batch=100)
     second.start()
     await until(lambda: sorted(ENTERED) == ["r1", "r1", "r2"], "both come again")
-    RELEASE.set()
+    RELEASE[0].set()
     starts: list[TaskStarted] = []
     async with asyncio.timeout(5):
         async for batch in events:
