@@ -9,7 +9,9 @@ Usage:
     git worktree add /tmp/base main~5
     python bench/ab.py /tmp/base . --store memory --only W1 --steps python --rounds 8
 
-Each tree's own `bench/run.py` and `src/` are used (PYTHONPATH), with this interpreter.
+Each tree's own `bench/run.py` and `src/` are used (PYTHONPATH), with this interpreter,
+on each tree's default event loop (`tideflow.loop`, where a tree has it: uvloop unless
+``TIDEFLOW_LOOP`` says otherwise; the variable passes on to both trees' processes).
 """
 
 from __future__ import annotations

@@ -33,6 +33,30 @@ def test_bench_script_runs_and_reports_rows_for_both_step_kinds() -> None:
     ]
     assert all(r["steps_per_s"] > 0 for r in rows)
     assert rows[1]["p50_ms"] is not None and rows[3]["p50_ms"] is not None
+    assert {r["loop"] for r in rows} == {"uvloop"}  # the commands' loop, by default
+
+
+def test_bench_rows_say_which_event_loop_they_ran_on() -> None:
+    """``--loop asyncio`` measures on the standard library's loop, and the row says so:
+    checked in the process, on the loop the measurement's coroutine ran on."""
+    probe = """
+import asyncio, sys
+sys.path.insert(0, "bench")
+import run
+seen = set()
+runs = run._runs
+async def noting(*args, **kwargs):
+    seen.add(type(asyncio.get_running_loop()).__module__.split(".")[0])
+    return await runs(*args, **kwargs)
+run._runs = noting
+run.main(["--only", "W2", "--steps", "noop", "--repeat", "1", "--json", "--loop", "asyncio"])
+print(sorted(seen))
+"""
+    done = _python("-c", probe)
+    assert done.returncode == 0, done.stderr
+    row, seen = done.stdout.splitlines()
+    assert json.loads(row)["loop"] == "asyncio"
+    assert seen == "['asyncio']"
 
 
 def test_python_rows_call_the_plain_function_through_start_run() -> None:
