@@ -110,7 +110,8 @@ class EngineLink(ABC):
 
     @abstractmethod
     async def state(self, run_id: str) -> RunState:
-        """The run's current state; ``NotFound``."""
+        """The run's current state as committed (never a change a crash could still undo);
+        ``NotFound``."""
 
     @abstractmethod
     async def wait(self, run_id: str, timeout: float | None = None) -> RunResult:
@@ -451,8 +452,8 @@ class Client:
 
     async def history(self, run_id: str) -> builtins.list[HistoryEntry]:
         """The run's history as a person may see it: sensitive step fields masked."""
+        state = await self._link.state(run_id)  # first: a change being committed is waited for
         entries = await self.store.history(run_id)
-        state = await self._link.state(run_id)
         plan = await self._catalog.plans.get(state.plan_hash)
         names = sorted({name for spec in plan.specs.values() for name in spec.sensitive})
         if not names:

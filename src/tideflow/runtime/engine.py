@@ -196,10 +196,18 @@ class Engine(EngineLink, Runs):
         await self.relay.send([event], "start run", key=start_key(state.run_id))
 
     async def state(self, run_id: str) -> RunState:
+        """The run's state as committed: a change still being committed is waited for (a
+        client must not see what a crash could undo: GET /runs/{id} said `succeeded`
+        while the history had not been written)."""
+        await self.scheduler.settled(run_id)
+        return await self._live(run_id)
+
+    async def _live(self, run_id: str) -> RunState:
+        """The run's state as the engine holds it, committed or not (the engine's own use)."""
         return (await self.runs.get(run_id)).state
 
     async def wait(self, run_id: str, timeout: float | None = None) -> RunResult:
-        state = await self.state(run_id)
+        state = await self._live(run_id)
         if state.is_terminal and not self.scheduler.uncommitted(run_id):
             return result_of(state, await self.plans.get(state.plan_hash))
         fut: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
@@ -219,7 +227,7 @@ class Engine(EngineLink, Runs):
     async def finished(self, command: RunFinished) -> None:
         waiters = [f for f in self._waiters.pop(command.run_id, ()) if not f.done()]
         if waiters:  # the result is built only for someone who waits for it
-            state = await self.state(command.run_id)
+            state = await self._live(command.run_id)
             result = result_of(state, await self.plans.get(state.plan_hash))
             for fut in waiters:
                 fut.set_result(result)
@@ -248,7 +256,7 @@ class Engine(EngineLink, Runs):
                     plan, command.child_run_id, key, command.input, parent, step, trace
                 )
         if state is None:
-            return await self.state(run_id)
+            return await self._live(run_id)
         if self.ownership is None or self.ownership.owns(run_id):
             self.runs.add(state)  # another server's child is loaded by that server
         return state

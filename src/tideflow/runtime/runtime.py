@@ -399,7 +399,8 @@ class Runtime:
         return await self.client.history(run_id)
 
     async def state(self, run_id: str) -> RunState:
-        """The run's live state (read-only by convention: the engine owns it)."""
+        """The run's state as committed (read-only by convention: the engine owns it); a
+        change being committed is waited for."""
         return await self.client.state(run_id)
 
     async def signal(

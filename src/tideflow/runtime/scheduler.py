@@ -28,6 +28,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
 
 from tideflow import faults, logcontext
 from tideflow.bus.base import NO_HEADERS, TRACEPARENT, Bus, EventBatch, Headers
@@ -83,6 +84,10 @@ class Scheduler:
         self._task: asyncio.Task[None] | None = None
         self._in_flight: set[str] = set()
         """Runs changed by the batch being applied and not yet committed."""
+        self._applier: asyncio.Task[Any] | None = None
+        """The task applying the batch in progress (its listeners and sinks run in it)."""
+        self._settled: asyncio.Future[None] | None = None
+        """Set when the batch in progress ends: what `settled` callers wait for."""
         self._retry_delay = 0.05
         self._run_retries: dict[str, int] = {}
         """Runs whose commit alone failed while the store was up: how many times in a row."""
@@ -117,6 +122,24 @@ class Scheduler:
     def uncommitted(self, run_id: str) -> bool:
         """Whether the run's latest change is still being committed."""
         return run_id in self._in_flight
+
+    async def settled(self, run_id: str) -> None:
+        """Return once no change of the run is being committed: at once when none is, or
+        when asked from the task applying the batch (a sink of that batch must not wait
+        for the batch it runs in). A run's state is changed in place before its batch is
+        committed; what a client reads must not be what a crash could still undo."""
+        while run_id in self._in_flight and asyncio.current_task() is not self._applier:
+            if self._settled is None:
+                self._settled = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._settled)
+
+    def _batch_ended(self) -> None:
+        self._in_flight.clear()
+        self._applier = None
+        settled, self._settled = self._settled, None
+        if settled is not None and not settled.done():
+            settled.set_result(None)
+        self._runs.trim()
 
     async def _loop(self) -> None:
         """Consume until stopped; an event stream that fails (a broker gone, partitions
@@ -188,11 +211,11 @@ class Scheduler:
         """Apply a batch from the bus; acknowledge it once it is committed (events that
         must come again are handed back to the bus first)."""
         async with self._lock:
+            self._applier = asyncio.current_task()
             try:
                 await self._apply_committed(batch.events, delivered=batch)
             finally:
-                self._in_flight.clear()
-                self._runs.trim()
+                self._batch_ended()
 
     async def apply(
         self,
@@ -211,6 +234,7 @@ class Scheduler:
         from the state and the outbox, for the next engine's recovery. ``headers``: every
         event's (the sender's trace context, as a bus delivery carries it)."""
         async with self._lock:
+            self._applier = asyncio.current_task()
             try:
                 return await self._apply_committed(
                     events,
@@ -219,8 +243,7 @@ class Scheduler:
                     headers_of=(lambda _: headers) if headers else None,
                 )
             finally:
-                self._in_flight.clear()
-                self._runs.trim()
+                self._batch_ended()
 
     async def _apply_committed(
         self,
