@@ -1,5 +1,6 @@
 """SIGTERM stops `tideflow run` and `tideflow resume` like Ctrl-C: a clean stop, exit
-130, a line saying how to continue, and the run resumable afterwards."""
+130, a line saying how to continue, and the run resumable afterwards. Ctrl-C (SIGINT)
+does the same on either event loop (`tideflow.loop`: uvloop or asyncio's)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from .conftest import Workdir, stdout_json, tideflow, waiting_runs
 
@@ -29,14 +32,22 @@ def announce():
 """
 
 
-def _start(cwd: Path, *args: str) -> subprocess.Popen[str]:
+# As a shell starts a command: SIGINT raises KeyboardInterrupt (whoever runs the suite
+# may ignore SIGINT, and an ignored signal stays ignored across exec).
+_WITH_CTRL_C = (
+    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "sys.argv[0] = 'tideflow'; runpy.run_module('tideflow.cli.main', run_name='__main__')"
+)
+
+
+def _start(cwd: Path, *args: str, **env: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tideflow.cli.main", *args],
+        [sys.executable, "-c", _WITH_CTRL_C, *args],
         cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={k: v for k, v in os.environ.items() if k != "TIDEFLOW_STORE"},
+        env={**{k: v for k, v in os.environ.items() if k != "TIDEFLOW_STORE"}, **env},
     )
 
 
@@ -100,3 +111,27 @@ def test_sigterm_stops_resume_cleanly_and_the_run_resumes(workdir: Workdir) -> N
         f"continue with `tideflow resume --store {workdir.store}`"
     )
     _finish(workdir, run_id)
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_ctrl_c_stops_run_cleanly_on_either_loop(workdir: Workdir, loop: str) -> None:
+    (workdir.path / "sigterm_steps.py").write_text(STEPS, encoding="utf-8")
+    (workdir.path / "announced.yaml").write_text(ANNOUNCED, encoding="utf-8")
+    proc = _start(
+        workdir.path, "run", "announced.yaml", "--store", workdir.store, TIDEFLOW_LOOP=loop
+    )
+    _wait_for_line(proc, "step-started")
+
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=30)
+
+    assert proc.returncode == 130
+    assert "Traceback" not in stderr
+    assert (
+        stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"interrupted: unfinished runs stay in {workdir.store}; continue with")
+    )
+    listed = tideflow(workdir.path, "runs", "list", "--json", "--store", workdir.store)
+    (run,) = stdout_json(listed)["runs"]
+    _finish(workdir, run["run_id"])
