@@ -32,7 +32,10 @@ def _record(ctx: StepContext, phase: str) -> None:
     }
     fd = os.open(os.environ[LOG_ENV], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, (json.dumps(line) + "\n").encode())
+        # A record starts with a newline of its own: a SIGKILLed worker can leave a
+        # torn record (a write cut at a page boundary), and the next one must not
+        # join it on one line.
+        os.write(fd, ("\n" + json.dumps(line) + "\n").encode())
     finally:
         os.close(fd)
 

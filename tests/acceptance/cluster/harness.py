@@ -161,8 +161,13 @@ class Cluster:
     def executions(self) -> list[dict[str, Any]]:
         if not self.steps_log.exists():
             return []
-        lines = self.steps_log.read_text().splitlines()
-        return [json.loads(line) for line in lines if line.endswith("}")]
+        found = []
+        for line in self.steps_log.read_text().splitlines():
+            try:
+                found.append(json.loads(line))
+            except json.JSONDecodeError:  # empty, a record being written, or torn by SIGKILL
+                continue
+        return found
 
     def stop_all(self) -> None:
         for proc in self.procs:

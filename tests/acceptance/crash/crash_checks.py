@@ -97,7 +97,17 @@ def read_log(path: Path, offset: int = 0) -> tuple[list[Execution], int]:
     data = data[: data.rfind(b"\n") + 1]  # complete lines only: a writer may be mid-line
     executions = []
     for raw in data[offset:].splitlines():
-        line = json.loads(raw)
+        if not raw:
+            continue
+        try:
+            line = json.loads(raw)
+        except json.JSONDecodeError:
+            # Torn by SIGKILL: Linux may cut a write() to a file where it crosses a
+            # page boundary when a fatal signal is pending, so a killed process can
+            # leave part of a record. Each record begins with its own newline, so the
+            # next process's record still starts a line of its own and only the torn
+            # part, of a step that never returned, is lost.
+            continue
         executions.append(
             Execution(
                 instance=(line["run_id"], line["step_key"], line["compensation"]),

@@ -2,7 +2,9 @@
 and each execution recorded durably.
 
 Every call appends two JSON lines to the file named by ``$TIDEFLOW_CRASH_LOG``
-(opened with ``O_APPEND``, fsynced before going on): ``phase: "start"`` when the
+(opened with ``O_APPEND``, fsynced before going on; each line written as
+``"\n" + record + "\n"`` in one ``write``, see `crash_checks.read_log` for why):
+``phase: "start"`` when the
 function is entered and ``phase: "end"`` just before it returns (or raises). A
 line carries ``run_id, step_key, attempt, idempotency_key, pid, compensation``, so
 the test can tell, after a SIGKILL, which step instances ran, in which process,
@@ -51,7 +53,7 @@ def _record(ctx: StepContext, phase: str, compensation: bool) -> None:
     }
     fd = os.open(os.environ[LOG_ENV], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, (json.dumps(line) + "\n").encode())
+        os.write(fd, ("\n" + json.dumps(line) + "\n").encode())
         os.fsync(fd)
     finally:
         os.close(fd)
