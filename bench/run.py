@@ -21,6 +21,7 @@ Usage:
     python bench/run.py --only W1 --repeat 5
     python bench/run.py --json           # machine-readable rows
     python bench/run.py --steps python --store sqlite --store postgres
+    python bench/run.py --machine        # first what the machine costs (bench/machine.py)
 
 Each row reports steps/s (steps executed / wall time from first start to last
 finish), per-step cost in microseconds, and p50/p99 run latency for W1.
@@ -45,6 +46,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from machine import probe
 from scratch import scratch_dir
 
 import tideflow.loop
@@ -214,8 +216,17 @@ def main(argv: list[str] | None = None) -> int:
         help="the event loop (default: the commands' own, uvloop unless $TIDEFLOW_LOOP "
         "says otherwise)",
     )
+    parser.add_argument(
+        "--machine",
+        action="store_true",
+        help="first measure what the machine costs below the engine (bench/machine.py: "
+        "thread hand-off, SQLite commit, pure Python) and print it before the rows",
+    )
     args = parser.parse_args(argv)
     loop = args.loop or tideflow.loop.loop_name()
+    if args.machine:
+        machine = probe(loop)
+        print(json.dumps({"machine": asdict(machine)}) if args.json else machine.line())
     names = args.only or list(WORKLOADS)
     kinds = args.steps or list(STEP_TYPES)
     rows: list[Row] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -123,3 +124,60 @@ def test_the_waiting_runs_benchmark_reports_a_cache_bounded_engine() -> None:
     assert [(r["store"], r["cache"], r["touched"]) for r in rows] == [("sqlite", 50, 120)]
     assert 0 < rows[0]["cached_runs"] <= 50
     assert rows[0]["start_s"] > 0 and rows[0]["peak_rss_mb"] > 0
+
+
+def test_the_machine_probe_reports_what_the_rows_stand_on() -> None:
+    """bench/machine.py measures the machine below the engine: every figure is there and
+    positive, and the CPU count is the process's own."""
+    done = _python("bench/machine.py", "--json", "--count", "50")
+    assert done.returncode == 0, done.stderr
+    machine = json.loads(done.stdout)
+    assert machine["cpus"] == len(os.sched_getaffinity(0))
+    assert machine["loop"] == "uvloop"  # the commands' loop, by default
+    assert machine["handoff_us"] > 0 and machine["sqlite_commit_us"] > 0
+    assert machine["python_ms"] > 0
+    if machine["cpus"] > 1:
+        assert machine["handoff_one_cpu_us"] > 0
+    else:
+        assert machine["handoff_one_cpu_us"] is None
+    refused = _python("bench/machine.py", "--count", "5")
+    assert refused.returncode == 2 and "--count must be at least 10" in refused.stderr
+
+
+def test_the_one_cpu_hand_off_runs_both_threads_on_one_cpu_and_restores_the_set() -> None:
+    """The thread that answers runs on the one CPU the loop's thread was put on, and the
+    loop's thread gets its whole CPU set back afterwards: checked in the process."""
+    probe = """
+import os, sys
+sys.path.insert(0, "bench")
+import machine
+seen = []
+serve = machine._server
+def noting(calls):
+    seen.append(sorted(os.sched_getaffinity(0)))
+    return serve(calls)
+machine._server = noting
+before = sorted(os.sched_getaffinity(0))
+result = machine.handoff_one_cpu(20, "uvloop")
+print(len(before), seen, result is not None, sorted(os.sched_getaffinity(0)) == before)
+"""
+    done = _python("-c", probe)
+    assert done.returncode == 0, done.stderr
+    cpus, rest = done.stdout.split(" ", 1)
+    if int(cpus) < 2:
+        assert rest.strip() == "[] False True"  # nothing to compare with on one CPU
+    else:
+        seen, measured, restored = rest.strip().rsplit(" ", 2)
+        assert len(json.loads(seen)) == 1 and len(json.loads(seen)[0]) == 1
+        assert (measured, restored) == ("True", "True")
+
+
+def test_the_bench_prints_the_machine_before_its_rows_when_asked() -> None:
+    done = _python(
+        *("bench/run.py", "--machine", "--json", "--only", "W2"),
+        *("--steps", "noop", "--repeat", "1"),
+    )
+    assert done.returncode == 0, done.stderr
+    first, row = (json.loads(line) for line in done.stdout.splitlines())
+    assert set(first) == {"machine"} and first["machine"]["handoff_us"] > 0
+    assert row["workload"] == "W2"
