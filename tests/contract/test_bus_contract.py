@@ -909,6 +909,35 @@ async def test_a_reader_that_stops_beating_is_listed_not_live_with_its_last_beat
     assert await beats_when(bus, lambda b: not b) == []
 
 
+async def test_a_readers_renewer_runs_before_anyone_can_see_the_reader(
+    broker_backend: BusBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader's beat can be read as soon as its first announcement is written, before
+    ``consume_tasks`` goes on: its renewer must already run then (CI once found a beat and
+    no renewer to stop, in the test below)."""
+    from tideflow.bus.backends import nats_presence, redis_presence
+
+    renewing: list[bool] = []
+    for module in (nats_presence, redis_presence):
+        announce = module.Presence._announce
+
+        async def noting(self: Any, announce: Any = announce) -> None:
+            tasks = asyncio.all_tasks()
+            renewing.append(any(t.get_name().endswith("-presence") for t in tasks))
+            await announce(self)
+
+        monkeypatch.setattr(module.Presence, "_announce", noting)
+    bus = await broker_backend.open(lease=SHORT_LEASE)
+    reader = bus.consume_tasks(["default"], prefetch=1, worker="host-a/41")
+    waiting = asyncio.ensure_future(anext(reader))
+    await beats_when(bus, lambda b: len(b) == 1)
+    assert renewing and all(renewing)
+    waiting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiting
+    await reader.aclose()
+
+
 async def test_the_beat_of_a_reader_that_stopped_long_ago_is_trimmed(
     broker_backend: BusBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -51,8 +51,15 @@ class Presence:
         self._renewer: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        await self._announce()
+        # The renewer is there before the first announcement can be read: a reader that
+        # is listed always has one (a start cut short takes it away again).
         self._renewer = asyncio.create_task(self._renew(), name="tideflow-redis-presence")
+        try:
+            await self._announce()
+        except BaseException:
+            self._renewer.cancel()
+            self._renewer = None
+            raise
 
     async def stop(self) -> None:
         if self._renewer is not None:
