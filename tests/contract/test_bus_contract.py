@@ -919,14 +919,14 @@ async def test_a_readers_renewer_runs_before_anyone_can_see_the_reader(
 
     renewing: list[bool] = []
     for module in (nats_presence, redis_presence):
-        announce = module.Presence._announce
+        announce = module.Presence.announce
 
         async def noting(self: Any, announce: Any = announce) -> None:
             tasks = asyncio.all_tasks()
             renewing.append(any(t.get_name().endswith("-presence") for t in tasks))
             await announce(self)
 
-        monkeypatch.setattr(module.Presence, "_announce", noting)
+        monkeypatch.setattr(module.Presence, "announce", noting)
     bus = await broker_backend.open(lease=SHORT_LEASE)
     reader = bus.consume_tasks(["default"], prefetch=1, worker="host-a/41")
     waiting = asyncio.ensure_future(anext(reader))

@@ -305,3 +305,46 @@ async def test_a_partition_held_by_another_connection_is_refused_until_it_closes
         batch = await asyncio.wait_for(anext(second), WITHIN)
         assert batch.events == [event]  # handed back unacknowledged by the first
         await batch.ack()
+
+
+async def test_a_reader_renews_at_the_pace_of_the_presence_bucket_it_found(
+    make_bus: Callable[..., Awaitable[Any]],
+) -> None:
+    """The readers bucket keeps a key for the TTL of the process that made it. A reader
+    on a bus with a longer lease renews every third of that TTL, not of its own, or its
+    key lapses between renewals and its queue looks unread (it renewed at its own pace
+    before, although it had read the bucket's TTL)."""
+    presence = pytest.importorskip("tideflow.bus.backends.nats_presence")
+    short = await make_bus(lease=2.0)  # makes the bucket: keys kept 2 s
+    kv = await presence.readers_bucket(short)
+    assert (await kv.status()).ttl == 2.0
+    long = await make_bus(lease=10.0)  # its own presence would last 10 s, renewed every 3.3
+    reader = long.consume_tasks(["default"], prefetch=1)
+    waiting = asyncio.ensure_future(anext(reader))
+    loop = asyncio.get_running_loop()
+    try:
+        deadline = loop.time() + WITHIN
+        while not (keys := await _keys(kv)):  # the announcement
+            assert loop.time() < deadline, "the reader was never announced"
+            await asyncio.sleep(0.02)
+        (key,) = keys
+        first = (await kv.get(key)).revision
+        # two renewals: about 1.3 s at a third of the bucket's TTL, 6.7 s at its own
+        deadline = loop.time() + 4.0
+        while (await kv.get(key)).revision < first + 2:
+            assert loop.time() < deadline, "the reader renews at its own pace"
+            await asyncio.sleep(0.05)
+    finally:
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+        await reader.aclose()
+
+
+async def _keys(kv: Any) -> list[str]:
+    import nats.js.errors
+
+    try:
+        return list(await kv.keys())
+    except nats.js.errors.NoKeysError:  # an empty bucket
+        return []

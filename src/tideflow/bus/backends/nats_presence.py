@@ -18,7 +18,6 @@ day after its process dies. Whether it is live is read from its presence keys.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import datetime
 import logging
@@ -31,6 +30,7 @@ import nats.js.errors
 import orjson
 from nats.js.kv import KeyValue
 
+from tideflow.bus import presence
 from tideflow.bus.backends.nats_readers import PRIORITIES, queue_of_token, queue_token
 from tideflow.bus.base import BEATS_KEPT, QueueStats, WorkerBeat, beat_of, presence_ttl
 from tideflow.errors import BusError
@@ -66,10 +66,13 @@ async def _bucket(bus: NatsBus, name: str, ttl: float) -> KeyValue:
         return await bus.js.key_value(name)
 
 
-class Presence:
+class Presence(presence.Presence):
     """The keys of one reader, renewed while it is open."""
 
+    renewer_name = "tideflow-nats-presence"
+
     def __init__(self, bus: NatsBus, queues: list[str] | None, worker: str | None) -> None:
+        super().__init__(bus.lease)
         me = uuid.uuid4().hex
         wanted = None if queues is None else sorted(set(queues))
         self.bus = bus
@@ -79,28 +82,10 @@ class Presence:
         else:
             self.keys = [f"q.{queue_token(q)}.{me}" for q in wanted]
         self.beat = None if worker is None else {"worker": worker, "queues": wanted}
-        self.ttl = presence_ttl(bus.lease)
         self._kv: KeyValue | None = None
         self._beats: KeyValue | None = None
-        self._renewer: asyncio.Task[None] | None = None
 
-    async def start(self) -> None:
-        # The renewer is there before the first announcement can be read: a reader that
-        # is listed always has one (a start cut short takes it away again).
-        self._renewer = asyncio.create_task(self._renew(), name="tideflow-nats-presence")
-        try:
-            await self._announce()
-        except BaseException:
-            self._renewer.cancel()
-            self._renewer = None
-            raise
-
-    async def stop(self) -> None:
-        if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
-            self._renewer = None
+    async def withdraw(self) -> None:
         kv, self._kv = self._kv, None
         beats, self._beats = self._beats, None
         if beats is not None:
@@ -112,7 +97,7 @@ class Presence:
             with contextlib.suppress(nats.errors.Error):
                 await kv.delete(key)
 
-    async def _announce(self) -> None:
+    async def announce(self) -> None:
         """Put the keys (and the beat); a failure is logged (the reader reads on,
         uncounted for now)."""
         try:
@@ -128,13 +113,6 @@ class Presence:
                 await self._beats.put(self.me, orjson.dumps(self.beat | {"at": time.time()}))
         except nats.errors.Error as exc:
             log.warning("NATS bus %s: announcing a task reader failed: %s", self.bus.url, exc)
-
-    async def _renew(self) -> None:
-        while True:
-            await asyncio.sleep(
-                presence_ttl(self.bus.lease) / 3
-            )  # the keys' heartbeat, not a wait on a condition
-            await self._announce()
 
 
 async def queue_stats(bus: NatsBus) -> list[QueueStats]:

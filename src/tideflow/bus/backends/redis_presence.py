@@ -17,7 +17,6 @@ beat older than ``BEATS_KEPT`` is trimmed by the next renewal of any reader.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import uuid
@@ -25,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from tideflow.bus import presence
 from tideflow.bus.backends.redis_consumers import FAILED, RANKS, TASK_GROUP, text
-from tideflow.bus.base import BEATS_KEPT, QueueStats, WorkerBeat, beat_of, presence_ttl
+from tideflow.bus.base import BEATS_KEPT, QueueStats, WorkerBeat, beat_of
 from tideflow.errors import BusError
 
 if TYPE_CHECKING:
@@ -37,36 +37,21 @@ log = logging.getLogger("tideflow.bus.redis")
 _ID = 32
 
 
-class Presence:
+class Presence(presence.Presence):
     """The members of one reader, renewed while it is open."""
 
+    renewer_name = "tideflow-redis-presence"
+
     def __init__(self, bus: RedisBus, queues: list[str] | None, worker: str | None) -> None:
+        super().__init__(bus.lease)
         me = uuid.uuid4().hex
         wanted = None if queues is None else sorted(set(queues))
         self.bus = bus
-        self.ttl = presence_ttl(bus.lease)
         self.members = [f"{me}*"] if wanted is None else [f"{me}:{q}" for q in wanted]
         self.reader = "" if worker is None else me
         self.record = b"" if worker is None else orjson.dumps({"worker": worker, "queues": wanted})
-        self._renewer: asyncio.Task[None] | None = None
 
-    async def start(self) -> None:
-        # The renewer is there before the first announcement can be read: a reader that
-        # is listed always has one (a start cut short takes it away again).
-        self._renewer = asyncio.create_task(self._renew(), name="tideflow-redis-presence")
-        try:
-            await self._announce()
-        except BaseException:
-            self._renewer.cancel()
-            self._renewer = None
-            raise
-
-    async def stop(self) -> None:
-        if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
-            self._renewer = None
+    async def withdraw(self) -> None:
         bus = self.bus
         commands: list[tuple[Any, ...]] = [("ZREM", bus.key("readers"), *self.members)]
         if self.reader:
@@ -75,7 +60,7 @@ class Presence:
         with contextlib.suppress(BusError, *FAILED):  # closing: a lapsed member is harmless
             await bus.run(*commands)
 
-    async def _announce(self) -> None:
+    async def announce(self) -> None:
         """Add the members (and the beat); a failure is logged (the reader reads on,
         uncounted for now)."""
         try:
@@ -90,11 +75,6 @@ class Presence:
             )
         except FAILED as exc:
             log.warning("redis bus %s: announcing a task reader failed: %s", self.bus.shown, exc)
-
-    async def _renew(self) -> None:
-        while True:
-            await asyncio.sleep(self.ttl / 3)  # the members' heartbeat, not a wait on a condition
-            await self._announce()
 
 
 async def queue_stats(bus: RedisBus) -> list[QueueStats]:
