@@ -22,7 +22,7 @@ and ``KeyboardInterrupt`` pass through. The chain is built once per pool.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -97,10 +97,12 @@ def failure(exc: BaseException) -> ExecuteOutput:
 
 
 class RunExecutor(Execution):
-    """The innermost link: the executor of the step's type."""
+    """The innermost link: the executor of the step's type. With ``max_output`` it checks
+    the output as `OutputLimit` does (`Builtins`: one coroutine for both)."""
 
-    def __init__(self, executors: ExecutorRegistry) -> None:
+    def __init__(self, executors: ExecutorRegistry, max_output: int | None = None) -> None:
         self._executors = executors
+        self._max_output = max_output
 
     async def execute(self, input: ExecuteInput) -> ExecuteOutput:
         return await self.run(input.task, input.context, input.config, input.input)
@@ -118,6 +120,8 @@ class RunExecutor(Execution):
             raise
         except BaseException as exc:  # SystemExit and the like from an executor fail the step
             return failure(exc)
+        if self._max_output is not None:
+            return checked(task, output, self._max_output)
         return ExecuteOutput(output=output)
 
 
@@ -143,13 +147,18 @@ class OutputLimit(Execution):
 
     def check(self, task: DispatchTask, out: ExecuteOutput) -> ExecuteOutput:
         if out.error is None:
-            try:
-                storable.check(
-                    out.output, f"the output of step {task.step_key!r}", self._max_output
-                )
-            except StepError as exc:
-                return failure(exc)
+            return checked(task, out.output, self._max_output)
         return out
+
+
+def checked(task: DispatchTask, output: Any, max_output: int) -> ExecuteOutput:
+    """The output of an attempt that succeeded, or its failure when no store can hold the
+    output or it is larger than ``max_output``."""
+    try:
+        storable.check(output, f"the output of step {task.step_key!r}", max_output)
+    except StepError as exc:
+        return failure(exc)
+    return ExecuteOutput(output=output)
 
 
 class Secrets(Execution):
@@ -186,20 +195,20 @@ class Builtins(Execution):
     def __init__(
         self, executors: ExecutorRegistry, provider: SecretProvider, max_output: int
     ) -> None:
-        self._executor = RunExecutor(executors)
-        self._limit = OutputLimit(self._executor, max_output)
-        super().__init__(Secrets(self._limit, provider))
+        self._checked = RunExecutor(executors, max_output)
+        super().__init__(Secrets(OutputLimit(RunExecutor(executors), max_output), provider))
 
     async def execute(self, input: ExecuteInput) -> ExecuteOutput:
         if input.task.secrets:
             return await self.next.execute(input)
         return await self.run(input.task, input.context, input.config, input.input)
 
-    async def run(
+    def run(
         self, task: DispatchTask, context: StepContext, config: Any, value: Any
-    ) -> ExecuteOutput:
-        """The attempt of a step without secrets (``task.secrets`` empty)."""
-        return self._limit.check(task, await self._executor.run(task, context, config, value))
+    ) -> Coroutine[Any, Any, ExecuteOutput]:
+        """The attempt of a step without secrets (``task.secrets`` empty): the executor's
+        run with its output checked, awaited by the caller (no coroutine of its own)."""
+        return self._checked.run(task, context, config, value)
 
 
 def build_chain(

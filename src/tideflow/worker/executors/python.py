@@ -20,7 +20,7 @@ import contextvars
 import functools
 import inspect
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, ClassVar
 
 from tideflow.errors import StepTimeout
@@ -63,26 +63,42 @@ class PythonExecutor(Executor):
         self._pool: DaemonThreadPool | None = None
         self._imported: dict[str, Callable[..., Any]] = {}
 
-    async def execute(self, ctx: StepContext, config: Mapping[str, Any], input: Any) -> Any:
+    def execute(
+        self, ctx: StepContext, config: Mapping[str, Any], input: Any
+    ) -> Coroutine[Any, Any, Any]:
+        """The coroutine that runs the attempt. A plain function, not a coroutine of its
+        own: a step without a timeout (most of them) then costs no coroutine between the
+        attempt's and the one that calls the function, resumed twice on every attempt. A
+        config the schema refuses raises here, at the call."""
         cfg = check_config(self.name, self.config_schema, config)
         spec: str = cfg["function"]
         kwargs = keyword_arguments(input)
         timeout = seconds(cfg.get("timeout")) or ctx.timeout
-        isolated = cfg.get("isolation") == "process"
-        if timeout is None and not isolated:  # nothing to enter: no async with (two coroutines)
-            return json_output(await self._run_here(spec, kwargs, ctx), spec)
+        if timeout is None and cfg.get("isolation") != "process":
+            return self._run_here(spec, kwargs, ctx)
+        return self._bounded(spec, kwargs, ctx, cfg, timeout)
+
+    async def _bounded(
+        self,
+        spec: str,
+        kwargs: dict[str, Any],
+        ctx: StepContext,
+        cfg: Mapping[str, Any],
+        timeout: float | None,
+    ) -> Any:
+        """An attempt with a timeout, or in a process of its own (``isolation: process``)."""
+        isolation = cfg.get("isolation")
         deadline = None if timeout is None else asyncio.timeout(timeout)
         try:
             async with deadline or _NO_DEADLINE:
-                if isolated:
+                if isolation == "process":
                     grace = float(cfg.get("kill_grace", DEFAULT_KILL_GRACE))
                     return await run_isolated(_child_spec(spec), kwargs, ctx, grace)
-                result = await self._run_here(spec, kwargs, ctx)
+                return await self._run_here(spec, kwargs, ctx)
         except TimeoutError:
             if deadline is None or not deadline.expired():
                 raise  # the function's own TimeoutError
-            raise StepTimeout(_timeout_message(spec, timeout, cfg.get("isolation"))) from None
-        return json_output(result, spec)
+            raise StepTimeout(_timeout_message(spec, timeout, isolation)) from None
 
     async def aclose(self) -> None:
         if self._pool is not None:
@@ -106,11 +122,13 @@ class PythonExecutor(Executor):
         return fn
 
     async def _run_here(self, spec: str, kwargs: dict[str, Any], ctx: StepContext) -> Any:
+        """Call the function on this loop (async) or in a pool thread (sync); its output
+        as JSON."""
         fn = registered_function(spec) or self._imported.get(spec) or await self._import(spec)
         kwargs = bind_arguments(fn, kwargs, ctx, spec)
         try:
             if is_async(fn):
-                return await fn(**kwargs)
+                return json_output(await fn(**kwargs), spec)
             # In a pool thread, in a copy of this context (awaited here, not in a coroutine
             # of its own: this is every sync step's path).
             pool = self.pool
@@ -123,11 +141,11 @@ class PythonExecutor(Executor):
                 raise
             if inspect.isawaitable(result):  # a sync callable that returned a coroutine
                 result = await result
-            return result
         except (Exception, asyncio.CancelledError):
             raise
         except BaseException as exc:  # SystemExit, KeyboardInterrupt, ... from an async function
             raise escaped(exc) from None
+        return json_output(result, spec)
 
 
 def _abandon(pool: DaemonThreadPool, call: LoopCall[Any], ctx: StepContext, spec: str) -> None:
