@@ -153,6 +153,22 @@ def same_state(a: RunState, b: RunState) -> bool:
     return codec.state_to_data(a) == codec.state_to_data(b)
 
 
+UNDO_SCHEMA_8 = {
+    "sqlite": (
+        """CREATE TABLE task_leases_7 (
+            run_id TEXT NOT NULL, step_key TEXT NOT NULL, attempt INTEGER NOT NULL,
+            dispatched_at REAL NOT NULL, started_at REAL, owner TEXT,
+            lease_until REAL NOT NULL DEFAULT 0, PRIMARY KEY (run_id, step_key))""",
+        "INSERT INTO task_leases_7 SELECT * FROM task_leases",
+        "DROP TABLE task_leases",
+        "ALTER TABLE task_leases_7 RENAME TO task_leases",
+        "CREATE INDEX task_leases_until ON task_leases (lease_until)",
+    ),
+    "postgres": ("CREATE INDEX task_leases_until ON task_leases (lease_until)",),
+}
+"""What migration 8 changed, undone: task_leases as migration 2 made it (on SQLite a table
+with a rowid), with its index on lease_until."""
+
 UNDO_SCHEMA_7 = ("DROP TABLE schedules",)
 """What migration 7 added (the same on SQLite and PostgreSQL)."""
 

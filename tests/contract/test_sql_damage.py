@@ -18,6 +18,7 @@ from .conftest import Backend
 from .conftest import sqlite_backend as make_sqlite_backend
 from .scenarios import (
     UNDO_SCHEMA_6,
+    UNDO_SCHEMA_8,
     Driver,
     loaded_state,
     order_plan,
@@ -116,10 +117,15 @@ async def test_older_schema_upgrades_only_when_allowed(
 
 
 AFTER_SCHEMA_3 = {
-    "sqlite": [*UNDO_SCHEMA_6, "DROP TABLE api_tokens"],
-    "postgres": [*UNDO_SCHEMA_6, "DROP FUNCTION tideflow_commit", "DROP TABLE api_tokens"],
+    "sqlite": [*UNDO_SCHEMA_8["sqlite"], *UNDO_SCHEMA_6, "DROP TABLE api_tokens"],
+    "postgres": [
+        *UNDO_SCHEMA_8["postgres"],
+        *UNDO_SCHEMA_6,
+        "DROP FUNCTION tideflow_commit",
+        "DROP TABLE api_tokens",
+    ],
 }
-"""What migrations 4 to 6 added, per dialect (migration 4 on SQLite: nothing)."""
+"""What migrations 4 to 8 did, undone, per dialect (migration 4 on SQLite: nothing)."""
 
 
 async def test_a_store_written_at_schema_3_upgrades_mid_run(sql_backend: Backend) -> None:

@@ -6,11 +6,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import pytest
+
 from tideflow.dsl import compile_definition
-from tideflow.store.base import Store, TaskLease
+from tideflow.store.base import Store, StoreError, TaskLease
+from tideflow.store.sqlfiles import migrations
 
 from .conftest import Backend
-from .scenarios import T0, Driver, order_plan, order_script
+from .scenarios import T0, UNDO_SCHEMA_8, Driver, order_plan, order_script
 
 WAITER: dict[str, Any] = {
     "name": "waiter",
@@ -116,6 +119,50 @@ async def test_a_task_lease_is_claimed_extended_and_expires(store: Store) -> Non
     await driver.flush()
     assert await store.extend_task("l", "work", 1, owner="w2", until=T0 + 60) is False
     assert await store.expired_tasks(math.inf) == []
+
+
+async def test_a_store_at_schema_7_keeps_its_attempts_in_flight(sql_backend: Backend) -> None:
+    """Migration 8 (task_leases in fewer pages) on a store an older tideflow wrote with an
+    attempt in flight, claimed: the row, its lease and every query on it are kept."""
+    store = await sql_backend.open()
+    driver = Driver(store)
+    h = await driver.new_run(compile_definition(WAITER), "old")
+    h.start()
+    await driver.flush()
+    assert await store.claim_task("old", "work", 1, owner="w1", now=T0, until=T0 + 10)
+    await store.close()
+    for statement in UNDO_SCHEMA_8[sql_backend.name]:
+        await sql_backend.raw(statement)
+    await sql_backend.raw("DELETE FROM schema_version WHERE version > 7")
+
+    with pytest.raises(StoreError, match=r"is at schema 7, .*tideflow db upgrade"):
+        await sql_backend.open(auto_upgrade=False)
+    upgraded = await sql_backend.open()
+    assert await upgraded.schema_version() == migrations(sql_backend.name)[-1].version
+    assert await upgraded.expired_tasks(T0 + 9) == []
+    [kept] = await upgraded.expired_tasks(T0 + 11)
+    assert (kept.run_id, kept.step_key, kept.attempt, kept.owner, kept.lease_until) == (
+        "old",
+        "work",
+        1,
+        "w1",
+        T0 + 10,
+    )
+    assert await upgraded.claim_task("old", "work", 1, owner="w2", now=T0 + 11, until=T0 + 30)
+    driver.store = upgraded
+    h.complete("work")
+    await driver.flush()
+    assert await upgraded.expired_tasks(math.inf) == []
+    if sql_backend.name == "sqlite":  # one B-tree, keyed by run and step
+        [(sql,)] = await sql_backend.raw(
+            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'task_leases'"
+        )
+        assert "WITHOUT ROWID" in sql
+        indexes = "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'task_leases'"
+    else:
+        indexes = "SELECT indexname FROM pg_indexes WHERE tablename = 'task_leases'"
+        indexes += " AND schemaname = current_schema()"
+    assert "task_leases_until" not in {row[0] for row in await sql_backend.raw(indexes)}
 
 
 async def test_runs_waiting_for_a_signal(store: Store) -> None:

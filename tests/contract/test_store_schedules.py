@@ -13,7 +13,7 @@ from tideflow.store.base import Store, StoreError
 from tideflow.store.sqlfiles import migrations
 
 from .conftest import Backend
-from .scenarios import UNDO_SCHEMA_7, Driver, short_plan
+from .scenarios import UNDO_SCHEMA_7, UNDO_SCHEMA_8, Driver, short_plan
 
 SPEC = ScheduleSpec(
     id="morning",
@@ -114,7 +114,7 @@ async def test_a_store_at_schema_6_upgrades_to_hold_schedules(sql_backend: Backe
     h = await driver.new_run(short_plan(), "kept")
     await driver.play([lambda: h.start()])
     await store.close()
-    for statement in UNDO_SCHEMA_7:
+    for statement in (*UNDO_SCHEMA_8[sql_backend.name], *UNDO_SCHEMA_7):
         await sql_backend.raw(statement)
     await sql_backend.raw("DELETE FROM schema_version WHERE version > 6")
 

@@ -17,13 +17,19 @@ from typing import Any
 from urllib.parse import quote
 
 from tideflow.store import Store
-from tideflow.store.sqlfiles import migrations
+from tideflow.store.sqlfiles import migrations, statements
 
 MAX_PROBLEMS = 20
 """integrity_check stops after this many problems: enough to say what is damaged."""
 
-_CREATE_TABLE = re.compile(r"CREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?([a-z_][a-z0-9_]*)", re.I)
-_DROP_TABLE = re.compile(r"DROP\s+TABLE\s+(?:IF\s+EXISTS\s+)?([a-z_][a-z0-9_]*)", re.I)
+_TABLE_DDL = re.compile(
+    r"CREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?(?P<created>[a-z_][a-z0-9_]*)"
+    r"|DROP\s+TABLE\s+(?:IF\s+EXISTS\s+)?(?P<dropped>[a-z_][a-z0-9_]*)"
+    r"|ALTER\s+TABLE\s+(?P<renamed>[a-z_][a-z0-9_]*)\s+RENAME\s+TO\s+(?P<to>[a-z_][a-z0-9_]*)",
+    re.I,
+)
+"""What a migration does to its tables, in the order it does it (a table rebuilt is created
+under another name, copied, dropped, and the new one renamed)."""
 _CREATE_FUNCTION = re.compile(r"CREATE\s+(?:OR\s+REPLACE\s+)?FUNCTION\s+([a-z_][a-z0-9_]*)", re.I)
 _SQLITE_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table'"
 _POSTGRES_TABLES = (
@@ -39,8 +45,15 @@ def expected_tables(dialect: str) -> frozenset[str]:
     """The tables the dialect's migrations leave behind (plus ``schema_version``)."""
     tables = {"schema_version"}
     for migration in migrations(dialect):
-        tables |= {name.lower() for name in _CREATE_TABLE.findall(migration.sql)}
-        tables -= {name.lower() for name in _DROP_TABLE.findall(migration.sql)}
+        for statement in statements(migration.sql):
+            for ddl in _TABLE_DDL.finditer(statement):
+                if ddl["created"]:
+                    tables.add(ddl["created"].lower())
+                elif ddl["dropped"]:
+                    tables.discard(ddl["dropped"].lower())
+                else:
+                    tables.discard(ddl["renamed"].lower())
+                    tables.add(ddl["to"].lower())
     return frozenset(tables)
 
 
