@@ -348,3 +348,47 @@ async def _keys(kv: Any) -> list[str]:
         return list(await kv.keys())
     except nats.js.errors.NoKeysError:  # an empty bucket
         return []
+
+
+async def test_a_run_end_published_just_after_run_ends_returned_is_heard(
+    make_bus: Callable[..., Awaitable[Any]],
+) -> None:
+    """``run_ends`` returns once the server has its subscription. nats-py writes a flush's
+    PING straight to the socket while the SUB waits in its send buffer for the flusher
+    task, so under load (the flusher's turn comes late) a flush came back before the
+    server had the SUB, and a run end another process published then was lost (CI saw
+    it in test_broker_restart). Here what the client's flusher writes goes out 200 ms
+    late, always, in order; the PING does not wait."""
+    engine, client = await make_bus(), await make_bus()
+    transport = client.nc._transport
+    write = transport.writelines
+    loop = asyncio.get_running_loop()
+
+    def late(data: Any) -> None:
+        loop.call_later(0.2, write, list(data))
+
+    transport.writelines = late
+    try:
+        ends = await client.run_ends()
+    finally:
+        transport.writelines = write
+    try:
+        await engine.publish_run_ends([nats_bus.RunEnded("r1", "succeeded")])
+        assert await asyncio.wait_for(anext(ends), WITHIN) == nats_bus.RunEnded("r1", "succeeded")
+    finally:
+        await ends.aclose()
+
+
+async def test_a_probe_of_another_process_reaches_no_run_end_stream(
+    make_bus: Callable[..., Awaitable[Any]],
+) -> None:
+    """Each process proves its own subscription with a probe on the run-end subject: the
+    streams already open elsewhere ignore it."""
+    first, second = await make_bus(), await make_bus()
+    ends = await first.run_ends()
+    try:
+        await second.run_ends()  # its probe reaches the first bus too
+        await second.publish_run_ends([nats_bus.RunEnded("r2", "failed")])
+        assert await asyncio.wait_for(anext(ends), WITHIN) == nats_bus.RunEnded("r2", "failed")
+    finally:
+        await ends.aclose()

@@ -35,7 +35,12 @@ stops a consumer. Control messages are core NATS on ``<prefix>.control`` (at mos
 once, as the port says), and so are run ends on ``<prefix>.ended`` (one message per
 batch, ``bus/fanout.py``'s wire form; subscribed at the first ``run_ends`` call, so a
 worker or a server receives none; a malformed one is dropped, logged at DEBUG). nats-py
-subscribes its subscriptions again when it reconnects.
+subscribes its subscriptions again when it reconnects. ``run_ends`` returns once the
+server has the subscription, proven by a probe (a message with a ``Tideflow-Probe``
+header, which every run-end stream ignores) published on the same connection after the
+subscription and come back through it: a flush is not enough, as nats-py writes its PING
+to the socket ahead of a subscription still in its send buffer, and a run end another
+process published just then was lost.
 """
 
 from __future__ import annotations
@@ -103,6 +108,10 @@ PUBLISH_TIMEOUT = 10.0
 """Seconds a publish waits for the stream's acknowledgements (across a reconnect)."""
 DEAD_AGE = 7 * 24 * 3600.0
 DEAD_REASON = "Tideflow-Dead-Reason"
+PROBE = "Tideflow-Probe"
+"""Header of a message that proves a subscription (see the module docstring)."""
+PROBE_TIMEOUT = 10.0
+"""Seconds a subscription's probe may take to come back (nats-py's flush timeout)."""
 _NAME = re.compile(r"[A-Za-z0-9_-]+")
 _OPTIONS = ("prefix", "partitions", "lease", "max_deliver")
 
@@ -156,6 +165,7 @@ class NatsBus(Bus):
         self._controls: FanOut[Control] = FanOut()
         self._ends: FanOut[RunEnded] = FanOut()
         self._ends_sub: Subscription | None = None
+        self._probes: dict[str, asyncio.Future[None]] = {}
         self._ends_lock = asyncio.Lock()
         self._subs: list[Subscription] = []
         self._known: set[str] = set()
@@ -442,8 +452,9 @@ class NatsBus(Bus):
         async with self._ends_lock:
             if self._ends_sub is None:
                 try:
-                    sub = await self.nc.subscribe(f"{self.prefix}.ended", cb=self._on_ends)
-                    await self.nc.flush()  # the server has the subscription: nothing is missed
+                    subject = f"{self.prefix}.ended"
+                    sub = await self.nc.subscribe(subject, cb=self._on_ends)
+                    await self._proven(subject)  # the server has it: nothing is missed
                 except (nats.errors.Error, TimeoutError) as exc:
                     raise BusError(
                         f"NATS bus {self.url}: subscribing to run ends failed: {exc!r}"
@@ -543,7 +554,31 @@ class NatsBus(Bus):
         if message is not None:
             self._controls.put((message,))
 
+    async def _proven(self, subject: str) -> None:
+        """Return once the server has this connection's subscription to ``subject``: a
+        probe published after it on the same connection came back through it."""
+        token = uuid.uuid4().hex
+        probe = self._probes[token] = asyncio.get_running_loop().create_future()
+        try:
+            await self.nc.publish(subject, b"", headers={PROBE: token})
+            await asyncio.wait_for(probe, PROBE_TIMEOUT)
+        finally:
+            del self._probes[token]
+
+    def _probed(self, msg: Msg) -> bool:
+        """Whether ``msg`` is a probe (`_proven`): this bus's own is answered, any other
+        (another process's) ignored."""
+        token = msg.headers.get(PROBE) if msg.headers else None
+        if token is None:
+            return False
+        probe = self._probes.get(token)
+        if probe is not None and not probe.done():
+            probe.set_result(None)
+        return True
+
     async def _on_ends(self, msg: Msg) -> None:
+        if self._probed(msg):
+            return
         try:
             ends = decode_run_ends(msg.data)
         except MalformedEnds as exc:
