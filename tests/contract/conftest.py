@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,8 @@ from tideflow.model.plan import Plan
 from tideflow.store.backends.memory import MemoryStore
 from tideflow.store.backends.postgres import PostgresStore, quote_ident
 from tideflow.store.backends.sqlite import SqliteStore
-from tideflow.store.base import Store
+from tideflow.store.base import Store, StoreError
+from tideflow.store.sqlfiles import migrations
 
 
 def compile_stored(source: Any) -> Plan:
@@ -44,6 +45,20 @@ class Backend:
         await store.open()
         self.opened.append(store)
         return store
+
+    async def upgraded_from(self, version: int, undo: Sequence[str]) -> Store:
+        """Make the store as a tideflow at schema ``version`` left it (``undo``: what the
+        later migrations did, undone), check that it is refused without auto-upgrade,
+        and open it upgraded to the newest schema."""
+        assert self.raw is not None, "a SQL backend"
+        for statement in undo:
+            await self.raw(statement)
+        await self.raw(f"DELETE FROM schema_version WHERE version > {version}")
+        with pytest.raises(StoreError, match=rf"is at schema {version}, .*tideflow db upgrade"):
+            await self.open(auto_upgrade=False)
+        upgraded = await self.open()
+        assert await upgraded.schema_version() == migrations(self.name)[-1].version
+        return upgraded
 
     async def close_all(self) -> None:
         for store in self.opened:

@@ -138,14 +138,7 @@ async def test_a_store_written_at_schema_3_upgrades_mid_run(sql_backend: Backend
     script = order_script(h)
     await driver.play(script[:4])
     await store.close()
-    for statement in AFTER_SCHEMA_3[sql_backend.name]:
-        await sql_backend.raw(statement)
-    await sql_backend.raw("DELETE FROM schema_version WHERE version > 3")
-
-    with pytest.raises(StoreError, match=r"is at schema 3, .*tideflow db upgrade"):
-        await sql_backend.open(auto_upgrade=False)
-    upgraded = await sql_backend.open()
-    assert await upgraded.schema_version() == migrations(sql_backend.name)[-1].version
+    upgraded = await sql_backend.upgraded_from(3, AFTER_SCHEMA_3[sql_backend.name])
     driver.store = upgraded
     await driver.play(script[4:])
     assert same_state(await loaded_state(upgraded, plan, "old"), h.state)

@@ -6,11 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import pytest
-
 from tideflow.dsl import compile_definition
-from tideflow.store.base import Store, StoreError, TaskLease
-from tideflow.store.sqlfiles import migrations
+from tideflow.store.base import Store, TaskLease
 
 from .conftest import Backend
 from .scenarios import T0, UNDO_SCHEMA_8, Driver, order_plan, order_script
@@ -131,14 +128,7 @@ async def test_a_store_at_schema_7_keeps_its_attempts_in_flight(sql_backend: Bac
     await driver.flush()
     assert await store.claim_task("old", "work", 1, owner="w1", now=T0, until=T0 + 10)
     await store.close()
-    for statement in UNDO_SCHEMA_8[sql_backend.name]:
-        await sql_backend.raw(statement)
-    await sql_backend.raw("DELETE FROM schema_version WHERE version > 7")
-
-    with pytest.raises(StoreError, match=r"is at schema 7, .*tideflow db upgrade"):
-        await sql_backend.open(auto_upgrade=False)
-    upgraded = await sql_backend.open()
-    assert await upgraded.schema_version() == migrations(sql_backend.name)[-1].version
+    upgraded = await sql_backend.upgraded_from(7, UNDO_SCHEMA_8[sql_backend.name])
     assert await upgraded.expired_tasks(T0 + 9) == []
     [kept] = await upgraded.expired_tasks(T0 + 11)
     assert (kept.run_id, kept.step_key, kept.attempt, kept.owner, kept.lease_until) == (

@@ -9,8 +9,7 @@ import pytest
 
 from tideflow.errors import StateFormatError
 from tideflow.model.schedules import Catchup, Overlap, ScheduleOrigin, ScheduleRow, ScheduleSpec
-from tideflow.store.base import Store, StoreError
-from tideflow.store.sqlfiles import migrations
+from tideflow.store.base import Store
 
 from .conftest import Backend
 from .scenarios import UNDO_SCHEMA_7, UNDO_SCHEMA_8, Driver, short_plan
@@ -114,14 +113,9 @@ async def test_a_store_at_schema_6_upgrades_to_hold_schedules(sql_backend: Backe
     h = await driver.new_run(short_plan(), "kept")
     await driver.play([lambda: h.start()])
     await store.close()
-    for statement in (*UNDO_SCHEMA_8[sql_backend.name], *UNDO_SCHEMA_7):
-        await sql_backend.raw(statement)
-    await sql_backend.raw("DELETE FROM schema_version WHERE version > 6")
-
-    with pytest.raises(StoreError, match=r"is at schema 6, .*tideflow db upgrade"):
-        await sql_backend.open(auto_upgrade=False)
-    upgraded = await sql_backend.open()
-    assert await upgraded.schema_version() == migrations(sql_backend.name)[-1].version
+    upgraded = await sql_backend.upgraded_from(
+        6, (*UNDO_SCHEMA_8[sql_backend.name], *UNDO_SCHEMA_7)
+    )
     assert (await upgraded.load_run("kept")).last_seq == 2
     assert await upgraded.insert_schedule(row())
     assert [r.key for r in await upgraded.due_schedules(math.inf)] == [("report", "morning")]

@@ -227,9 +227,8 @@ class WorkerPool:
                 if not self._draining:
                     ran = True
                     self._executing.add(key)
-                    reports: dict[
-                        str, str
-                    ] = {}  # the reports' headers: an interceptor may fill them
+                    # the reports' headers: an interceptor may fill them
+                    reports: dict[str, str] = {}
                     try:
                         out = await self._attempt(task, delivery, reports, key)
                     except (asyncio.CancelledError, KeyboardInterrupt):
