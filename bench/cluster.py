@@ -396,7 +396,8 @@ async def measure(client: Client, name: str, bus: str, runs: int | None = None) 
                 await client.wait(run_id, timeout=RUN_TIMEOUT)
 
     t0 = time.time()
-    await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(count))), RUN_TIMEOUT)
+    async with asyncio.timeout(RUN_TIMEOUT):
+        await asyncio.gather(*(one(i) for i in range(count)))
     await _wait_all_ended(client, ids, RUN_TIMEOUT)
     summaries = [await client.summary(run_id) for run_id in ids]
     bad = [s for s in summaries if s.status != "succeeded"]

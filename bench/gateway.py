@@ -109,7 +109,8 @@ async def bench(runs: int, concurrency: int, batch: int, store: str | None) -> d
                 waiting.add(run_id)
         if len(waiting) == runs:
             all_waiting.set()
-        await asyncio.wait_for(all_waiting.wait(), 3600)
+        async with asyncio.timeout(3600):
+            await all_waiting.wait()
         started = time.perf_counter() - began
 
         listener_sock = socket.socket()
@@ -126,7 +127,8 @@ async def bench(runs: int, concurrency: int, batch: int, store: str | None) -> d
             sent = await send_apart(port, requests(orders, batch), concurrency)
             server_cpu = time.process_time() - cpu_before
             sent_at = time.perf_counter()
-            await asyncio.wait_for(all_ended.wait(), 3600)
+            async with asyncio.timeout(3600):
+                await all_ended.wait()
             applied = time.perf_counter() - sent_at + sent["seconds"]
         finally:
             server.should_exit = True

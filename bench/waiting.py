@@ -137,7 +137,8 @@ async def engine(kind: str, where: str, cache: int, touch: int, offset: int) -> 
         for run_id in touched:
             await rt.signal(run_id, "go", {"by": "bench"})
         if touch:
-            await asyncio.wait_for(moved.wait(), 600)
+            async with asyncio.timeout(600):
+                await moved.wait()
         cached = len(rt._engine.runs)
     finally:
         await rt.close()

@@ -542,4 +542,5 @@ class _Recording(EngineLink):
         return await self._engine.state(run_id)
 
     async def wait(self, run_id: str, timeout: float | None = None) -> RunResult:
-        return await asyncio.wait_for(self._engine.wait(run_id), timeout)
+        async with asyncio.timeout(timeout):
+            return await self._engine.wait(run_id)

@@ -37,7 +37,8 @@ class Watch:
     async def wait(self, timeout: float) -> bool:
         """Whether a change was heard (False: the timeout passed first)."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._changed.wait()
         heard = self._changed.is_set()
         self._changed.clear()
         return heard

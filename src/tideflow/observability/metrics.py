@@ -394,7 +394,8 @@ async def _read_levels(rt: Runtime, errors: list[BaseException]) -> _Levels:
 
 async def _bounded(what: Awaitable[Any], name: str, errors: list[BaseException]) -> Any:
     try:
-        return await asyncio.wait_for(what, SCRAPE_TIMEOUT)
+        async with asyncio.timeout(SCRAPE_TIMEOUT):
+            return await what
     except Exception as exc:
         errors.append(exc)
         log.warning("a metrics scrape could not read %s: %s: %s", name, type(exc).__name__, exc)
@@ -517,7 +518,8 @@ async def serve_metrics(
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10.0)
+            async with asyncio.timeout(10.0):
+                head = await reader.readuntil(b"\r\n\r\n")
             method, _, rest = head.split(b"\r\n", 1)[0].decode("latin-1").partition(" ")
             path = rest.split(" ", 1)[0].split("?", 1)[0]
             if method not in ("GET", "HEAD") or path not in ("/metrics", "/"):

@@ -212,7 +212,8 @@ class Engine(EngineLink, Runs):
             return result_of(state, await self.plans.get(state.plan_hash))
         fut: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
         self._waiters[run_id].append(fut)
-        return await asyncio.wait_for(fut, timeout)
+        async with asyncio.timeout(timeout):
+            return await fut
 
     # -- what workers call ------------------------------------------------------
 

@@ -188,7 +188,8 @@ class BusLink(EngineLink):
             self._listener = asyncio.get_running_loop().create_task(self._listen())
         if not self._first_try.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._first_try.wait(), limit)
+                async with asyncio.timeout(limit):
+                    await self._first_try.wait()
 
     async def _listen(self) -> None:
         """Hold the client's one run-end subscription, opening it again when it fails (the

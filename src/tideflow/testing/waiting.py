@@ -27,7 +27,8 @@ async def wait_until(
         state = await rt.state(run_id)
         if predicate(state):
             return state
-        await asyncio.wait_for(reached.wait(), timeout)
+        async with asyncio.timeout(timeout):
+            await reached.wait()
         return latest["state"]
     finally:
         rt.remove_listener(listener)

@@ -276,6 +276,8 @@ async def test_a_task_running_at_shutdown_goes_back_to_the_bus() -> None:
     async with Runtime(store=store, bus=bus) as first:
         run_id = await first.start_run(SLOW)
         await wait_until(first, run_id, step_is("s", "running"))
+        # dispatched is not yet called: the function must be running as the runtime stops
+        await asyncio.wait_for(CALLED.setdefault(1, asyncio.Event()).wait(), 10)
     waiting = bus.lanes_of("default")[1]
     assert [task.body.step_key for task in waiting] == ["s"]  # handed back, not acked
     async with Runtime(store=store, bus=bus, recover=False) as second:

@@ -407,7 +407,8 @@ class NatsBus(Bus):
                 except TypeError as exc:
                     raise BusError(f"a message for {subject} cannot be encoded: {exc}") from None
                 acks.append(await js.publish_async(subject, payload, headers=dict(headers) or None))
-            await asyncio.wait_for(asyncio.gather(*acks), PUBLISH_TIMEOUT)
+            async with asyncio.timeout(PUBLISH_TIMEOUT):
+                await asyncio.gather(*acks)
         except (nats.errors.Error, TimeoutError) as exc:
             for ack in acks:
                 ack.cancel()
@@ -561,7 +562,8 @@ class NatsBus(Bus):
         probe = self._probes[token] = asyncio.get_running_loop().create_future()
         try:
             await self.nc.publish(subject, b"", headers={PROBE: token})
-            await asyncio.wait_for(probe, PROBE_TIMEOUT)
+            async with asyncio.timeout(PROBE_TIMEOUT):
+                await probe
         finally:
             del self._probes[token]
 

@@ -500,7 +500,8 @@ class EventConsumer:
 async def wait_until_set(event: asyncio.Event, timeout: float) -> None:
     """Until ``event`` is set or ``timeout`` seconds have passed (at most a day)."""
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(event.wait(), max(0.0, min(timeout, 86_400.0)))
+        async with asyncio.timeout(max(0.0, min(timeout, 86_400.0))):
+            await event.wait()
 
 
 def text(value: Any) -> str:

@@ -23,7 +23,8 @@ async def terminate_group(proc: asyncio.subprocess.Process, grace: float) -> Non
     if proc.returncode is None:
         signal_group(proc.pid, signal.SIGTERM)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(proc.wait(), grace)
+            async with asyncio.timeout(grace):
+                await proc.wait()
     # Also after the leader exited: descendants may have ignored SIGTERM.
     signal_group(proc.pid, signal.SIGKILL)
     await proc.wait()
