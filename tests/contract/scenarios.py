@@ -153,8 +153,23 @@ def same_state(a: RunState, b: RunState) -> bool:
     return codec.state_to_data(a) == codec.state_to_data(b)
 
 
+UNDO_SCHEMA_9 = {
+    "sqlite": (
+        """CREATE TABLE history_8 (
+            run_id TEXT NOT NULL, seq INTEGER NOT NULL, event_id TEXT NOT NULL UNIQUE,
+            kind TEXT NOT NULL, time REAL NOT NULL, data TEXT NOT NULL,
+            transitions TEXT NOT NULL, PRIMARY KEY (run_id, seq))""",
+        "INSERT INTO history_8 SELECT * FROM history",
+        "DROP TABLE history",
+        "ALTER TABLE history_8 RENAME TO history",
+    ),
+    "postgres": ("ALTER TABLE history ADD CONSTRAINT history_event_id_key UNIQUE (event_id)",),
+}
+"""What migration 9 changed, undone: history with its unique index on event_id."""
+
 UNDO_SCHEMA_8 = {
     "sqlite": (
+        *UNDO_SCHEMA_9["sqlite"],
         """CREATE TABLE task_leases_7 (
             run_id TEXT NOT NULL, step_key TEXT NOT NULL, attempt INTEGER NOT NULL,
             dispatched_at REAL NOT NULL, started_at REAL, owner TEXT,
@@ -164,10 +179,13 @@ UNDO_SCHEMA_8 = {
         "ALTER TABLE task_leases_7 RENAME TO task_leases",
         "CREATE INDEX task_leases_until ON task_leases (lease_until)",
     ),
-    "postgres": ("CREATE INDEX task_leases_until ON task_leases (lease_until)",),
+    "postgres": (
+        *UNDO_SCHEMA_9["postgres"],
+        "CREATE INDEX task_leases_until ON task_leases (lease_until)",
+    ),
 }
-"""What migration 8 changed, undone: task_leases as migration 2 made it (on SQLite a table
-with a rowid), with its index on lease_until."""
+"""What migrations 8 and 9 changed, undone: task_leases as migration 2 made it (on SQLite a
+table with a rowid), with its index on lease_until, and history as migration 1 made it."""
 
 UNDO_SCHEMA_7 = ("DROP TABLE schedules",)
 """What migration 7 added (the same on SQLite and PostgreSQL)."""

@@ -10,7 +10,16 @@ from tideflow.dsl import compile_definition
 from tideflow.store.base import Store, TaskLease
 
 from .conftest import Backend
-from .scenarios import T0, UNDO_SCHEMA_8, Driver, order_plan, order_script
+from .scenarios import (
+    T0,
+    UNDO_SCHEMA_8,
+    UNDO_SCHEMA_9,
+    Driver,
+    loaded_state,
+    order_plan,
+    order_script,
+    same_state,
+)
 
 WAITER: dict[str, Any] = {
     "name": "waiter",
@@ -153,6 +162,36 @@ async def test_a_store_at_schema_7_keeps_its_attempts_in_flight(sql_backend: Bac
         indexes = "SELECT indexname FROM pg_indexes WHERE tablename = 'task_leases'"
         indexes += " AND schemaname = current_schema()"
     assert "task_leases_until" not in {row[0] for row in await sql_backend.raw(indexes)}
+
+
+async def test_a_store_at_schema_8_keeps_its_history(sql_backend: Backend) -> None:
+    """Migration 9 (history without its index on event_id) on a store an older tideflow
+    left with runs half done and one finished: every event is kept, in order, and the
+    runs go on."""
+    store = await sql_backend.open()
+    plan = order_plan()
+    driver = Driver(store, batch_size=3)
+    done, half = await driver.new_run(plan, "done"), await driver.new_run(plan, "half")
+    await driver.play(order_script(done))
+    script = order_script(half)
+    await driver.play(script[:4])
+    before = {run_id: await store.history(run_id) for run_id in ("done", "half")}
+    await store.close()
+    upgraded = await sql_backend.upgraded_from(8, UNDO_SCHEMA_9[sql_backend.name])
+    assert {run_id: await upgraded.history(run_id) for run_id in before} == before
+    driver.store = upgraded
+    await driver.play(script[4:])
+    assert same_state(await loaded_state(upgraded, plan, "half"), half.state)
+    assert (await upgraded.get_run("half")).status == "succeeded"
+    after = await upgraded.history("half")
+    assert after[: len(before["half"])] == before["half"]
+    assert [entry.seq for entry in after] == list(range(1, driver.seqs["half"] + 1))
+    if sql_backend.name == "sqlite":
+        indexes = "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'history'"
+    else:
+        indexes = "SELECT indexname FROM pg_indexes WHERE tablename = 'history'"
+        indexes += " AND schemaname = current_schema()"
+    assert len(await sql_backend.raw(indexes)) == 1  # the primary key's: (run_id, seq)
 
 
 async def test_runs_waiting_for_a_signal(store: Store) -> None:
