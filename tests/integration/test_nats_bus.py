@@ -379,6 +379,30 @@ async def test_a_run_end_published_just_after_run_ends_returned_is_heard(
         await ends.aclose()
 
 
+async def test_a_subscription_its_probe_never_proved_is_dropped(
+    make_bus: Callable[..., Awaitable[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A probe that does not come back fails ``run_ends`` and leaves no subscription: the
+    next call subscribes afresh, and a run end then comes once, not once per try."""
+    engine, client = await make_bus(), await make_bus()
+    subscriptions = len(client.nc._subs)
+    monkeypatch.setattr(nats_bus, "PROBE_TIMEOUT", 0.2)
+    for _ in range(2):
+        with monkeypatch.context() as lost:
+            lost.setattr(client, "_probed", lambda msg: msg.headers is not None)  # no answer
+            with pytest.raises(BusError, match="subscribing to run ends failed"):
+                await client.run_ends()
+        assert len(client.nc._subs) == subscriptions
+    ends = await client.run_ends()
+    try:
+        await engine.publish_run_ends([nats_bus.RunEnded("r3", "succeeded")])
+        await engine.publish_run_ends([nats_bus.RunEnded("r4", "succeeded")])
+        assert await asyncio.wait_for(anext(ends), WITHIN) == nats_bus.RunEnded("r3", "succeeded")
+        assert await asyncio.wait_for(anext(ends), WITHIN) == nats_bus.RunEnded("r4", "succeeded")
+    finally:
+        await ends.aclose()
+
+
 async def test_a_probe_of_another_process_reaches_no_run_end_stream(
     make_bus: Callable[..., Awaitable[Any]],
 ) -> None:

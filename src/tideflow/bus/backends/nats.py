@@ -452,11 +452,15 @@ class NatsBus(Bus):
     async def run_ends(self) -> Stream[RunEnded]:
         async with self._ends_lock:
             if self._ends_sub is None:
+                subject = f"{self.prefix}.ended"
+                sub = None
                 try:
-                    subject = f"{self.prefix}.ended"
                     sub = await self.nc.subscribe(subject, cb=self._on_ends)
                     await self._proven(subject)  # the server has it: nothing is missed
                 except (nats.errors.Error, TimeoutError) as exc:
+                    if sub is not None:  # not proven: the next call subscribes afresh
+                        with contextlib.suppress(nats.errors.Error):
+                            await sub.unsubscribe()
                     raise BusError(
                         f"NATS bus {self.url}: subscribing to run ends failed: {exc!r}"
                     ) from None
