@@ -71,6 +71,68 @@ async def test_commits_are_checkpointed_by_a_thread_of_their_own(
         await store.close()
 
 
+class _BrokenDisk:
+    """The checkpoint thread's connection, on a disk that fails every statement."""
+
+    def execute(self, sql: str) -> Any:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("fails", ["connect", "checkpoint"])
+async def test_a_checkpoint_thread_that_fails_leaves_checkpoints_to_the_commits(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    fails: str,
+) -> None:
+    """Its connection refused, or its checkpoint failing: a warning, the thread ends, and
+    the store's own connection checkpoints once the WAL passes its bound (a few pages here),
+    so the WAL does not grow without end and every commit still goes through."""
+    connect = sqlite3.connect
+
+    def connecting(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread().name != "tideflow-sqlite-checkpoint":
+            return connect(*args, **kwargs)
+        if fails == "connect":
+            raise sqlite3.OperationalError("unable to open database file")
+        return _BrokenDisk()
+
+    monkeypatch.setattr(sqlite_checkpoints.sqlite3, "connect", connecting)
+    monkeypatch.setattr(sqlite_checkpoints, "EVERY", 1)
+    monkeypatch.setattr("tideflow.store.backends.sqlite.WRITER_PAGES", 4)
+    path = tmp_path / "runs.db"
+    store = SqliteStore(f"sqlite:///{path}", compile_plan=compile_stored)
+    await store.open()
+    try:
+        checkpointer = store._checkpointer
+        assert checkpointer is not None
+        driver = Driver(store)
+        runs = [await driver.new_run(order_plan(), f"r{i}") for i in range(3)]
+        await driver.play(*(order_script(h) for h in runs))
+        await driver.flush()
+        message = "no background checkpoints" if fails == "connect" else "checkpoints stopped"
+        await until(
+            lambda: any(message in r.getMessage() for r in caplog.records),
+            "the warning that the thread ended",
+        )
+        assert checkpointer.checkpoints == 0
+        alone = tmp_path / "alone.db"  # the database file without its WAL
+        shutil.copyfile(path, alone)
+        conn = sqlite3.connect(alone)
+        try:
+            in_the_file = conn.execute("SELECT count(*) FROM runs").fetchone()[0]
+        finally:
+            conn.close()
+        assert in_the_file == 3  # checkpointed by the commits
+        for h in runs:
+            assert (await store.get_run(h.run_id)).status == "succeeded"
+    finally:
+        await store.close()
+
+
 async def test_close_ends_the_stores_threads(tmp_path: Path) -> None:
     store = SqliteStore(f"sqlite:///{tmp_path}/runs.db", compile_plan=compile_stored)
     await store.open()
