@@ -520,15 +520,30 @@ async def _next_unless(
     try:
         await asyncio.wait((following, changed), return_when=asyncio.FIRST_COMPLETED)
     finally:
-        while not following.done():  # ownership changed, or the scheduler is stopping
-            following.cancel()  # again if a client swallowed it (nats-py during a nack)
-            await asyncio.wait((following,), timeout=CANCEL_AGAIN)
+        await _settle(following)
     if following.cancelled():
         return None
     try:
         return following.result()
     except StopAsyncIteration:
         raise _Ended from None
+
+
+async def _settle(following: asyncio.Future[EventBatch]) -> None:
+    """Cancel the read in progress and wait until it is over, however long the stream
+    takes to hand back what it held (the read cancelled runs the stream's cleanup). A
+    stop that comes meanwhile is kept for the end: the stream must not be closed while its
+    read runs (``aclose`` then raises RuntimeError, which took the stop's place: the
+    scheduler consumed again instead of stopping, and the partitions stayed held)."""
+    stopped = False
+    while not following.done():  # ownership changed, or the scheduler is stopping
+        following.cancel()  # again if a client swallowed it (nats-py during a nack)
+        try:
+            await asyncio.wait((following,), timeout=CANCEL_AGAIN)
+        except asyncio.CancelledError:
+            stopped = True
+    if stopped:
+        raise asyncio.CancelledError
 
 
 class _Ended(Exception):
