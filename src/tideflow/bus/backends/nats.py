@@ -89,6 +89,7 @@ from tideflow.bus.base import (
     partition_of,
     wanted_partitions,
 )
+from tideflow.bus.closing import unstoppable
 from tideflow.bus.fanout import FanOut, MalformedEnds, decode_run_ends, encode_run_ends
 from tideflow.errors import BusError
 from tideflow.model.codec import (
@@ -429,8 +430,7 @@ class NatsBus(Bus):
             while True:
                 yield await reader.next()
         finally:
-            await presence.stop()
-            await reader.close()
+            await unstoppable(presence.stop, reader.close)
 
     async def consume_events(
         self, partitions: Collection[int] | None = None, *, max_batch: int
@@ -442,7 +442,7 @@ class NatsBus(Bus):
             while True:
                 yield await reader.next()
         finally:
-            await reader.close()
+            await unstoppable(reader.close)
 
     def consume_control(self) -> Stream[Control]:
         if self._nc is None:  # the bus's own subscription feeds every control stream

@@ -89,6 +89,7 @@ from tideflow.bus.base import (
     partition_of,
     wanted_partitions,
 )
+from tideflow.bus.closing import unstoppable
 from tideflow.bus.fanout import FanOut, MalformedEnds, decode_run_ends, encode_run_ends
 from tideflow.errors import BusError
 from tideflow.model.commands import DispatchTask
@@ -276,8 +277,7 @@ class RedisBus(Bus):
             while True:
                 yield await consumer.next()
         finally:
-            await presence.stop()
-            await consumer.close()
+            await unstoppable(presence.stop, consumer.close)
 
     async def consume_events(
         self, partitions: Collection[int] | None = None, *, max_batch: int
@@ -289,7 +289,7 @@ class RedisBus(Bus):
             while True:
                 yield await consumer.next()
         finally:
-            await consumer.close()
+            await unstoppable(consumer.close)
 
     async def ack_tasks(self, deliveries: Sequence[Delivery[DispatchTask]]) -> None:
         """One script call (``XACK`` + ``XDEL`` of each) per consumer that holds some."""
