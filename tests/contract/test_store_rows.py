@@ -127,6 +127,29 @@ async def test_a_task_lease_is_claimed_extended_and_expires(store: Store) -> Non
     assert await store.expired_tasks(math.inf) == []
 
 
+async def test_a_start_recorded_after_a_claim_keeps_the_claim(store: Store) -> None:
+    plan = compile_definition(WAITER)
+    driver = Driver(store)
+    h = await driver.new_run(plan, "c")
+    h.auto_start = False
+    h.start()
+    await driver.flush()
+    assert await store.claim_task("c", "work", 1, owner="w1", now=T0, until=T0 + 10)
+    h.advance(3)
+    h.started("work")
+    await driver.flush()
+    [lease] = await store.expired_tasks(math.inf)
+    assert lease == TaskLease(
+        run_id="c",
+        step_key="work",
+        attempt=1,
+        dispatched_at=T0,
+        started_at=T0 + 3,
+        owner="w1",
+        lease_until=T0 + 10,
+    )
+
+
 async def test_a_store_at_schema_7_keeps_its_attempts_in_flight(sql_backend: Backend) -> None:
     """Migration 8 (task_leases in fewer pages) on a store an older tideflow wrote with an
     attempt in flight, claimed: the row, its lease and every query on it are kept."""

@@ -137,8 +137,9 @@ def on_started(d: Decider, event: TaskStarted) -> None:
             record_fact(d, st, redelivered_cause("attempt", st.attempts, event))
         return  # a duplicate: the first start counts (and its timeout clock)
     st.attempt_started_at = d.now
-    for tid in timer_ids(st):  # the timeout restarts now, even if armed at dispatch
-        disarm(d, st, tid)
+    if st.timers:  # the timeout restarts now, even if armed at dispatch
+        for tid in timer_ids(st):
+            disarm(d, st, tid)
     record_fact(d, st, started_cause("attempt", st.attempts, event.worker))
     timeout = d.plan.specs[st.step_id].timeout
     if timeout is not None:

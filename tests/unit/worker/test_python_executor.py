@@ -57,6 +57,21 @@ async def test_sync_function_gets_input_as_keyword_arguments(
     assert out == {"sum": 5}
 
 
+async def test_a_sync_callable_that_returns_a_coroutine_has_it_awaited(
+    python: PythonExecutor, modules: ModuleDir
+) -> None:
+    # An object whose __call__ is a coroutine function is not one itself (it runs in a
+    # thread): the coroutine it returns is awaited on the loop, its result is the output.
+    mod = modules.write(
+        "class Double:\n"
+        "    async def __call__(self, n):\n"
+        "        return {'twice': 2 * n}\n"
+        "double = Double()\n"
+    )
+    out = await python.execute(make_ctx(), {"function": f"{mod}:double"}, {"n": 4})
+    assert out == {"twice": 8}
+
+
 async def test_async_function_runs_on_the_loop(python: PythonExecutor, modules: ModuleDir) -> None:
     mod = modules.write(
         """

@@ -42,6 +42,8 @@ from tideflow.model.plan import Priority
 
 _RANK = {Priority.HIGH: 0, Priority.NORMAL: 1, Priority.LOW: 2}
 _CYCLE = tuple(_RANK[p] for p in PRIORITY_CYCLE)
+_NEXT = tuple((index + 1) % len(_CYCLE) for index in range(len(_CYCLE)))
+"""The cursor in ``_CYCLE`` after each position."""
 
 
 class Handle(Protocol):
@@ -245,9 +247,14 @@ class _TaskConsumer(_Waiting):
         first, ``PRIORITY_CYCLE``), a priority with nothing waiting giving its turn on."""
         queues = self.names if self.names is not None else self.bus.all_lanes
         count = len(queues)
-        if count == 1:
-            order = queues
-        elif count:
+        if count == 1:  # one queue (every take of a worker of one queue): no loops
+            lanes = queues[0]
+            lane = lanes[_CYCLE[self._cursor]] or lanes[0] or lanes[1] or lanes[2]
+            if not lane:
+                return None
+            self._cursor = _NEXT[self._cursor]
+            return lane
+        if count:
             self._turn = start = (self._turn + 1) % count
             order = queues[start:] + queues[:start]
         else:
@@ -258,7 +265,7 @@ class _TaskConsumer(_Waiting):
                 for lanes in order:
                     lane = lanes[rank]
                     if lane:
-                        self._cursor = (self._cursor + 1) % len(_CYCLE)
+                        self._cursor = _NEXT[self._cursor]
                         return lane
         return None
 

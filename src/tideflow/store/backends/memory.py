@@ -298,7 +298,17 @@ class MemoryStore(Store):
                 else:
                     held[key] = lease
             elif row.started_at is not None and old is not None and old.attempt == row.attempt:
-                held[key] = replace(old, started_at=row.started_at)  # type: ignore[index]
+                # Built whole, not ``dataclasses.replace``: every started attempt passes
+                # here, and replace walks the fields in Python (4% of a W1 step).
+                held[key] = TaskLease(  # type: ignore[index]
+                    run_id=run_id,
+                    step_key=key,
+                    attempt=old.attempt,
+                    dispatched_at=old.dispatched_at,
+                    started_at=row.started_at,
+                    owner=old.owner,
+                    lease_until=old.lease_until,
+                )
         for run_id, names in rows.waits.items():
             self._set_waits(run_id, names)
         if rows.ended:

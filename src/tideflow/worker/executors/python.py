@@ -50,6 +50,8 @@ DEFAULT_MAX_WORKERS = 16
 
 log = logging.getLogger("tideflow.worker")
 _NO_DEADLINE = contextlib.nullcontext()
+_PLAIN = frozenset({type(None), dict, list, str, int, float, bool})
+"""Result types that are never awaitable."""
 
 
 class PythonExecutor(Executor):
@@ -139,7 +141,9 @@ class PythonExecutor(Executor):
             except asyncio.CancelledError:
                 _abandon(pool, call, ctx, spec)
                 raise
-            if inspect.isawaitable(result):  # a sync callable that returned a coroutine
+            # a sync callable that returned a coroutine (plain data, the usual result, is
+            # told apart by its type: isawaitable is a Python call of several checks)
+            if type(result) not in _PLAIN and inspect.isawaitable(result):
                 result = await result
         except (Exception, asyncio.CancelledError):
             raise

@@ -197,9 +197,8 @@ class DaemonThreadPool(Executor):
 
     def _work(self) -> None:
         me = threading.current_thread()
-        woken = True  # a new thread was started for a call
+        item = self._take(me, True)  # a new thread was started for a call
         while True:
-            item = self._take(me, woken)
             if item is None:
                 with self._lock:
                     self._idle += 1
@@ -210,9 +209,8 @@ class DaemonThreadPool(Executor):
                         self._tokens -= 1
                 if not go_on:
                     break
-                woken = True
+                item = self._take(me, True)
                 continue
-            woken = False
             handle, call, _ = item
             try:
                 handle.set_result(call())
@@ -220,7 +218,8 @@ class DaemonThreadPool(Executor):
                 handle.set_exception(exc)
             finally:
                 del item, call
-            if not self._next(handle, me):
+            stay, item = self._next(handle, me)
+            if not stay:
                 break
         with self._lock:
             self._threads.discard(me)
@@ -231,26 +230,32 @@ class DaemonThreadPool(Executor):
         with self._lock:
             if woken:
                 self._waking -= 1
-            while self._calls:
-                item = self._calls.popleft()
-                if item[0].set_running_or_notify_cancel():
-                    self._running[item[0]] = me
-                    self._busy_since[me] = time.monotonic()
-                    if item[2]:
-                        self._wake_one()
-                    return item
+            return self._pop(me)
+
+    def _pop(self, me: threading.Thread) -> _Item | None:
+        """`_take` with the lock held."""
+        while self._calls:
+            item = self._calls.popleft()
+            if item[0].set_running_or_notify_cancel():
+                self._running[item[0]] = me
+                self._busy_since[me] = time.monotonic()
+                if item[2]:
+                    self._wake_one()
+                return item
         return None
 
-    def _next(self, future: _Handle, me: threading.Thread) -> bool:
+    def _next(self, future: _Handle, me: threading.Thread) -> tuple[bool, _Item | None]:
         """After a call: stay for more work (True) or end, when an abandoned thread
-        returns to a pool that is full."""
+        returns to a pool that is full; staying, the next call to run (as `_take`, under
+        the same hold of the lock: every call of a busy thread comes this way)."""
         with self._lock:
             del self._running[future]
             self._busy_since.pop(me, None)
             if me in self._abandoned:
                 self._abandoned.discard(me)
-                return len(self._threads) - len(self._abandoned) <= self.max_workers
-            return True
+                if len(self._threads) - len(self._abandoned) > self.max_workers:
+                    return False, None
+            return True, self._pop(me)
 
 
 _PENDING, _RUNNING, _CANCELLED, _FINISHED = range(4)
