@@ -15,7 +15,6 @@ so a chain of 10,000 engine steps is handled in one flat loop.
 
 from __future__ import annotations
 
-from collections import deque
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -50,6 +49,7 @@ from tideflow.model.plan import Graph, OnError, Plan, StepSpec
 from tideflow.model.run import RunState, ScopeState, StepState
 from tideflow.model.states import (
     STEP_TERMINAL,
+    STEP_TRANSITIONS,
     RunStatus,
     StepStatus,
     check_run_transition,
@@ -98,8 +98,10 @@ class Decider:
         self.now = now
         self.commands: list[Command] = []
         self.transitions: list[Transition] = []
-        self._finished: deque[str] = deque()
-        self._ready: deque[str] = deque()
+        # Lists read through by index (`_drain`), not deques: one decide call fills a
+        # few keys at most, and a list costs a third of a deque to make.
+        self._finished: list[str] = []
+        self._ready: list[str] = []
         self.touched = False
         """Set when the state changes without a transition (a signal kept for later)."""
 
@@ -134,12 +136,17 @@ class Decider:
         self._drain()
 
     def _drain(self) -> None:
+        """Propagate every step that finished, then start the next ready one, in the
+        order they came, until neither is left (each may add more of both)."""
         finished, ready = self._finished, self._ready
-        while finished or ready:
-            while finished:
-                joins.propagate(self, finished.popleft())
-            if ready:
-                self._start(ready.popleft())
+        done = started = 0
+        while done < len(finished) or started < len(ready):
+            while done < len(finished):
+                done += 1
+                joins.propagate(self, finished[done - 1])
+            if started < len(ready):
+                started += 1
+                self._start(ready[started - 1])
 
     # -- run lifecycle ----------------------------------------------------------
 
@@ -241,11 +248,15 @@ class Decider:
         self, st: StepState, new: StepStatus, cause: str, attempt: int | None = None
     ) -> None:
         old = st.status
-        check_step_transition(st.key, old, new)
+        if new not in STEP_TRANSITIONS[old]:  # (the table looked up here: a call less)
+            check_step_transition(st.key, old, new)  # raises, naming the step
         st.status = new
         # ``_value_``, the member's value as an attribute: ``.value`` is an enum property
-        # (two Python calls), and every step goes through here three times or more.
-        self.record(st.key, old._value_, new._value_, cause, attempt)
+        # (two Python calls), and every step goes through here three times or more. As
+        # `record`, written out (a call less).
+        self.transitions.append(
+            _transition((st.key, old._value_, new._value_, self.now, cause, attempt))
+        )
         if new in STEP_TERMINAL:
             st.finished_at = self.now
             if st.timers:

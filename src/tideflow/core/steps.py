@@ -37,7 +37,7 @@ _WAITING = StepStatus.WAITING
 def start_step(d: Decider, st: StepState, spec: StepSpec) -> None:
     """Start a READY step: evaluate ``when``, resolve ``input``, then act by type."""
     scope = (
-        _EMPTY if _constant_action(spec) else build_scope(d.state, st.scope, d.now, instance=st.key)
+        _EMPTY if spec.constant_action else build_scope(d.state, st.scope, d.now, instance=st.key)
     )
     if spec.when is not None and not spec.when.evaluate(scope):
         d.skip(st, f"when is false: {spec.when.source}")
@@ -55,16 +55,6 @@ def start_step(d: Decider, st: StepState, spec: StepSpec) -> None:
 
 
 _EMPTY: dict[str, Any] = {}
-
-
-def _constant_action(spec: StepSpec) -> bool:
-    """An action whose input and config have no templates needs no expression scope."""
-    return (
-        spec.is_action
-        and spec.when is None
-        and (spec.input is None or spec.input.is_constant)
-        and (spec.config is None or spec.config.is_constant)
-    )
 
 
 # -- engine steps ---------------------------------------------------------------

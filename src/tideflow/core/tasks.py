@@ -9,12 +9,10 @@ rendering of one attempt yields the same ``uuid()``s.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any
 
 from tideflow.core.scope import build_scope, redraw
 from tideflow.model.commands import CancelTask, DispatchTask, StartChildRun
-from tideflow.model.expressions import Template
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState, StepState
 
@@ -60,7 +58,7 @@ def action_task(plan: Plan, state: RunState, st: StepState, config: Any) -> Disp
         queue=spec.queue,
         priority=spec.priority,
         sensitive=spec.sensitive,
-        secrets=secret_names(plan, spec.id),
+        secrets=spec.secrets,
         idempotent=spec.idempotent,
         round=state.retries,
     )
@@ -89,7 +87,7 @@ def compensation_task(
         queue=spec.queue,
         priority=spec.priority,
         compensation=True,
-        secrets=secret_names(plan, spec.id, compensation=True),
+        secrets=spec.compensation_secrets,
         round=state.retries,
     )
 
@@ -123,22 +121,3 @@ def child_run(plan: Plan, run_id: str, st: StepState) -> StartChildRun:
         input=st.input,
         wait=sub.mode == "sync",
     )
-
-
-def secret_names(plan: Plan, step_id: str, *, compensation: bool = False) -> tuple[str, ...]:
-    """Secret names the templates of a step's action (or its compensation) reference."""
-    return _secret_names(plan, step_id, compensation)
-
-
-@lru_cache(maxsize=4096)
-def _secret_names(plan: Plan, step_id: str, compensation: bool) -> tuple[str, ...]:
-    spec = plan.specs[step_id]
-    templates: tuple[Template | None, ...] = (spec.config, spec.input)
-    if compensation:
-        assert spec.compensate is not None
-        templates = (spec.compensate.config, spec.compensate.input)
-    names: set[str] = set()
-    for template in templates:
-        if template is not None:
-            names |= template.secret_references()
-    return tuple(sorted(names))

@@ -230,9 +230,44 @@ class StepSpec:
     line: int | None = None
     """Where the step is defined, for messages."""
 
-    @property
-    def is_action(self) -> bool:
-        return self.type not in ENGINE_TYPES
+    # Derived once, when the spec is built: the core reads them on every attempt.
+    is_action: bool = field(init=False, repr=False, compare=False)
+    """Whether an executor runs the step (its type is not one of ``ENGINE_TYPES``)."""
+    constant_action: bool = field(init=False, repr=False, compare=False)
+    """An action with no ``when`` and no templates in its input and config: it needs no
+    expression scope to start."""
+    secrets: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    """The secret names the action's config and input templates reference, sorted."""
+    compensation_secrets: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    """The same of its compensation's templates (empty without one)."""
+
+    def __post_init__(self) -> None:
+        action = self.type not in ENGINE_TYPES
+        constant = (
+            action
+            and self.when is None
+            and (self.input is None or self.input.is_constant)
+            and (self.config is None or self.config.is_constant)
+        )
+        comp = self.compensate
+        derived = {
+            "is_action": action,
+            "constant_action": constant,
+            "secrets": _secret_names(self.config, self.input),
+            "compensation_secrets": (
+                _secret_names(comp.config, comp.input) if comp is not None else ()
+            ),
+        }
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
+
+
+def _secret_names(*templates: Template | None) -> tuple[str, ...]:
+    names: set[str] = set()
+    for template in templates:
+        if template is not None:
+            names |= template.secret_references()
+    return tuple(sorted(names))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
