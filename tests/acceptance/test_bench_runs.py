@@ -181,3 +181,14 @@ def test_the_bench_prints_the_machine_before_its_rows_when_asked() -> None:
     first, row = (json.loads(line) for line in done.stdout.splitlines())
     assert set(first) == {"machine"} and first["machine"]["handoff_us"] > 0
     assert row["workload"] == "W2"
+
+
+def test_core_bench_drives_every_run_to_its_end_and_reports_per_decide() -> None:
+    done = _python("bench/core.py", "--repeat", "1", "--json")
+    assert done.returncode == 0, done.stderr  # (it raises when a run does not succeed)
+    row = json.loads(done.stdout)
+    assert row["decides"] == 11000
+    assert 0 < row["us_best"] <= row["us_median"]
+    refused = _python("bench/core.py", "--repeat", "0")
+    assert refused.returncode == 2
+    assert "--repeat must be at least 1" in refused.stderr

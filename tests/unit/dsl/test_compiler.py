@@ -316,6 +316,35 @@ def test_sensitive_is_stored() -> None:
     assert compiled.specs["a"].sensitive == ("card", "token")
 
 
+def test_a_spec_knows_once_what_the_core_asks_of_it_per_attempt() -> None:
+    compiled = compile_definition(
+        steps(
+            "- {id: plain, type: python, config: {function: m:f}, input: {n: 1}}\n"
+            "- id: templated\n"
+            "  type: http\n"
+            "  config: {url: 'https://x', headers: {a: '{{ secrets.B_KEY }}'}}\n"
+            "  input: {token: '{{ secrets.A_KEY }}'}\n"
+            "  compensate: {type: http, config: {url: '{{ secrets.UNDO }}'}, input: {}}\n"
+            "- {id: guarded, type: noop, when: 'inputs.go == 1'}\n"
+            "- {id: pause, type: sleep, duration: 1s}\n"
+        )
+    )
+    specs = compiled.specs
+    assert [specs[i].is_action for i in ("plain", "templated", "guarded", "pause")] == [
+        True,
+        True,
+        True,
+        False,
+    ]
+    assert specs["plain"].constant_action  # no scope to build when it starts
+    assert not specs["templated"].constant_action  # its templates read secrets
+    assert not specs["guarded"].constant_action  # its when reads the inputs
+    assert not specs["pause"].constant_action  # not an action
+    assert specs["templated"].secrets == ("A_KEY", "B_KEY")
+    assert specs["templated"].compensation_secrets == ("UNDO",)
+    assert specs["plain"].secrets == specs["plain"].compensation_secrets == ()
+
+
 # --- static checks -------------------------------------------------------------------
 
 
