@@ -34,6 +34,7 @@ from tideflow.model.events import (
     TaskFailed,
     TaskLost,
     TaskStarted,
+    transition_of,
 )
 from tideflow.model.plan import StepSpec
 from tideflow.model.run import StepState
@@ -103,7 +104,10 @@ def record_fact(d: Decider, st: StepState, cause: str) -> None:
     """Record a fact about the attempt in flight: ``running -> running``, the one
     self-transition the table allows (no state changes, nothing to propagate)."""
     assert st.status is _RUNNING
-    d.record(st.key, _RUNNING_VALUE, _RUNNING_VALUE, cause, st.attempts)
+    # as `Decider.record`, written out: an outcome carrying its start comes this way
+    d.transitions.append(
+        transition_of((st.key, _RUNNING_VALUE, _RUNNING_VALUE, d.now, cause, st.attempts))
+    )
 
 
 def redelivered_cause(what: str, attempt: int, event: TaskStarted) -> str:

@@ -25,6 +25,7 @@ _SUCCEEDED = StepStatus.SUCCEEDED
 _FAILED = StepStatus.FAILED
 _PENDING = StepStatus.PENDING
 _EMPTY_GRAPH = Graph(steps=(), dependents={}, roots=(), sinks=())
+_NO_TARGETS: frozenset[str] = frozenset()
 
 
 def propagate(d: Decider, key: str) -> None:
@@ -34,12 +35,15 @@ def propagate(d: Decider, key: str) -> None:
     if scope.closing:
         return
     spec = d.plan.specs[st.step_id]
-    dependents = graph_of(d.plan, st.step_id).dependents.get(st.step_id, ())
+    plan = d.plan
+    graph = plan.graph if st.step_id not in plan.owners else graph_of(plan, st.step_id)
+    dependents = graph.dependents.get(st.step_id, ())
     if dependents:
         status = st.status
         outcome = "ok" if status is _SUCCEEDED else "failed" if status is _FAILED else "skip"
-        chosen: Any = st.output.get("next") if spec.switch is not None and outcome == "ok" else None
-        targets = spec.switch.targets if spec.switch is not None else frozenset()
+        switch = spec.switch
+        chosen: Any = st.output.get("next") if switch is not None and outcome == "ok" else None
+        targets = switch.targets if switch is not None else _NO_TARGETS
         for dep_id in dependents:
             dep_outcome = outcome
             if chosen is not None and dep_id in targets and dep_id not in chosen:
