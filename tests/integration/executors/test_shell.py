@@ -6,6 +6,7 @@ import asyncio
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -98,6 +99,36 @@ async def test_timeout_escalates_to_sigkill(shell: ShellExecutor, tmp_path: Path
     config = {"command": ["sh", "-c", script], "timeout": 0.3, "kill_grace": 0.2}
     with pytest.raises(StepTimeout):
         await shell.execute(make_ctx(), config, None)
+    grandchild = int(pidfile.read_text())
+    assert await _until(lambda: not _alive(grandchild))
+
+
+async def test_a_cancel_while_the_command_is_spawned_kills_what_it_started(
+    shell: ShellExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The command runs before the spawn returns (the loop still connects its pipes): a
+    cancel then (a timeout, a cancelled run) left the command's children running with
+    nobody to stop them (seen in CI: a grandchild alive after the cancel)."""
+    pidfile = tmp_path / "pid"
+    release = asyncio.Event()
+    real = asyncio.create_subprocess_exec
+
+    async def slow_to_return(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
+        proc = await real(*args, **kwargs)
+        await release.wait()  # as a loop still connecting the pipes
+        return proc
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", slow_to_return)
+    script = f"sleep 30 & echo $! > {pidfile}; wait"
+    task = asyncio.create_task(
+        shell.execute(make_ctx(timeout=None), {"command": ["sh", "-c", script]}, None)
+    )
+    assert await _until(lambda: pidfile.exists() and pidfile.read_text().strip())
+    task.cancel()
+    await asyncio.sleep(0.05)  # the cancel reaches the spawn before it returns
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
     grandchild = int(pidfile.read_text())
     assert await _until(lambda: not _alive(grandchild))
 

@@ -29,7 +29,7 @@ from tideflow.worker.executors.errors import (
     InvalidStepInput,
     IsolatedProcessDied,
 )
-from tideflow.worker.executors.processes import close_transport, terminate_group
+from tideflow.worker.executors.processes import close_transport, spawn_group, terminate_group
 
 DEFAULT_KILL_GRACE = 2.0
 
@@ -56,13 +56,12 @@ async def run_isolated(
     and everything it started.
     """
     request = _request(spec, kwargs, ctx)
-    proc = await asyncio.create_subprocess_exec(
+    proc = await spawn_group(
         sys.executable,
         "-c",
         BOOTSTRAP,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
-        start_new_session=True,
     )
     finished = False
     try:

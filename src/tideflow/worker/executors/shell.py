@@ -29,7 +29,12 @@ from tideflow.worker.executors.errors import (
     ShellCommandFailed,
     ShellCommandNotFound,
 )
-from tideflow.worker.executors.processes import close_transport, signal_group, terminate_group
+from tideflow.worker.executors.processes import (
+    close_transport,
+    signal_group,
+    spawn_group,
+    terminate_group,
+)
 
 DEFAULT_ENV_ALLOW = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR")
 DEFAULT_MAX_OUTPUT_BYTES = 1024 * 1024
@@ -162,7 +167,7 @@ def _stdin_bytes(mode: str | None, input: Any) -> bytes | None:
 
 async def _spawn(command: _Command) -> asyncio.subprocess.Process:
     try:
-        return await asyncio.create_subprocess_exec(
+        return await spawn_group(  # its own process group: killpg reaches grandchildren
             *command.argv,
             executable=command.program,
             stdin=asyncio.subprocess.DEVNULL if command.stdin is None else asyncio.subprocess.PIPE,
@@ -170,7 +175,6 @@ async def _spawn(command: _Command) -> asyncio.subprocess.Process:
             stderr=asyncio.subprocess.PIPE,
             env=command.env,
             cwd=command.cwd,
-            start_new_session=True,  # its own process group: killpg reaches grandchildren
         )
     except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
         raise ShellCommandNotFound(f"cannot execute {command.program!r}: {exc}") from exc
