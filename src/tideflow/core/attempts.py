@@ -46,16 +46,12 @@ if TYPE_CHECKING:
 _RUNNING = StepStatus.RUNNING
 _RUNNING_VALUE = _RUNNING.value
 _RETRYING = StepStatus.RETRYING
-_NO_SCOPE: dict[str, Any] = {}
 
 
 def dispatch(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, Any] | None) -> None:
     """Send the next attempt of an action step to a worker (its timeout waits for the
     worker's start)."""
-    if spec.constant_action:  # (render_config's answer, without its lookups and calls)
-        config = spec.config.render(_NO_SCOPE) if spec.config is not None else {}
-    else:
-        config = render_config(d.plan, d.state, st, d.now, scope)
+    config = render_config(spec, d.state, st, d.now, scope)
     st.attempts += 1
     if st.attempts == 1 and spec.deadline is not None:
         st.deadline_at = d.now + spec.deadline
@@ -68,7 +64,7 @@ def dispatch(d: Decider, st: StepState, spec: StepSpec, scope: dict[str, Any] | 
 def redispatch(d: Decider, st: StepState) -> None:
     """Send the current attempt again, same number and idempotency key (its execution was
     lost before it reported an outcome)."""
-    config = render_config(d.plan, d.state, st, d.now)
+    config = render_config(d.plan.specs[st.step_id], d.state, st, d.now)
     d.commands.append(action_task(d.plan, d.state, st, config))
     dispatched(d, st)
 

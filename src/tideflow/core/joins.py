@@ -34,8 +34,8 @@ def propagate(d: Decider, key: str) -> None:
     scope = state.scopes[st.scope]
     if scope.closing:
         return
-    spec = d.plan.specs[st.step_id]
     plan = d.plan
+    spec = plan.specs[st.step_id]
     graph = plan.graph if st.step_id not in plan.owners else graph_of(plan, st.step_id)
     dependents = graph.dependents.get(st.step_id, ())
     if dependents:

@@ -86,7 +86,7 @@ def resume_commands(plan: Plan, state: RunState, now: float) -> list[Command]:
             # may hold one armed at dispatch)
             timers.pop(timer_id("attempt_timeout", st.key, st.attempts), None)
             try:
-                config = render_config(plan, state, st, now)
+                config = render_config(spec, state, st, now)
             except ExpressionEvaluationError:
                 config = {}
             out.append(action_task(plan, state, st, config))

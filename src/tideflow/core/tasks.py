@@ -13,7 +13,7 @@ from typing import Any
 
 from tideflow.core.scope import build_scope, redraw
 from tideflow.model.commands import CancelTask, DispatchTask, StartChildRun
-from tideflow.model.plan import Plan
+from tideflow.model.plan import Plan, StepSpec
 from tideflow.model.run import RunState, StepState
 
 
@@ -23,11 +23,12 @@ def compensation_subject(key: str) -> str:
 
 
 def render_config(
-    plan: Plan, state: RunState, st: StepState, now: float, scope: dict[str, Any] | None = None
+    spec: StepSpec, state: RunState, st: StepState, now: float, scope: dict[str, Any] | None = None
 ) -> Any:
-    """An action's config for its current attempt; it draws from a stream of its own, so
-    every attempt, and a re-dispatch on recovery, renders the same ``uuid()``s."""
-    config = plan.specs[st.step_id].config
+    """An action's config for its current attempt (``spec``: its step's); it draws from a
+    stream of its own, so every attempt, and a re-dispatch on recovery, renders the same
+    ``uuid()``s."""
+    config = spec.config
     if config is None:
         return {}
     if config.is_constant:

@@ -6,10 +6,10 @@ import asyncio
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
+from tests.processes import alive, eventually, spawns_return_late
 
 from tideflow.errors import StepTimeout
 from tideflow.worker.executors.errorinfo import error_info_from_exception
@@ -28,26 +28,8 @@ def shell() -> ShellExecutor:
     return ShellExecutor()
 
 
-def _alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie waiting for its parent."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def _same_file(a: str, b: Path) -> bool:
     return os.path.samefile(a, b)
-
-
-async def _until(condition: object, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():  # type: ignore[operator]
-            return True
-        await asyncio.sleep(0.02)
-    return False
 
 
 async def test_success_output(shell: ShellExecutor) -> None:
@@ -90,7 +72,7 @@ async def test_timeout_kills_grandchildren(shell: ShellExecutor, tmp_path: Path)
     assert time.monotonic() - started < 5
     assert "process group was killed" in caught.value.message
     grandchild = int(pidfile.read_text())
-    assert await _until(lambda: not _alive(grandchild))
+    assert await eventually(lambda: not alive(grandchild))
 
 
 async def test_timeout_escalates_to_sigkill(shell: ShellExecutor, tmp_path: Path) -> None:
@@ -100,7 +82,7 @@ async def test_timeout_escalates_to_sigkill(shell: ShellExecutor, tmp_path: Path
     with pytest.raises(StepTimeout):
         await shell.execute(make_ctx(), config, None)
     grandchild = int(pidfile.read_text())
-    assert await _until(lambda: not _alive(grandchild))
+    assert await eventually(lambda: not alive(grandchild))
 
 
 async def test_a_cancel_while_the_command_is_spawned_kills_what_it_started(
@@ -110,27 +92,19 @@ async def test_a_cancel_while_the_command_is_spawned_kills_what_it_started(
     cancel then (a timeout, a cancelled run) left the command's children running with
     nobody to stop them (seen in CI: a grandchild alive after the cancel)."""
     pidfile = tmp_path / "pid"
-    release = asyncio.Event()
-    real = asyncio.create_subprocess_exec
-
-    async def slow_to_return(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
-        proc = await real(*args, **kwargs)
-        await release.wait()  # as a loop still connecting the pipes
-        return proc
-
-    monkeypatch.setattr(asyncio, "create_subprocess_exec", slow_to_return)
+    release = spawns_return_late(monkeypatch)
     script = f"sleep 30 & echo $! > {pidfile}; wait"
     task = asyncio.create_task(
         shell.execute(make_ctx(timeout=None), {"command": ["sh", "-c", script]}, None)
     )
-    assert await _until(lambda: pidfile.exists() and pidfile.read_text().strip())
+    assert await eventually(lambda: pidfile.exists() and pidfile.read_text().strip())
     task.cancel()
     await asyncio.sleep(0.05)  # the cancel reaches the spawn before it returns
     release.set()
     with pytest.raises(asyncio.CancelledError):
         await task
     grandchild = int(pidfile.read_text())
-    assert await _until(lambda: not _alive(grandchild))
+    assert await eventually(lambda: not alive(grandchild))
 
 
 async def test_cancellation_kills_the_process_group(shell: ShellExecutor, tmp_path: Path) -> None:
@@ -139,12 +113,12 @@ async def test_cancellation_kills_the_process_group(shell: ShellExecutor, tmp_pa
     task = asyncio.create_task(
         shell.execute(make_ctx(timeout=None), {"command": ["sh", "-c", script]}, None)
     )
-    assert await _until(lambda: pidfile.exists() and pidfile.read_text().strip())
+    assert await eventually(lambda: pidfile.exists() and pidfile.read_text().strip())
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     grandchild = int(pidfile.read_text())
-    assert await _until(lambda: not _alive(grandchild))
+    assert await eventually(lambda: not alive(grandchild))
 
 
 async def test_huge_output_is_capped_with_a_marker(shell: ShellExecutor) -> None:

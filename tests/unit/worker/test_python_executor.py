@@ -6,10 +6,11 @@ import asyncio
 import importlib
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from tests.processes import alive, eventually
 
 from tideflow.errors import StepTimeout
 from tideflow.worker.executors.errorinfo import error_info_from_exception
@@ -30,23 +31,6 @@ async def python() -> AsyncIterator[PythonExecutor]:
     executor = PythonExecutor(max_workers=2)
     yield executor
     await executor.aclose()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-async def _until(condition: Callable[[], object], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        await asyncio.sleep(0.02)
-    return False
 
 
 async def test_sync_function_gets_input_as_keyword_arguments(
@@ -349,12 +333,14 @@ async def test_cancelling_an_isolated_call_kills_the_child_and_its_children(
     )
     config = {"function": f"{mod}:stuck", "isolation": "process", "kill_grace": 0.5}
     task = asyncio.create_task(python.execute(make_ctx(timeout=None), config, None))
-    assert await _until(lambda: pidfile.exists() and len(pidfile.read_text().split()) == 2)
+    assert await eventually(
+        lambda: pidfile.exists() and len(pidfile.read_text().split()) == 2, 10.0
+    )
     child, grandchild = map(int, pidfile.read_text().split())
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert await _until(lambda: not _alive(child) and not _alive(grandchild))
+    assert await eventually(lambda: not alive(child) and not alive(grandchild), 10.0)
 
 
 async def test_process_isolation_timeout(python: PythonExecutor, modules: ModuleDir) -> None:

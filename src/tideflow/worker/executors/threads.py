@@ -197,7 +197,7 @@ class DaemonThreadPool(Executor):
 
     def _work(self) -> None:
         me = threading.current_thread()
-        item = self._take(me, True)  # a new thread was started for a call
+        item = self._take(me)  # a new thread was started for a call
         while True:
             if item is None:
                 with self._lock:
@@ -209,7 +209,7 @@ class DaemonThreadPool(Executor):
                         self._tokens -= 1
                 if not go_on:
                     break
-                item = self._take(me, True)
+                item = self._take(me)
                 continue
             handle, call, _ = item
             try:
@@ -225,11 +225,11 @@ class DaemonThreadPool(Executor):
             self._threads.discard(me)
             self._abandoned.discard(me)
 
-    def _take(self, me: threading.Thread, woken: bool) -> _Item | None:
-        """The next call to run (marked running on ``me``), or None when there is none."""
+    def _take(self, me: threading.Thread) -> _Item | None:
+        """For a thread just woken (or started): the next call to run (marked running on
+        ``me``), or None when there is none."""
         with self._lock:
-            if woken:
-                self._waking -= 1
+            self._waking -= 1
             return self._pop(me)
 
     def _pop(self, me: threading.Thread) -> _Item | None:
