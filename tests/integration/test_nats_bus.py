@@ -168,6 +168,41 @@ async def test_a_worker_for_every_queue_finds_a_queue_made_while_it_waits(
     )
 
 
+async def test_a_queue_announced_while_the_reader_asks_is_not_left_for_the_next_look(
+    make_bus: Callable[..., Awaitable[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The announcement's wake goes to the round trip the reader is in; the reader must
+    still see the queue before it waits (seen in CI: it waited for the next look)."""
+    readers = pytest.importorskip("tideflow.bus.backends.nats_readers")
+    monkeypatch.setattr(readers, "LINGER", 60.0)  # the next look is far past WITHIN
+    bus = await make_bus()
+    other = await make_bus()
+    await bus.publish_tasks([task(1)])
+    announced = asyncio.Event()
+    armed = asyncio.Event()
+    on_news, pick = readers.TaskReader._on_news, readers.TaskReader._pick
+
+    async def heard(self: Any, msg: Any) -> None:
+        await on_news(self, msg)
+        announced.set()
+
+    async def asked(self: Any, free: int) -> bool:
+        if armed.is_set():  # the announcement comes while this pick is on its way
+            armed.clear()
+            await other.publish_tasks([task(2, queue="io")])
+            await asyncio.wait_for(announced.wait(), WITHIN)
+        return bool(await pick(self, free))
+
+    monkeypatch.setattr(readers.TaskReader, "_on_news", heard)
+    monkeypatch.setattr(readers.TaskReader, "_pick", asked)
+    async with contextlib.aclosing(bus.consume_tasks(prefetch=1)) as tasks:
+        await (await asyncio.wait_for(anext(tasks), WITHIN)).ack()
+        armed.set()
+        delivered = await asyncio.wait_for(anext(tasks), WITHIN)
+        await delivered.ack()
+    assert delivered.body == task(2, queue="io")
+
+
 async def test_a_queue_whose_announcement_was_lost_is_found_by_the_next_look(
     make_bus: Callable[..., Awaitable[Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -305,6 +340,48 @@ async def test_a_partition_held_by_another_connection_is_refused_until_it_closes
         batch = await asyncio.wait_for(anext(second), WITHIN)
         assert batch.events == [event]  # handed back unacknowledged by the first
         await batch.ack()
+
+
+@pytest.mark.parametrize("when", ["waiting", "asking"])
+async def test_a_partition_lock_taken_by_another_ends_the_consumer_at_once(
+    make_bus: Callable[..., Awaitable[Any]], monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """The renewal that finds another owner on a partition's lock ends ``consume_events``
+    with a BusError, whether the reader waits for events then or is asking for them (its
+    wake then goes to that round trip: the reader must not wait out the linger)."""
+    readers = pytest.importorskip("tideflow.bus.backends.nats_readers")
+    monkeypatch.setattr(readers, "LINGER", 60.0)
+    bus = await make_bus(partitions=1, lease=1.5)  # renewed every 0.5 s
+    renewed = asyncio.Event()
+    renew = bus.renew
+
+    async def renewing(held: dict[int, int]) -> None:
+        try:
+            await renew(held)
+        finally:
+            renewed.set()
+
+    async def taken() -> None:
+        kv = await bus.js.key_value(bus.lock_bucket)
+        await kv.put("p0", b"someone else")
+        renewed.clear()
+        await asyncio.wait_for(renewed.wait(), WITHIN)
+
+    monkeypatch.setattr(bus, "renew", renewing)
+    top_up = readers.EventReader._top_up
+
+    async def asking(self: Any) -> None:
+        if when == "asking":
+            await taken()
+        await top_up(self)
+
+    monkeypatch.setattr(readers.EventReader, "_top_up", asking)
+    async with contextlib.aclosing(bus.consume_events([0], max_batch=10)) as batches:
+        waiting = asyncio.ensure_future(anext(batches))
+        if when == "waiting":
+            await taken()
+        with pytest.raises(BusError, match="partition 0"):
+            await asyncio.wait_for(waiting, WITHIN)
 
 
 async def test_a_reader_renews_at_the_pace_of_the_presence_bucket_it_found(

@@ -115,7 +115,10 @@ class Puller:
         )
 
     async def answered(self, lane: Lane) -> None:
-        """Wait until ``lane``'s request is filled or ended."""
+        """Wait until ``lane``'s request is filled or ended. A ``wake`` meant for the
+        reader that comes meanwhile ends here: what wakes it for another reason leaves a
+        mark the reader looks at before it waits (a queue found, a bell rung, a lock
+        lost)."""
         while lane.open:
             await self.wait(lane.deadline - time.monotonic())
             self.forget_lost()

@@ -256,6 +256,9 @@ class TaskReader:
             if await self._pick(free) or self._rang:
                 await self._silence()
                 return
+        if self._found:  # announced while it asked: the wake went to that round trip
+            await self._silence()
+            return
         timeout = min(LINGER, self.puller.next_deadline() - time.monotonic())
         await self.puller.wait(timeout)
         self.puller.forget_lost()
@@ -414,7 +417,8 @@ class EventReader:
             if batch is not None:
                 return batch
             await self._stand()
-            await puller.wait(min(LINGER, puller.next_deadline() - time.monotonic()))
+            if self._lost is None:  # lost while it asked: the wake went to that round trip
+                await puller.wait(min(LINGER, puller.next_deadline() - time.monotonic()))
             puller.forget_lost()
 
     async def _stand(self) -> None:
