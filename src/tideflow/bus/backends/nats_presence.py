@@ -6,14 +6,21 @@ the server only while it is idle with room (``num_waiting`` is 0 for a busy work
 or for one waiting on a doorbell subscription). So each ``consume_tasks`` reader
 says so itself: a key in the KV bucket ``<prefix>_readers`` per queue it reads
 (``q.<queue token>.<reader>``, or ``all.<reader>`` for a reader of every queue), put
-again every third of the TTL (``presence_ttl``: the bus's lease, at most 10 s), deleted
+again every third of the TTL (``presence_ttl``: the bus's lease, at most 10 s), purged
 when it closes, and gone after the TTL (the bucket's max age, set by the process that
 makes the bucket: the processes of a cluster share the bus URL) when its process dies.
 
 A reader opened with a ``worker`` name also beats: each renewal puts its key
 ``<reader>`` in the KV bucket ``<prefix>_beats`` (max age ``BEATS_KEPT``, a day) with
-its worker, queues and the time (this host's clock); deleted when it closes, kept for a
+its worker, queues and the time (this host's clock); purged when it closes, kept for a
 day after its process dies. Whether it is live is read from its presence keys.
+
+The keys are listed from the subjects of the bucket's stream (``bucket_keys``), not with
+nats-py's ``KeyValue.keys()``: its watcher waits for the entry that has nothing after it,
+and when a key's max age ends while it lists, that entry never comes and it waits for
+ever (``tideflow workers`` and ``GET /workers`` hung so). Closing purges a key's messages
+(``withdraw``) instead of deleting it: a delete leaves a marker on the key's subject,
+which the listing would count as a key until its max age ends.
 """
 
 from __future__ import annotations
@@ -89,13 +96,9 @@ class Presence(presence.Presence):
         kv, self._kv = self._kv, None
         beats, self._beats = self._beats, None
         if beats is not None:
-            with contextlib.suppress(nats.errors.Error):
-                await beats.delete(self.me)
-        if kv is None:
-            return
-        for key in self.keys:
-            with contextlib.suppress(nats.errors.Error):
-                await kv.delete(key)
+            await _purge(self.bus, beats_bucket_name(self.bus), [self.me])
+        if kv is not None:
+            await _purge(self.bus, bucket_name(self.bus), self.keys)
 
     async def announce(self) -> None:
         """Put the keys (and the beat); a failure is logged (the reader reads on,
@@ -113,6 +116,26 @@ class Presence(presence.Presence):
                 await self._beats.put(self.me, orjson.dumps(self.beat | {"at": time.time()}))
         except nats.errors.Error as exc:
             log.warning("NATS bus %s: announcing a task reader failed: %s", self.bus.url, exc)
+
+
+def _subject(bucket: str, key: str = "") -> str:
+    return f"$KV.{bucket}.{key}"
+
+
+async def _purge(bus: NatsBus, bucket: str, keys: list[str]) -> None:
+    """Take ``keys`` out of ``bucket`` with no marker left (failures ignored: a key left
+    behind lapses at its max age)."""
+    for key in keys:
+        with contextlib.suppress(nats.errors.Error):
+            await bus.js.purge_stream(f"KV_{bucket}", subject=_subject(bucket, key))
+
+
+async def bucket_keys(bus: NatsBus, bucket: str) -> list[str]:
+    """The keys of ``bucket`` that have a message now, in one request. A key another
+    version of tideflow deleted (a marker) is listed until its max age ends."""
+    prefix = _subject(bucket)
+    info = await bus.js.stream_info(f"KV_{bucket}", subjects_filter=f"{prefix}>")
+    return sorted(subject[len(prefix) :] for subject in info.state.subjects or {})
 
 
 async def queue_stats(bus: NatsBus) -> list[QueueStats]:
@@ -169,9 +192,8 @@ async def worker_beats(bus: NatsBus) -> list[WorkerBeat]:
 
 async def _worker_beats(bus: NatsBus) -> list[WorkerBeat]:
     kv = await beats_bucket(bus)
-    try:
-        keys = await kv.keys()
-    except nats.js.errors.NoKeysError:
+    keys = await bucket_keys(bus, beats_bucket_name(bus))
+    if not keys:
         return []
     live = set().union(*(await _readers(bus)).values())
     beats: list[WorkerBeat] = []
@@ -188,11 +210,8 @@ async def _worker_beats(bus: NatsBus) -> list[WorkerBeat]:
 
 async def _readers(bus: NatsBus) -> dict[str, set[str]]:
     """Queue token ('*': every queue) -> the readers that say they read it."""
-    kv = await readers_bucket(bus)
-    try:
-        keys = await kv.keys()
-    except nats.js.errors.NoKeysError:
-        return {}
+    await readers_bucket(bus)  # made if missing
+    keys = await bucket_keys(bus, bucket_name(bus))
     readers: dict[str, set[str]] = {}
     for key in keys:
         kind, _, rest = key.partition(".")
@@ -219,6 +238,7 @@ __all__ = [
     "Presence",
     "beats_bucket",
     "beats_bucket_name",
+    "bucket_keys",
     "bucket_name",
     "queue_stats",
     "readers_bucket",
