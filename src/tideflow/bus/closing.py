@@ -1,4 +1,6 @@
-"""A broker stream's cleanup, run to its end even when its consumer is cancelled meanwhile.
+"""Stopping what talks to a broker or a database: a stream's cleanup run to its end even
+when its consumer is cancelled meanwhile (``unstoppable``), and a task cancelled until it
+is over (``cancel_and_wait``).
 
 A stream that closes hands back what it held (tasks not acknowledged, a batch not
 committed), withdraws its reader's presence and releases its partition locks: network
@@ -7,12 +9,22 @@ scheduler cancels a read that ignored its cancel every half second (nats-py can 
 one), and a stop can come on top of a partition change. Cut short, a cleanup left the
 partition locks held until their TTL (the next stream on them was refused: "consumed by
 another consumer already") and tasks unacknowledged until their lease ran out.
+
+A single cancel does not always stop a task: on Python 3.11 ``asyncio.wait_for``
+returns the answer of a request whose answer came in the same turn as the cancel, and
+drops the cancel. nats-py and asyncpg wait for their answers so; a presence renewer
+cancelled as its renewal was answered went on renewing, and the reader's close waited
+for it for ever.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Any
+
+CANCEL_AGAIN = 0.5
+"""Seconds ``cancel_and_wait`` gives a cancel before it cancels again."""
 
 
 async def unstoppable(*steps: Callable[[], Awaitable[None]]) -> None:
@@ -37,3 +49,24 @@ async def unstoppable(*steps: Callable[[], Awaitable[None]]) -> None:
 async def _in_order(steps: tuple[Callable[[], Awaitable[None]], ...]) -> None:
     for step in steps:
         await step()
+
+
+async def cancel_and_wait(*tasks: asyncio.Future[Any]) -> None:
+    """Cancel ``tasks`` and return once they are over, cancelling again every
+    ``CANCEL_AGAIN`` seconds those that run on (a cancel a client library dropped). A
+    cancel of the caller meanwhile is raised once they are over. The first error a task
+    ended with is raised, as ``await task`` would; their cancellation is not."""
+    stopped = False
+    while running := [task for task in tasks if not task.done()]:
+        for task in running:
+            task.cancel()
+        try:
+            await asyncio.wait(running, timeout=CANCEL_AGAIN)
+        except asyncio.CancelledError:
+            stopped = True
+    errors = [task.exception() for task in tasks if not task.cancelled()]
+    if stopped:
+        raise asyncio.CancelledError
+    for error in errors:
+        if error is not None:
+            raise error

@@ -5,10 +5,10 @@ of its own until it stops (the Redis and NATS backends say *where* and *how* in
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from abc import ABC, abstractmethod
 
 from tideflow.bus.base import presence_ttl
+from tideflow.bus.closing import cancel_and_wait
 
 
 class Presence(ABC):
@@ -39,9 +39,7 @@ class Presence(ABC):
     async def stop(self) -> None:
         """Stop renewing, then withdraw what was announced."""
         if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
+            await cancel_and_wait(self._renewer)
             self._renewer = None
         await self.withdraw()
 

@@ -21,12 +21,12 @@ the next start.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from tideflow.bus.closing import cancel_and_wait
 from tideflow.model.events import Event
 from tideflow.store.base import Lease, Store
 
@@ -112,9 +112,7 @@ class Inbox:
         if self._retry is not None:
             self._retry.cancel()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         if self._transport is not None:
             self._transport.close()

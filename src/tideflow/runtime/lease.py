@@ -18,7 +18,6 @@ core uses: they are compared across processes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -26,6 +25,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 
+from tideflow.bus.closing import cancel_and_wait
 from tideflow.errors import EngineAlreadyRunning
 from tideflow.model.events import Event
 from tideflow.runtime.inbox import Inbox
@@ -153,9 +153,7 @@ class StoreLease:
 
     async def release(self) -> None:
         if self._heartbeat is not None:
-            self._heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._heartbeat
+            await cancel_and_wait(self._heartbeat)
             self._heartbeat = None
         if self.held:
             self.held = False

@@ -54,6 +54,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Collection, Iterable
 
 from tideflow.bus.base import partition_of
+from tideflow.bus.closing import cancel_and_wait
 from tideflow.errors import BusError, EngineAlreadyRunning
 from tideflow.runtime.lease import CLIENT, HOST, StoreLease, describe
 from tideflow.store.base import MEMBER_LEASES, PARTITION_LEASES, Lease, Store
@@ -306,11 +307,10 @@ class PartitionManager:
 
     async def halt(self) -> None:
         """Stop the heartbeat and whatever it started (before the engine stops)."""
-        for task in [self._heartbeat, self._taking, *self._tasks]:
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        with contextlib.suppress(Exception):
+            await cancel_and_wait(
+                *(t for t in [self._heartbeat, self._taking, *self._tasks] if t is not None)
+            )
         self._heartbeat = self._taking = None
 
     async def close(self) -> None:

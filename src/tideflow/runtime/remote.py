@@ -47,6 +47,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from tideflow.bus.base import NO_HEADERS, Bus, Headers, RunEnded, Stream, with_headers
+from tideflow.bus.closing import cancel_and_wait
 from tideflow.client import Client, EngineLink
 from tideflow.errors import EngineUnreachable
 from tideflow.model import storable
@@ -227,9 +228,7 @@ class BusLink(EngineLink):
         """Drop the subscription (the client is closing)."""
         listener, self._listener = self._listener, None
         if listener is not None:
-            listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await listener
+            await cancel_and_wait(listener)
 
 
 async def load_state(store: Store, plans: Plans, run_id: str) -> RunState:

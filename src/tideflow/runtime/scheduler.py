@@ -32,6 +32,7 @@ from typing import Any
 
 from tideflow import faults, logcontext
 from tideflow.bus.base import NO_HEADERS, TRACEPARENT, Bus, EventBatch, Headers
+from tideflow.bus.closing import cancel_and_wait
 from tideflow.core.decide import decide
 from tideflow.errors import NotFound
 from tideflow.model.events import EngineFailed, Event
@@ -49,8 +50,6 @@ log = logging.getLogger("tideflow.scheduler")
 CONSUME_RETRY_FIRST = 0.05
 CONSUME_RETRY_MAX = 5.0
 """Seconds before an event stream that failed is opened again (doubling up to the max)."""
-CANCEL_AGAIN = 0.5
-"""Seconds after which a wait for the next batch that ignored its cancel is cancelled again."""
 BatchSpans = Callable[[int, Sequence[AppliedEvent], Mapping[str, Headers]], None]
 """Told of a committed batch: when it began (ns since the epoch), its committed events,
 and the headers of those that carried a ``traceparent``, by event id."""
@@ -107,9 +106,7 @@ class Scheduler:
         """Stop after the batch in progress (if any) is committed and relayed."""
         async with self._lock:
             if self._task is not None:
-                self._task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._task
+                await cancel_and_wait(self._task)
                 self._task = None
             for task in list(self._later):
                 task.cancel()
@@ -520,30 +517,17 @@ async def _next_unless(
     try:
         await asyncio.wait((following, changed), return_when=asyncio.FIRST_COMPLETED)
     finally:
-        await _settle(following)
+        # the read cancelled runs the stream's cleanup; a stop meanwhile is kept for the
+        # end (closing the stream while its read runs raised RuntimeError in the stop's
+        # place: the scheduler consumed again, and the partitions stayed held)
+        with contextlib.suppress(Exception):  # its outcome is read below
+            await cancel_and_wait(following)
     if following.cancelled():
         return None
     try:
         return following.result()
     except StopAsyncIteration:
         raise _Ended from None
-
-
-async def _settle(following: asyncio.Future[EventBatch]) -> None:
-    """Cancel the read in progress and wait until it is over, however long the stream
-    takes to hand back what it held (the read cancelled runs the stream's cleanup). A
-    stop that comes meanwhile is kept for the end: the stream must not be closed while its
-    read runs (``aclose`` then raises RuntimeError, which took the stop's place: the
-    scheduler consumed again instead of stopping, and the partitions stayed held)."""
-    stopped = False
-    while not following.done():  # ownership changed, or the scheduler is stopping
-        following.cancel()  # again if a client swallowed it (nats-py during a nack)
-        try:
-            await asyncio.wait((following,), timeout=CANCEL_AGAIN)
-        except asyncio.CancelledError:
-            stopped = True
-    if stopped:
-        raise asyncio.CancelledError
 
 
 class _Ended(Exception):

@@ -40,12 +40,12 @@ failed is retried by the relay until it succeeds.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from tideflow.bus.closing import cancel_and_wait
 from tideflow.model.states import RunStatus
 from tideflow.runtime.clock import Clock
 from tideflow.runtime.recovery import Owns, every_run
@@ -191,9 +191,7 @@ class Sweep:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
 
     async def round(self) -> Repairs:

@@ -51,6 +51,7 @@ from tideflow.bus.base import (
     Message,
     Stream,
 )
+from tideflow.bus.closing import cancel_and_wait
 from tideflow.model import storable
 from tideflow.model.commands import DispatchTask
 from tideflow.model.events import Event, TaskCompleted, TaskFailed, TaskLost
@@ -154,14 +155,13 @@ class WorkerPool:
         """Stop taking tasks; cancel the attempts running and hand their tasks back."""
         self._closing = True
         self._closed.set()
-        for task in self._loops:
-            task.cancel()
         running = [runner for runner, _ in self._running.values()]
-        for runner in running:
+        for runner in running:  # cancelled once: a runner's cancel ends its attempt
             runner.cancel()
-        for task in [*self._loops, *running]:
+        await cancel_and_wait(*self._loops)
+        for runner in running:
             with contextlib.suppress(asyncio.CancelledError):
-                await task
+                await runner
         self._loops.clear()
 
     def _cancel(self, cancel: CancelAttempt) -> None:

@@ -1,4 +1,6 @@
-"""`unstoppable`: a broker stream's cleanup runs to its end whatever cancels its consumer."""
+"""`unstoppable`: a broker stream's cleanup runs to its end whatever cancels its consumer.
+`cancel_and_wait`: a task that drops a cancel (as a client library's ``wait_for`` does on
+Python 3.11 when the answer comes in the same turn) is cancelled again until it is over."""
 
 from __future__ import annotations
 
@@ -6,7 +8,10 @@ import asyncio
 
 import pytest
 
-from tideflow.bus.closing import unstoppable
+from tideflow.bus import closing, presence
+from tideflow.bus.closing import cancel_and_wait, unstoppable
+
+WITHIN = 5.0
 
 
 async def test_a_cleanup_cancelled_again_and_again_runs_to_its_end_then_the_cancel_comes() -> None:
@@ -48,3 +53,96 @@ async def test_a_cleanup_left_alone_returns_and_an_error_of_a_step_comes_out() -
     with pytest.raises(ConnectionError, match="went away"):
         await unstoppable(first, fails, never)
     assert done == ["first", "first"]
+
+
+async def drops_one_cancel(answered: asyncio.Event, log: list[str]) -> None:
+    """What nats-py's request under a 3.11 ``wait_for`` does when its answer and a cancel
+    come in the same turn: the answer is returned, the cancel is gone."""
+    try:
+        answered.set()
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        log.append("cancel dropped")
+    await asyncio.Event().wait()  # on to the next wait, as a renewer's sleep
+
+
+async def test_a_task_that_drops_a_cancel_is_cancelled_again_until_it_is_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(closing, "CANCEL_AGAIN", 0.01)
+    answered, log = asyncio.Event(), []
+    task = asyncio.create_task(drops_one_cancel(answered, log))
+    await answered.wait()
+    async with asyncio.timeout(WITHIN):
+        await cancel_and_wait(task)
+    assert task.cancelled() and log == ["cancel dropped"]
+
+
+async def test_a_cancel_of_the_caller_comes_once_the_tasks_are_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(closing, "CANCEL_AGAIN", 0.01)
+    answered, log = asyncio.Event(), []
+    tasks = [asyncio.create_task(drops_one_cancel(answered, log)) for _ in range(2)]
+    await answered.wait()
+    stopping = asyncio.create_task(cancel_and_wait(*tasks))
+    await asyncio.sleep(0)  # it has cancelled them once
+    stopping.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stopping
+    assert all(task.cancelled() for task in tasks)
+
+
+async def test_the_first_error_a_task_ended_with_comes_out() -> None:
+    async def fails(message: str) -> None:
+        raise ConnectionError(message)
+
+    tasks = [asyncio.create_task(fails(m)) for m in ("first", "second")]
+    tasks.append(asyncio.create_task(asyncio.Event().wait()))
+    await asyncio.sleep(0)
+    with pytest.raises(ConnectionError, match="first"):
+        await cancel_and_wait(*tasks)
+    assert tasks[2].cancelled()
+    await cancel_and_wait()  # none: nothing to wait for
+
+
+class _DroppingPresence(presence.Presence):
+    """A presence whose renewal drops the cancel that stops it (seen on NATS: a reader's
+    close waited for its renewer for ever, and a CI worker was killed 120 s later)."""
+
+    renewer_name = "test-presence"
+
+    def __init__(self) -> None:
+        super().__init__(lease=0.03)
+        self.announced = asyncio.Event()
+        self.renewing = asyncio.Event()
+        self.withdrawn = False
+        self.dropped = 0
+
+    async def announce(self) -> None:
+        if not self.announced.is_set():
+            self.announced.set()
+            return
+        self.renewing.set()
+        try:
+            await asyncio.sleep(3600)  # a renewal on its way
+        except asyncio.CancelledError:
+            self.dropped += 1  # answered in the same turn: returned as if not cancelled
+
+    async def withdraw(self) -> None:
+        self.withdrawn = True
+
+
+async def test_a_presence_whose_renewal_dropped_the_cancel_still_stops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(closing, "CANCEL_AGAIN", 0.01)
+    reader = _DroppingPresence()
+    await reader.start()
+    async with asyncio.timeout(WITHIN):
+        await reader.renewing.wait()
+    stopping = asyncio.create_task(reader.stop())
+    await asyncio.wait((stopping,), timeout=WITHIN)  # not a cancel: that would stop it
+    assert stopping.done(), "the stop waits for a renewer that dropped its cancel"
+    await stopping
+    assert reader.withdrawn and reader.dropped == 1

@@ -26,6 +26,7 @@ from nats.aio.subscription import Subscription
 from tideflow.bus.backends.local import MonotonicClock, _Leases
 from tideflow.bus.backends.nats_pull import Lane
 from tideflow.bus.base import PRIORITY_CYCLE, Delivery, EventBatch, Headers
+from tideflow.bus.closing import cancel_and_wait
 from tideflow.errors import BusError, StateFormatError
 from tideflow.model.codec import command_from_data, event_from_data
 from tideflow.model.commands import DispatchTask
@@ -487,9 +488,7 @@ class EventReader:
 
     async def close(self) -> None:
         if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
+            await cancel_and_wait(self._renewer)
         await self.puller.close()
         self.bus.forget(self.puller)
         for batch in self.leases.close():

@@ -21,6 +21,7 @@ from redis.exceptions import RedisError
 
 from tideflow.bus.backends.redis_wire import Malformed, decode_event, decode_task, fields_of
 from tideflow.bus.base import PRIORITY_CYCLE, Delivery, EventBatch, Headers
+from tideflow.bus.closing import cancel_and_wait
 from tideflow.errors import BusError
 from tideflow.model.commands import DispatchTask
 from tideflow.model.events import Event
@@ -477,9 +478,7 @@ class EventConsumer:
 
     async def close(self) -> None:
         if self.renewer is not None:
-            self.renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.renewer
+            await cancel_and_wait(self.renewer)
         held = [entry for batch in self.held for entry in batch.pending()]
         self.held.clear()
         try:
