@@ -89,7 +89,7 @@ from tideflow.bus.base import (
     partition_of,
     wanted_partitions,
 )
-from tideflow.bus.closing import unstoppable
+from tideflow.bus.closing import cancel_and_wait, unstoppable
 from tideflow.bus.fanout import FanOut, MalformedEnds, decode_run_ends, encode_run_ends
 from tideflow.errors import BusError
 from tideflow.model.commands import DispatchTask
@@ -187,13 +187,10 @@ class RedisBus(Bus):
 
     async def close(self) -> None:
         client, self._client = self._client, None
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            # BusError: a loop whose cancel was swallowed (asyncio.wait_for in 3.11 can
-            # lose one that races a timeout) finds the bus closed on its next call
-            with contextlib.suppress(asyncio.CancelledError, BusError):
-                await task
+        # BusError: a loop that dropped its cancel (see cancel_and_wait) may find the bus
+        # closed on its next call, before it is cancelled again
+        with contextlib.suppress(BusError):
+            await cancel_and_wait(*self._tasks)
         self._tasks = []
         self._ends_listened = False
         if client is not None:
