@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import uvloop
+from tests.hangs import pytest_timeout_set_timer  # noqa: F401  (a hook: a hang's report)
 
 # The CLI's tables take their width from COLUMNS when stdout is not a terminal (and 200
 # without it). Whoever runs the suite (an 80-column shell that exports it, or a
