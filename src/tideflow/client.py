@@ -306,9 +306,32 @@ class Client:
         idempotency_key: str | None = None,
     ) -> tuple[str, bool]:
         """``start``, saying whether a run was created: ``(run_id, True)``; for an
-        idempotency key already used nothing starts: ``(the existing run's id, False)``."""
+        idempotency key already used nothing starts: ``(the existing run's id, False)``.
+        ``workflow`` may be a file (``flow.yaml``, ``flow.py[:name]``), registered first:
+        what a request names goes through ``launch_registered`` instead."""
+        plan = await self._catalog.resolve(workflow, version)
+        return await self._launch(plan, input, run_id, idempotency_key)
+
+    async def launch_registered(
+        self,
+        name: str,
+        input: Any = None,
+        *,
+        version: str | None = None,
+        run_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> tuple[str, bool]:
+        """``launch`` by the name of a registered workflow only (``Catalog.registered``):
+        ``name`` is never read as a file or imported as a module, whatever it looks like
+        (the HTTP API's ``POST /runs``, where the caller does not own the server's files).
+        ``NotFound`` naming nothing but ``name`` and ``version`` for any other."""
+        plan = await self._catalog.registered(name, version)
+        return await self._launch(plan, input, run_id, idempotency_key)
+
+    async def _launch(
+        self, plan: Plan, input: Any, run_id: str | None, idempotency_key: str | None
+    ) -> tuple[str, bool]:
         catalog = self._catalog
-        plan = await catalog.resolve(workflow, version)
         catalog.check_input(plan, input)
         run_id = run_id or uuid.uuid4().hex
         if self.tracing is None:

@@ -307,11 +307,13 @@ def _definition_routes(app: FastAPI, client: Client) -> None:
 def _run_routes(app: FastAPI, client: Client) -> None:
     @app.post("/runs", status_code=201, tags=["runs"], dependencies=[START])
     async def start_run(body: StartRun, request: Request, response: Response) -> StartedRun:
-        """Start a run (201); 200 with the existing run when ``idempotency_key`` was used.
-        With tracing on, a W3C ``traceparent`` header makes the run join the caller's
-        trace."""
+        """Start a run of a registered workflow, by its name (201); 200 with the existing
+        run when ``idempotency_key`` was used. The name is never read as a file of the
+        server: a value that is no workflow name is a 422, an unknown name a 404, whatever
+        exists on disk. With tracing on, a W3C ``traceparent`` header makes the run join
+        the caller's trace."""
         with joined(client.tracing, request.headers):
-            run_id, created = await client.launch(
+            run_id, created = await client.launch_registered(
                 body.workflow,
                 body.input,
                 version=body.version,

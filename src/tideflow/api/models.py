@@ -3,11 +3,13 @@ and where `/openapi.json` gets its schemas)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 from tideflow.bus.base import QueueStats, WorkerBeat
+from tideflow.dsl.schema_values import NAME_RE
 from tideflow.model.plan import Plan
 from tideflow.model.states import SignalOutcome
 from tideflow.runtime.result import RunResult
@@ -79,8 +81,34 @@ class DefinitionList(BaseModel):
     definitions: list[DefinitionRow]
 
 
+def _workflow_name(value: str) -> str:
+    """A workflow name as the DSL writes it; anything else (a file path, a module) is
+    refused with the same message whatever it names, and whatever exists on the server."""
+    if NAME_RE.fullmatch(value) is None:
+        raise PydanticCustomError(
+            "workflow_name",
+            "not a workflow name: a run is started by the name of a registered workflow "
+            "(lower case letters, digits, '_', '.' and '-', first a letter or a digit), "
+            "never by a file of the server; register a definition file first "
+            "(`tideflow definitions register FILE`, or POST /definitions) and start it "
+            "by its name",
+        )
+    return value
+
+
+WorkflowName = Annotated[
+    str,
+    AfterValidator(_workflow_name),
+    Field(
+        min_length=1,
+        json_schema_extra={"pattern": f"^{NAME_RE.pattern}$"},
+        description="A registered workflow's name (never a file: docs/security.md).",
+    ),
+]
+
+
 class StartRun(Request):
-    workflow: str = Field(min_length=1, description="A registered workflow's name.")
+    workflow: WorkflowName
     version: str | None = Field(None, min_length=1, description="Default: the highest.")
     input: Any = None
     idempotency_key: str | None = Field(

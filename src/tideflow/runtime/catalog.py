@@ -16,7 +16,7 @@ from tideflow.model.events import RunStarted
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState, new_run_state
 from tideflow.runtime.clock import Clock
-from tideflow.runtime.definitions import DefinitionSource, coerce_plan
+from tideflow.runtime.definitions import DefinitionSource, coerce_plan, is_plain_name
 from tideflow.runtime.runs import Plans
 from tideflow.store.base import Store
 from tideflow.store.sqlbase import inactive_version
@@ -56,20 +56,29 @@ class Catalog:
         return plan
 
     async def resolve(self, workflow: Any, version: str | None) -> Plan:
-        """A registered workflow by name (or found in the definitions directory), or any
-        definition ``register`` accepts."""
+        """A workflow by name (``registered``), or any definition ``register`` accepts
+        (a Plan, a mapping, YAML text, a file path: what the Python API and the CLI hand
+        over for the person at the keyboard), registered first."""
         if isinstance(workflow, str) and not self._definitions.looks_like_path(workflow):
-            try:
-                plan = await self._store.get_definition(workflow, version)
-            except NotFound:
-                found = self._definitions.find(workflow, version)
-                if found is None:
-                    raise
-                return await self.register(found)
-            if version is not None and not await self._active(workflow, version):
-                raise inactive_version(workflow, version)
-            return plan
+            return await self.registered(workflow, version)
         return await self.register(workflow)
+
+    async def registered(self, name: str, version: str | None) -> Plan:
+        """A workflow by its name only, whatever the name looks like: never a file or a
+        module the caller names (what a request or a definition names goes through here).
+        A registered definition; else, for a plain name (``is_plain_name``), the highest
+        version of that name among the definition files of the definitions directory,
+        registered then. ``NotFound`` names nothing but ``name`` and ``version``."""
+        try:
+            plan = await self._store.get_definition(name, version)
+        except NotFound:
+            found = self._definitions.find(name, version) if is_plain_name(name) else None
+            if found is None:
+                raise unknown_workflow(name, version) from None
+            return await self.register(found)
+        if version is not None and not await self._active(name, version):
+            raise inactive_version(name, version)
+        return plan
 
     async def _active(self, name: str, version: str) -> bool:
         summaries = await self._store.list_definitions(name)
@@ -112,6 +121,16 @@ class Catalog:
         state.input = input
         stored_id, created = await self._store.create_run(state, idempotency_key)
         return stored_id, state if created else None
+
+
+def unknown_workflow(name: str, version: str | None) -> NotFound:
+    """The error for a workflow no definition of which is registered: the same whatever
+    the name looks like and whatever files exist (it says nothing but the name)."""
+    which = f"{name!r} version {version}" if version else repr(name)
+    return NotFound(
+        f"no definition {which} is registered: register the definition first "
+        "(`tideflow definitions register FILE`, POST /definitions)"
+    )
 
 
 def started_event(state: RunState, now: float) -> RunStarted:

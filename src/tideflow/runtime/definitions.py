@@ -24,6 +24,7 @@ from typing import Any
 
 from tideflow.dsl.builder import Workflow
 from tideflow.dsl.compiler import compile_definition
+from tideflow.dsl.schema_values import NAME_RE
 from tideflow.errors import DefinitionError, DefinitionUnreadable, Diagnostic
 from tideflow.model.plan import Plan
 from tideflow.model.versions import version_key
@@ -59,6 +60,17 @@ def coerce_plan(definition: Any, executors: ExecutorRegistry) -> Plan:
 
 def _is_path(text: str) -> bool:
     return "\n" not in text and text.endswith(DEFINITION_SUFFIXES)
+
+
+def is_plain_name(text: str) -> bool:
+    """A workflow name that cannot be taken for anything else: the DSL's name form
+    (``[a-z0-9][a-z0-9_.-]*``: no path separator), no ``..``, and no definition file's or
+    Python file's suffix. Only such a name is looked for in a definitions directory."""
+    return (
+        NAME_RE.fullmatch(text) is not None
+        and ".." not in text
+        and not text.endswith((*DEFINITION_SUFFIXES, ".py"))
+    )
 
 
 def is_python_reference(reference: object, *, files_only: bool = False) -> bool:
@@ -156,7 +168,10 @@ def _workflow_of(module: ModuleType, name: str | None, target: str) -> Workflow:
 
 
 class DefinitionSource:
-    """Definition files in a directory, found by workflow name (for `subflow` and the CLI)."""
+    """Definition files in a directory, found by workflow name (for `subflow` and the CLI).
+
+    ``find`` compares the name with the names the directory's ``.yaml``/``.yml``/``.json``
+    files define: a name is never made into a path, and no Python file is imported."""
 
     def __init__(self, directory: str | Path | None, executors: ExecutorRegistry) -> None:
         self._dir = Path(directory) if directory is not None else None

@@ -236,7 +236,8 @@ class Engine(EngineLink, Runs):
 
     async def start_child(self, command: StartChildRun) -> RunState:
         catalog = self._catalog
-        plan = await catalog.resolve(command.workflow, command.version)
+        # by name only: a subflow's `workflow:` never names a file (docs/dsl.md)
+        plan = await catalog.registered(command.workflow, command.version)
         catalog.check_input(plan, command.input)
         parent = command.run_id if command.wait else None
         step = command.step_key if command.wait else None
