@@ -303,12 +303,33 @@ class HttpClient:
         idempotency_key: str | None = None,
     ) -> tuple[str, bool]:
         """``start``, saying whether a run was created. ``workflow`` is a registered
-        name, or (as for `Client.start`) a Plan or a Workflow builder, registered first
-        (the same content again changes nothing) and started at its version."""
-        if not isinstance(workflow, str):
-            registered = await self.register(workflow)
+        name, or (as for `Client.start`) a Plan, a Workflow builder or a definition file
+        of this machine (``flow.yaml``, ``flow.py[:name]``: read or compiled here),
+        registered first (the same content again changes nothing; it needs a token that
+        may register) and started at its version. The server itself only ever starts a
+        workflow by its registered name: it never reads a file a request names."""
+        from tideflow.runtime.definitions import DefinitionSource
+
+        if not isinstance(workflow, str) or DefinitionSource.looks_like_path(workflow):
+            registered = await self.register_for_start(workflow)
             workflow, version = registered.name, registered.version
-        request: dict[str, Any] = {"workflow": workflow, "input": input}
+        return await self.launch_registered(
+            workflow, input, version=version, run_id=run_id, idempotency_key=idempotency_key
+        )
+
+    async def launch_registered(
+        self,
+        name: str,
+        input: Any = None,
+        *,
+        version: str | None = None,
+        run_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> tuple[str, bool]:
+        """``POST /runs``: a run of the workflow registered as ``name`` (as
+        `Client.launch_registered`; a name that is no workflow name is a `RemoteProblem`
+        422, an unknown one `NotFound`)."""
+        request: dict[str, Any] = {"workflow": name, "input": input}
         for key, value in (
             ("version", version),
             ("run_id", run_id),
@@ -318,6 +339,18 @@ class HttpClient:
                 request[key] = value
         body = await self._call("POST", "/runs", json=request)
         return str(body["run_id"]), bool(body["created"])
+
+    async def register_for_start(self, definition: Any) -> RemoteDefinition:
+        """``register`` a definition so as to start it by name (what ``launch`` does with
+        a file): a token that may not register is told how to start it instead."""
+        try:
+            return await self.register(definition)
+        except errors.Forbidden as exc:
+            raise errors.Forbidden(
+                f"{exc.message}. A definition file is started over HTTP by registering it "
+                "first: register it with an admin token (`tideflow definitions register "
+                "FILE --server URL`), then start it by its name"
+            ) from None
 
     async def why(self, run_id: str) -> Diagnosis:
         """Why the run is where it is, as the server sees it (runtime/why.py)."""
@@ -462,7 +495,13 @@ def compiled_here(definition: Any) -> Plan:
 
 
 def _text_of(definition: str | Path) -> str:
-    """The YAML text of a definition: a path's file read here (the server cannot see it)."""
+    """The YAML text of a definition: a path's file read here (the server cannot see it,
+    and never reads a file a request names); a name of a missing definition file
+    (``flow.yaml``) is an error here rather than text sent to the server."""
+    from tideflow.runtime.definitions import DefinitionSource
+
+    if isinstance(definition, str) and DefinitionSource.looks_like_path(definition):
+        definition = Path(definition)
     if isinstance(definition, Path) or ("\n" not in definition and Path(definition).is_file()):
         path = Path(definition)
         try:

@@ -132,7 +132,7 @@ async def _start(
     store, bus, server, token = target
     async with reached(store, bus, server, token) as client:
         if isinstance(client, HttpClient) and file is not None:
-            registered = await client.register(file)
+            registered = await client.register_for_start(file)
             workflow, version = registered.name, version or registered.version
         run_id = await client.start(workflow, value, version=version, idempotency_key=key)
         summary = await client.summary(run_id)

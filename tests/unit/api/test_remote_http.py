@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+import orjson
 import pytest
 
 from tideflow import errors
@@ -233,3 +235,81 @@ async def test_a_python_definition_is_compiled_here_and_registered_there(
         result = await c.wait(run_id, timeout=30)
         assert result.status == "succeeded", result
         assert result.output == {"text": "Hello, Ada! You gave 2 words, 8 letters."}
+
+
+class Recorded(httpx.AsyncHTTPTransport):
+    """The requests an `HttpClient` sends: (method, path, JSON body or None)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[tuple[str, str, object]] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        json_body = request.headers.get("content-type") == "application/json"
+        body = orjson.loads(request.content) if json_body and request.content else None
+        self.sent.append((request.method, request.url.path, body))
+        return await super().handle_async_request(request)
+
+
+async def test_a_definition_file_is_read_here_registered_then_started_by_name(
+    served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server starts by name only: a file given to `launch` is read on this machine
+    and registered (POST /definitions), and the run started by its name and version."""
+    (tmp_path / "waiting.yaml").write_text(WAITING)
+    monkeypatch.chdir(tmp_path)
+    recorded = Recorded()
+    async with HttpClient(served.url, token=served.admin, transport=recorded) as c:
+        run_id, created = await c.launch("waiting.yaml", {"order_id": "A1"})
+    assert created
+    assert [(method, path) for method, path, _ in recorded.sent] == [
+        ("POST", "/definitions"),
+        ("POST", "/runs"),
+    ]
+    assert recorded.sent[1][2] == {
+        "workflow": "waiting",
+        "version": "1",
+        "input": {"order_id": "A1"},
+    }
+    assert (await served.rt.client.state(run_id)).workflow == "waiting"
+
+
+async def test_a_file_without_a_token_that_may_register_says_what_to_do(
+    served: Served, tmp_path: Path
+) -> None:
+    path = tmp_path / "waiting.yaml"
+    path.write_text(WAITING)
+    async with HttpClient(served.url, token=served.viewer) as c:
+        with pytest.raises(errors.Forbidden) as refused:
+            await c.launch(str(path), {"order_id": "A1"})
+    message = refused.value.message
+    assert "may not" in message  # what the server said
+    assert "tideflow definitions register FILE --server URL" in message
+    assert "start it by its name" in message
+    assert await served.rt.client.definitions() == []
+
+
+async def test_a_missing_file_is_an_error_here_and_nothing_is_sent(
+    served: Served, tmp_path: Path
+) -> None:
+    recorded = Recorded()
+    async with HttpClient(served.url, token=served.admin, transport=recorded) as c:
+        for missing in (str(tmp_path / "missing.yaml"), "missing.json"):
+            with pytest.raises(errors.DefinitionUnreadable, match="missing"):
+                await c.launch(missing)
+    assert recorded.sent == []
+
+
+async def test_a_path_sent_as_a_name_is_refused_by_the_server(
+    served: Served, tmp_path: Path
+) -> None:
+    path = tmp_path / "waiting.yaml"
+    path.write_text(WAITING)
+    async with HttpClient(served.url, token=served.admin) as c:
+        with pytest.raises(RemoteProblem) as refused:
+            await c.launch_registered(str(path), {"order_id": "A1"})
+        with pytest.raises(errors.NotFound, match=r"no definition 'waiting\.yaml' is registered"):
+            await c.launch_registered("waiting.yaml", {"order_id": "A1"})
+    assert refused.value.status == 422 and "workflow" in refused.value.message
+    assert WAITING.strip().splitlines()[0] not in refused.value.message
+    assert await served.rt.client.definitions() == []

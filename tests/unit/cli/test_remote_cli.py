@@ -158,6 +158,26 @@ def test_refusals_exit_2_saying_what_the_server_said(server: Server) -> None:
     assert bus.exit_code == 2 and "leave out --bus" in bus.stderr
 
 
+def test_a_file_is_registered_from_here_or_the_user_is_told_how(
+    server: Server, tmp_path: Path
+) -> None:
+    """The server starts workflows by name only: `runs start FILE --server` reads the file
+    here and registers it first, which needs a token that may register."""
+    flow = tmp_path / "named-here.yaml"
+    flow.write_text('name: named-here\nversion: "1"\nsteps: [{id: a, type: noop}]\n')
+    refused = invoke(server, "runs", "start", str(flow), token=server.viewer)
+    assert refused.exit_code == 2
+    assert "may not" in refused.stderr
+    assert "tideflow definitions register FILE --server URL" in refused.stderr
+    missing = invoke(server, "runs", "start", str(tmp_path / "missing.yaml"))
+    assert missing.exit_code == 2 and "missing.yaml" in missing.stderr
+    listed = json.loads(invoke(server, "definitions", "list", "--json").stdout)["definitions"]
+    assert "named-here" not in [d["name"] for d in listed]
+    started = invoke(server, "runs", "start", str(flow), "--json")
+    assert started.exit_code == 0, started.output
+    assert json.loads(started.stdout)["workflow"] == "named-here"
+
+
 def test_a_real_process_starts_and_waits_for_a_run(server: Server, tmp_path: Path) -> None:
     flow = tmp_path / "hello.yaml"
     flow.write_text('name: hello\nversion: "1"\nsteps: [{id: a, type: noop}]\n')
