@@ -7,6 +7,7 @@ the engine (``started_event``), so a run is never started before it is durable.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,10 @@ class Catalog:
         try:
             plan = await self._store.get_definition(name, version)
         except NotFound:
-            found = self._definitions.find(name, version) if is_plain_name(name) else None
+            found = None
+            if is_plain_name(name) and self._definitions.directory is not None:
+                # its first look compiles every file there: not on the event loop
+                found = await asyncio.to_thread(self._definitions.find, name, version)
             if found is None:
                 raise unknown_workflow(name, version) from None
             return await self.register(found)

@@ -178,6 +178,10 @@ class DefinitionSource:
         self._executors = executors
         self._index: dict[tuple[str, str], Plan] | None = None
 
+    @property
+    def directory(self) -> Path | None:
+        return self._dir
+
     @staticmethod
     def looks_like_path(text: str) -> bool:
         return _is_path(text) or is_python_reference(text, files_only=True)

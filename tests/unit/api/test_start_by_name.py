@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
+import threading
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ import pytest
 from tideflow.api import create_app
 from tideflow.api.auth import issue_token
 from tideflow.model.tokens import Role
+from tideflow.runtime.definitions import DefinitionSource
 from tideflow.runtime.runtime import Runtime
 
 MODULE = "start_by_name_probe"
@@ -247,10 +249,18 @@ async def test_a_subflow_names_a_workflow_never_a_file(server: Server, disk: Dis
 
 
 async def test_the_definitions_directory_is_found_by_a_plain_name_only(
-    store_url: str, disk: Disk, tmp_path: Path
+    store_url: str, disk: Disk, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The server's own definitions directory answers a start by a plain name; a name
-    with a file's suffix does not reach it."""
+    """The server's own definitions directory answers a start by a plain name, its files
+    compiled off the event loop; a name with a file's suffix does not reach it."""
+    compiled_on: list[int] = []
+    add = DefinitionSource._add
+
+    def recorded(source: DefinitionSource, path: Path) -> None:
+        compiled_on.append(threading.get_ident())
+        add(source, path)
+
+    monkeypatch.setattr(DefinitionSource, "_add", recorded)
     flows = tmp_path / "flows"
     flows.mkdir()
     (flows / "greet.yaml").write_text(json.dumps({**HELLO, "name": "greet"}))
@@ -266,6 +276,7 @@ async def test_the_definitions_directory_is_found_by_a_plain_name_only(
             assert started.status_code == 201, started.text
         assert (await rt.wait(started.json()["run_id"], timeout=30)).status == "succeeded"
         assert [d.name for d in await rt.client.definitions()] == ["greet"]
+    assert compiled_on and threading.get_ident() not in compiled_on
 
 
 async def test_a_python_start_still_loads_the_file_the_caller_owns(
