@@ -17,6 +17,7 @@ import importlib
 import importlib.util
 import logging
 import sys
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
@@ -177,6 +178,7 @@ class DefinitionSource:
         self._dir = Path(directory) if directory is not None else None
         self._executors = executors
         self._index: dict[tuple[str, str], Plan] | None = None
+        self._loading = threading.Lock()
 
     @property
     def directory(self) -> Path | None:
@@ -198,19 +200,20 @@ class DefinitionSource:
         return max(matches, key=lambda p: version_key(p.version))
 
     def _load(self) -> dict[tuple[str, str], Plan]:
-        if self._index is None:
-            self._index = {}
-            if self._dir is not None and self._dir.is_dir():
-                for path in sorted(self._dir.iterdir()):
-                    if path.suffix in DEFINITION_SUFFIXES:
-                        self._add(path)
-        return self._index
+        with self._loading:  # looked up from threads (Catalog.registered): built once, whole
+            if self._index is None:
+                index: dict[tuple[str, str], Plan] = {}
+                if self._dir is not None and self._dir.is_dir():
+                    for path in sorted(self._dir.iterdir()):
+                        if path.suffix in DEFINITION_SUFFIXES:
+                            self._add(index, path)
+                self._index = index
+            return self._index
 
-    def _add(self, path: Path) -> None:
-        assert self._index is not None
+    def _add(self, index: dict[tuple[str, str], Plan], path: Path) -> None:
         try:
             plan = coerce_plan(path, self._executors)
         except (DefinitionError, OSError) as exc:
             log.debug("not a usable definition: %s (%s)", path, exc)
             return
-        self._index[(plan.name, plan.version)] = plan
+        index[(plan.name, plan.version)] = plan

@@ -256,9 +256,9 @@ async def test_the_definitions_directory_is_found_by_a_plain_name_only(
     compiled_on: list[int] = []
     add = DefinitionSource._add
 
-    def recorded(source: DefinitionSource, path: Path) -> None:
+    def recorded(source: DefinitionSource, index: dict[Any, Any], path: Path) -> None:
         compiled_on.append(threading.get_ident())
-        add(source, path)
+        add(source, index, path)
 
     monkeypatch.setattr(DefinitionSource, "_add", recorded)
     flows = tmp_path / "flows"
