@@ -11,6 +11,7 @@ import pytest
 
 from tideflow.api.event_sources import (
     DEFAULT_REPLAY_WINDOW,
+    EventRequest,
     EventSources,
     EventSourcesError,
     SourceRefused,
@@ -21,15 +22,16 @@ ENV = {"A_TOKEN": "a-token-0123456789abcdef", "A_SECRET": "a-secret-0123456789ab
 
 
 def sources(*entries: dict[str, Any]) -> EventSources:
-    return EventSources.of({"sources": list(entries)}, ENV)
+    """The sources of ``entries``, each allowed any type unless it says."""
+    return EventSources.of({"sources": [{"types": ["*"], **e} for e in entries]}, ENV)
 
 
 def test_a_yaml_and_a_json_file_load_alike(tmp_path: Path) -> None:
     yaml_file = tmp_path / "sources.yaml"
     yaml_file.write_text(
         "sources:\n"
-        "  - {source: 'https://pay.example/hooks', auth: hmac, secret_env: A_SECRET, replay_window: 60}\n"
-        "  - {source: 'urn:desk:*', auth: bearer, token_env: A_TOKEN}\n"
+        "  - {source: 'https://pay.example/hooks', auth: hmac, secret_env: A_SECRET, replay_window: 60, types: ['pay.*']}\n"
+        "  - {source: 'urn:desk:*', auth: bearer, token_env: A_TOKEN, types: [desk.approved], address_runs: true}\n"
     )
     json_file = tmp_path / "sources.json"
     json_file.write_text(
@@ -41,8 +43,15 @@ def test_a_yaml_and_a_json_file_load_alike(tmp_path: Path) -> None:
                         "auth": "hmac",
                         "secret_env": "A_SECRET",
                         "replay_window": 60,
+                        "types": ["pay.*"],
                     },
-                    {"source": "urn:desk:*", "auth": "bearer", "token_env": "A_TOKEN"},
+                    {
+                        "source": "urn:desk:*",
+                        "auth": "bearer",
+                        "token_env": "A_TOKEN",
+                        "types": ["desk.approved"],
+                        "address_runs": True,
+                    },
                 ]
             }
         )
@@ -52,6 +61,8 @@ def test_a_yaml_and_a_json_file_load_alike(tmp_path: Path) -> None:
     (pay, desk) = loaded[0].rules
     assert (pay.auth, pay.secret, pay.replay_window) == ("hmac", ENV["A_SECRET"], 60.0)
     assert (desk.auth, desk.replay_window) == ("bearer", DEFAULT_REPLAY_WINDOW)
+    assert (pay.types, pay.address_runs) == (("pay.*",), False)
+    assert (desk.types, desk.address_runs) == (("desk.approved",), True)
     assert ENV["A_SECRET"] not in repr(pay)
 
 
@@ -111,8 +122,8 @@ def test_an_exact_source_wins_over_a_prefix_and_the_longest_prefix_over_others()
         (
             {
                 "sources": [
-                    {"source": "s", "auth": "bearer", "token_env": "A_TOKEN"},
-                    {"source": "s", "auth": "hmac", "secret_env": "A_SECRET"},
+                    {"source": "s", "auth": "bearer", "token_env": "A_TOKEN", "types": ["*"]},
+                    {"source": "s", "auth": "hmac", "secret_env": "A_SECRET", "types": ["*"]},
                 ]
             },
             "sources[1]: source 's' is listed already, at sources[0]",
@@ -136,6 +147,10 @@ def test_an_unreadable_or_malformed_file_is_named(tmp_path: Path) -> None:
         EventSources.load(broken, ENV)
 
 
+def structured(headers: dict[str, str], body: bytes) -> EventRequest:
+    return EventRequest.of("POST", "/events", headers.items(), body, self_contained=True)
+
+
 def test_a_signature_is_checked_against_the_body_and_the_time() -> None:
     (rule,) = sources({"source": "s", "auth": "hmac", "secret_env": "A_SECRET"}).rules
     body = b'{"id": "1"}'
@@ -143,18 +158,18 @@ def test_a_signature_is_checked_against_the_body_and_the_time() -> None:
         "x-tideflow-timestamp": "1000",
         "x-tideflow-signature": sign(ENV["A_SECRET"], "1000", body),
     }
-    rule.check(good, body, now=1000 + 300)
-    rule.check(good, body, now=1000 - 300)
+    rule.check(structured(good, body), now=1000 + 300)
+    rule.check(structured(good, body), now=1000 - 300)
     for now in (1000 + 301, 1000 - 301):
         with pytest.raises(SourceRefused, match="replay window"):
-            rule.check(good, body, now=now)
+            rule.check(structured(good, body), now=now)
     with pytest.raises(SourceRefused, match="bad signature"):
-        rule.check(good, body + b" ", now=1000)
+        rule.check(structured(good, body + b" "), now=1000)
     upper = {**good, "x-tideflow-signature": good["x-tideflow-signature"].upper()}
-    rule.check(upper, body, now=1000)  # hex digits (and the scheme) in either case
+    rule.check(structured(upper, body), now=1000)  # hex digits (and the scheme) in either case
     for missing in ("x-tideflow-timestamp", "x-tideflow-signature"):
         with pytest.raises(SourceRefused, match="no signature or no timestamp"):
-            rule.check({k: v for k, v in good.items() if k != missing}, body, now=1000)
+            rule.check(structured({k: v for k, v in good.items() if k != missing}, body), now=1000)
 
 
 def test_the_signature_is_hmac_sha256_of_timestamp_dot_body() -> None:
