@@ -335,3 +335,19 @@ async def test_a_timestamp_that_is_not_unix_seconds_is_401_never_500(
     signed["x-tideflow-timestamp"] = timestamp.encode("latin-1")  # '²' is no ASCII
     problem = await gw.refused(401, body, signed, run_id)
     assert problem["type"] == "urn:tideflow:problem:unauthenticated"
+
+
+# -- the OpenAPI document --------------------------------------------------------------
+
+
+async def test_the_openapi_document_describes_the_headers_events_reads() -> None:
+    from tideflow.api import create_app
+
+    async with Runtime(workers=1) as rt:
+        operation = create_app(rt.client, event_sources=POLICY).openapi()["paths"]["/events"]
+    described = {p["name"]: p for p in operation["post"]["parameters"]}
+    assert {"ce-id", "ce-source", "ce-specversion", "ce-type", "ce-tideflowrunid"} <= set(described)
+    assert {"x-tideflow-timestamp", "x-tideflow-signature"} <= set(described)
+    assert all(p["in"] == "header" and not p["required"] for p in described.values())
+    assert "v2=" in described["x-tideflow-signature"]["description"]
+    assert "403" in operation["post"]["responses"]
