@@ -166,6 +166,7 @@ async def test_a_forged_binary_resend_under_a_captured_v2_signature_is_refused(
     headers, body = payment(victim, id="pay-1")
     captured = v2(ENV["PAY_SECRET"], headers, body)
     assert delivered(await gw.post(body, captured)) == [victim]
+    await wait_until(gw.rt, victim, step_is("paid", "succeeded"))  # then it waits, still
     forgeries = [
         {"ce-tideflowrunid": target},
         {"ce-tideflowrunid": target, "ce-id": "pay-2"},
