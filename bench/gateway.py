@@ -80,7 +80,8 @@ async def bench(runs: int, concurrency: int, batch: int, store: str | None) -> d
     if store == "sqlite":
         options["store"] = f"sqlite:///{scratch_dir('tideflow-gw-')}/bench.db"
     sources = EventSources.of(
-        {"sources": [{"source": SOURCE, "auth": "bearer", "token_env": "T"}]}, {"T": TOKEN}
+        {"sources": [{"source": SOURCE, "auth": "bearer", "token_env": "T", "types": ["*"]}]},
+        {"T": TOKEN},
     )
     async with Runtime(**options) as rt:
         await rt.client.register(ORDER)

@@ -203,6 +203,9 @@ def _binary(content_type: str | None, headers: Mapping[str, str], body: bytes) -
     for name, value in headers.items():
         if not name.startswith("ce-"):
             continue
+        if name[3:] in found:  # which one counts would be a guess (and not what was signed)
+            problems.append(FieldProblem(f"header {name}", "sent more than once: send it once"))
+            continue
         try:
             found[name[3:]] = unquote(value, errors="strict")
         except UnicodeDecodeError:

@@ -6,27 +6,36 @@ A file (``tideflow server --event-sources FILE``, YAML or JSON) lists the source
       - source: https://pay.example.com/webhooks     # this exact `source` attribute
         auth: hmac
         secret_env: PAY_WEBHOOK_SECRET               # the secret is in the environment
+        previous_secret_env: PAY_WEBHOOK_SECRET_OLD  # optional: also valid (rotation)
         replay_window: 300                           # seconds, optional (default 300)
+        types: ["com.example.payment.*"]             # the event types it may send
       - source: "urn:approvals:*"                    # every source that starts so
         auth: bearer
         token_env: APPROVALS_TOKEN
+        types: [com.example.order.approved]
+        address_runs: true                           # may name a run (tideflowrunid)
 
-A pattern is a `source` exactly, or a prefix followed by one ``*`` at its end. The
-rule for an event's source is the exact one if there is one, else the longest prefix.
+A pattern (of a source or of a type) is a value exactly, or a prefix followed by one
+``*`` at its end (``*`` alone: any). The rule for an event's source is the exact one if
+there is one, else the longest prefix.
 
 - ``bearer``: the request carries ``Authorization: Bearer <the token>``.
-- ``hmac``: the request carries ``X-Tideflow-Timestamp: <unix seconds>`` and
-  ``X-Tideflow-Signature: sha256=<hex>``, the HMAC-SHA256 under the secret of
-  ``<timestamp>.<raw body>``; a timestamp more than ``replay_window`` seconds from the
-  server's clock (in either direction) is refused. A replay inside the window is a
-  redelivery, which deduplication applies once.
+- ``hmac``: the request is signed (api/event_signatures.py): a ``v2=`` signature covers
+  the method, path, ``Content-Type``, every ``ce-*`` header and the body; a ``sha256=``
+  one (``<timestamp>.<raw body>``) is taken in structured and batched mode only, where
+  the body carries every attribute. A timestamp more than ``replay_window`` seconds
+  from the server's clock (in either direction) is refused. A replay inside the window
+  is a redelivery, which deduplication applies once.
+- ``types`` (required): the event types the source may send; ``address_runs`` (default
+  false): whether its events may name a run by ``tideflowrunid`` (else they find their
+  runs by correlation, a `wait`'s ``match``). An event outside its source's policy is
+  refused (`SourceRule.not_allowed`).
 
 Secrets are compared with ``hmac.compare_digest``. Nothing here imports an HTTP framework.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import os
@@ -38,28 +47,37 @@ from typing import Any, Literal
 import yaml
 
 from tideflow.api.auth import PREFIX as API_TOKEN_PREFIX
+from tideflow.api.event_signatures import (
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    EventRequest,
+    SignatureRefused,
+    check_signature,
+    sign,
+    sign_v2,
+)
 
 __all__ = [
     "DEFAULT_REPLAY_WINDOW",
     "SIGNATURE_HEADER",
     "TIMESTAMP_HEADER",
+    "EventRequest",
     "EventSources",
     "EventSourcesError",
     "SourceRefused",
     "SourceRule",
     "sign",
+    "sign_v2",
 ]
 
 DEFAULT_REPLAY_WINDOW = 300.0
-TIMESTAMP_HEADER = "x-tideflow-timestamp"
-SIGNATURE_HEADER = "x-tideflow-signature"
-SIGNATURE_SCHEME = "sha256="
 MIN_SECRET = 16
 """Characters a source's secret or token has at least."""
 
+_POLICY = {"types", "address_runs"}
 _KEYS = {
-    "bearer": {"source", "auth", "token_env"},
-    "hmac": {"source", "auth", "secret_env", "replay_window"},
+    "bearer": {"source", "auth", "token_env", "previous_token_env", *_POLICY},
+    "hmac": {"source", "auth", "secret_env", "previous_secret_env", "replay_window", *_POLICY},
 }
 _SECRET_KEY = {"bearer": "token_env", "hmac": "secret_env"}
 
@@ -73,10 +91,11 @@ class SourceRefused(Exception):
     log only: the caller is told nothing about why."""
 
 
-def sign(secret: str, timestamp: str, body: bytes) -> str:
-    """The ``X-Tideflow-Signature`` value of ``body`` sent at ``timestamp``."""
-    message = timestamp.encode("ascii") + b"." + body
-    return SIGNATURE_SCHEME + hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
+def covers(pattern: str, value: str) -> bool:
+    """Whether ``pattern`` (a value exactly, or a prefix and a final ``*``) covers ``value``."""
+    if pattern.endswith("*"):
+        return value.startswith(pattern[:-1])
+    return value == pattern
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,50 +103,67 @@ class SourceRule:
     pattern: str
     """A `source` exactly, or a prefix and a final ``*``."""
     auth: Literal["bearer", "hmac"]
-    secret: str = field(repr=False)
+    secrets: tuple[str, ...] = field(repr=False)
+    """The current secret (or token), then the previous one while a key is rotated."""
     secret_env: str
     replay_window: float = DEFAULT_REPLAY_WINDOW
+    types: tuple[str, ...] = ("*",)
+    """Patterns of the event types the source may send."""
+    address_runs: bool = False
+    """Whether its events may name a run by ``tideflowrunid``."""
+
+    @property
+    def secret(self) -> str:
+        """The current secret (or token)."""
+        return self.secrets[0]
 
     @property
     def is_prefix(self) -> bool:
         return self.pattern.endswith("*")
 
     def covers(self, source: str) -> bool:
-        if self.is_prefix:
-            return source.startswith(self.pattern[:-1])
-        return source == self.pattern
+        return covers(self.pattern, source)
 
-    def check(self, headers: Mapping[str, str], body: bytes, now: float) -> None:
+    def check(self, request: EventRequest, now: float) -> None:
         """`SourceRefused` unless the request carries this source's credentials."""
         if self.auth == "bearer":
-            self._check_bearer(headers)
-        else:
-            self._check_signature(headers, body, now)
+            self._check_bearer(request.header("authorization"))
+            return
+        try:
+            check_signature(request, self.secrets, now, self.replay_window)
+        except SignatureRefused as exc:
+            raise SourceRefused(f"source {self.pattern}: {exc}") from None
 
-    def _check_bearer(self, headers: Mapping[str, str]) -> None:
-        scheme, _, token = headers.get("authorization", "").strip().partition(" ")
+    def not_allowed(self, event_type: str, names_a_run: bool) -> list[tuple[str, str]]:
+        """What of an event this source may not send: (``type`` or ``tideflowrunid``,
+        why) for each; empty when the event is inside the source's policy."""
+        refused: list[tuple[str, str]] = []
+        if not any(covers(pattern, event_type) for pattern in self.types):
+            refused.append(
+                (
+                    "type",
+                    f"source {self.pattern} may not send events of type {event_type!r}: it "
+                    f"may send {', '.join(self.types)} (`types` in the event sources)",
+                )
+            )
+        if names_a_run and not self.address_runs:
+            refused.append(
+                (
+                    "tideflowrunid",
+                    f"source {self.pattern} may not address a run by tideflowrunid: send the "
+                    "event without it (a wait's match finds its runs) or allow it with "
+                    "`address_runs: true` in the event sources",
+                )
+            )
+        return refused
+
+    def _check_bearer(self, header: str) -> None:
+        scheme, _, token = header.strip().partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise SourceRefused(f"source {self.pattern}: no bearer token")
-        if not hmac.compare_digest(token.strip().encode(), self.secret.encode()):
+        given = token.strip().encode()
+        if not any(hmac.compare_digest(given, secret.encode()) for secret in self.secrets):
             raise SourceRefused(f"source {self.pattern}: wrong bearer token")
-
-    def _check_signature(self, headers: Mapping[str, str], body: bytes, now: float) -> None:
-        timestamp = headers.get(TIMESTAMP_HEADER, "").strip()
-        signature = headers.get(SIGNATURE_HEADER, "").strip()
-        if not timestamp or not signature:
-            raise SourceRefused(f"source {self.pattern}: no signature or no timestamp")
-        if not (timestamp.isascii() and timestamp.isdigit()):
-            raise SourceRefused(
-                f"source {self.pattern}: timestamp {timestamp!r} is not unix seconds"
-            )
-        if abs(now - int(timestamp)) > self.replay_window:
-            raise SourceRefused(
-                f"source {self.pattern}: timestamp {timestamp} is {now - int(timestamp):.0f} s "
-                f"from now, outside the replay window of {self.replay_window:g} s"
-            )
-        expected = sign(self.secret, timestamp, body)
-        if not hmac.compare_digest(expected.encode(), signature.lower().encode()):
-            raise SourceRefused(f"source {self.pattern}: bad signature")
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,30 +239,60 @@ def _rule(entry: Any, env: Mapping[str, str], where: str) -> SourceRule:
         raise EventSourcesError(
             f"{where}: unknown key {unknown[0]!r} for auth {auth} (it takes {allowed})"
         )
+    key = _SECRET_KEY[auth]
+    secrets: tuple[str, ...] = (_secret(entry, key, auth, env, where),)
+    if f"previous_{key}" in entry:
+        secrets += (_secret(entry, f"previous_{key}", auth, env, where),)
     return SourceRule(
-        pattern=_pattern(entry.get("source"), where),
+        pattern=_pattern(entry.get("source"), where, "source"),
         auth=auth,
-        secret=_secret(entry, auth, env, where),
-        secret_env=entry[_SECRET_KEY[auth]],
+        secrets=secrets,
+        secret_env=entry[key],
         replay_window=_window(entry.get("replay_window", DEFAULT_REPLAY_WINDOW), where),
+        types=_types(entry.get("types"), where),
+        address_runs=_flag(entry.get("address_runs", False), where),
     )
 
 
-def _pattern(value: Any, where: str) -> str:
+def _pattern(value: Any, where: str, key: str) -> str:
     if not isinstance(value, str) or not value.strip("*"):
-        raise EventSourcesError(
-            f"{where}: source is the `source` attribute of the events (a URI), or a prefix "
-            "of it followed by `*`"
-        )
+        if key == "source":
+            raise EventSourcesError(
+                f"{where}: source is the `source` attribute of the events (a URI), or a "
+                "prefix of it followed by `*`"
+            )
+        if value != "*":
+            raise EventSourcesError(
+                f"{where}: {key}: {value!r} is not an event type, a prefix of one followed "
+                "by `*`, or `*` (any type)"
+            )
     if "*" in value[:-1]:
         raise EventSourcesError(
-            f"{where}: source {value!r}: `*` may only end a pattern (a prefix), once"
+            f"{where}: {key} {value!r}: `*` may only end a pattern (a prefix), once"
         )
+    return str(value)
+
+
+def _types(value: Any, where: str) -> tuple[str, ...]:
+    if value is None:
+        raise EventSourcesError(
+            f"{where}: give `types`, the event types this source may send: a list of "
+            'types, or prefixes ending in `*` (["com.example.payment.*"]; ["*"] for any)'
+        )
+    if not isinstance(value, list) or not value:
+        raise EventSourcesError(
+            f"{where}: types is a list of event types (or prefixes ending in `*`), not {value!r}"
+        )
+    return tuple(_pattern(item, where, f"types[{i}]") for i, item in enumerate(value))
+
+
+def _flag(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise EventSourcesError(f"{where}: address_runs is true or false, not {value!r}")
     return value
 
 
-def _secret(entry: dict[str, Any], auth: str, env: Mapping[str, str], where: str) -> str:
-    key = _SECRET_KEY[auth]
+def _secret(entry: dict[str, Any], key: str, auth: str, env: Mapping[str, str], where: str) -> str:
     name = entry.get(key)
     if not isinstance(name, str) or not name:
         raise EventSourcesError(

@@ -2,7 +2,8 @@
 
 A request is read (api/cloudevent.py: structured, batched or binary mode, by its
 ``Content-Type``), authorised (an API token that may signal, else each event's source
-by its rule in api/event_sources.py), then each event becomes a signal:
+by its rule in api/event_sources.py, whose signature covers what routes the event and
+whose policy allows its type and its naming a run), then each event becomes a signal:
 
 - name: the event's ``type``; payload: its attributes and its ``data``
   (`CloudEvent.payload`), so a `wait` matches on ``signal.data.order_id``;
@@ -12,9 +13,10 @@ by its rule in api/event_sources.py), then each event becomes a signal:
 - its id in each run is derived from (``source``, ``id``) (`signal_id`), so a
   redelivery, even one that arrives at the same time as the first, is applied once.
 
-A refused request (400 malformed, 401 not authorised, 403 a role that may not signal,
-413 too large, 415 a format not read) changes nothing: every event of it is read and
-every source authorised before the first is delivered.
+A refused request (400 malformed, 401 not authorised, 403 a role that may not signal or
+an event its source may not send, 413 too large, 415 a format not read) changes
+nothing: every event of it is read and every source authorised before the first is
+delivered.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ from tideflow.api.cloudevent import (
     Mode,
     read_events,
 )
-from tideflow.api.event_sources import EventSources, SourceRefused
+from tideflow.api.event_signatures import SIGNATURE_HEADER, TIMESTAMP_HEADER
+from tideflow.api.event_sources import EventRequest, EventSources, SourceRefused, SourceRule
 from tideflow.api.problems import FieldError, Problem, problem_response
 from tideflow.client import Client
 from tideflow.errors import (
@@ -104,7 +107,37 @@ def signal_id(source: str, event_id: str) -> str:
     return f"ce:{digest[:40]}"
 
 
+_HEADERS: dict[str, str] = {
+    "ce-id": "Binary mode: the event's id (with ce-source, what identifies it).",
+    "ce-source": "Binary mode: the event's source; its credentials are this source's.",
+    "ce-specversion": 'Binary mode: "1.0".',
+    "ce-type": "Binary mode: the event's type, the name of the signal it becomes.",
+    "ce-subject": "Binary mode: the event's subject (optional).",
+    "ce-time": "Binary mode: when it happened, RFC 3339 (optional).",
+    "ce-dataschema": "Binary mode: the schema of its data (optional).",
+    "ce-tideflowrunid": "Binary mode: send to this run only (a source needs address_runs).",
+    "ce-traceparent": "Binary mode: the event's W3C trace context (optional).",
+    TIMESTAMP_HEADER: "An hmac source: when the request was signed, unix seconds.",
+    SIGNATURE_HEADER: (
+        "An hmac source: space-separated signatures, each v2=<hex> (the canonical "
+        "request: method, path, Content-Type, every ce-* header, the body's SHA-256) or, "
+        "in structured and batched mode only, sha256=<hex> (timestamp.body). "
+        "docs/events.md, Signatures."
+    ),
+}
+"""The headers ``POST /events`` reads (other ``ce-*`` headers are extension attributes)."""
+
 _BODY: dict[str, Any] = {
+    "parameters": [
+        {
+            "name": name,
+            "in": "header",
+            "required": False,
+            "description": description,
+            "schema": {"type": "string"},
+        }
+        for name, description in _HEADERS.items()
+    ],
     "requestBody": {
         "required": True,
         "description": (
@@ -122,7 +155,7 @@ _BODY: dict[str, Any] = {
             },
             "*/*": {"schema": {"title": "Event data (binary mode)"}},
         },
-    }
+    },
 }
 
 _CLOUDEVENT_SCHEMA: dict[str, Any] = {
@@ -151,7 +184,8 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
     for status, description in {
         400: "Not a CloudEvent: malformed JSON, a missing or wrong attribute (named in `errors`)",
         401: "Not authorised for the source of an event",
-        403: "An API token whose role may not signal",
+        403: "An API token whose role may not signal, or an event its source may not "
+        "send (a type outside its `types`, a tideflowrunid without `address_runs`)",
         413: "Body too large",
         415: "A CloudEvents format other than JSON",
     }.items()
@@ -172,6 +206,7 @@ def event_routes(
     counted once) for the metrics."""
     app.add_exception_handler(EventRefused, _event_refused)
     app.add_exception_handler(SourceRefused, _source_refused)
+    app.add_exception_handler(EventNotAllowed, _event_not_allowed)
 
     @app.post(
         "/events",
@@ -187,7 +222,7 @@ def event_routes(
         is acknowledged and applied once."""
         try:
             accepted = await _receive(request)
-        except (EventRefused, SourceRefused, Forbidden):
+        except (EventRefused, SourceRefused, EventNotAllowed, Forbidden):
             if counted is not None:
                 counted("rejected", 1)
             raise
@@ -202,7 +237,14 @@ def event_routes(
         token = await _api_token(client, headers.get("authorization"))
         mode, events = read_events(headers.get("content-type"), headers, body)
         if not token:
-            _authorise(sources, events, headers, body, now())
+            signed = EventRequest.of(
+                request.method,
+                request.url.path,
+                headers.items(),
+                body,
+                self_contained=mode != "binary",
+            )
+            _authorise(sources, events, signed, now())
         _check_storable(events)
         return EventsAccepted(mode=mode, events=await _deliver_all(client, events, headers))
 
@@ -223,16 +265,41 @@ async def _api_token(client: Client, header: str | None) -> bool:
     return True
 
 
+class EventNotAllowed(Exception):
+    """Events their sources may not send (a type, or naming a run): each field at fault."""
+
+    def __init__(self, problems: list[FieldProblem]) -> None:
+        super().__init__(problems[0].message)
+        self.problems = problems
+
+
 def _authorise(
-    sources: EventSources, events: list[CloudEvent], headers: Any, body: bytes, now: float
+    sources: EventSources, events: list[CloudEvent], request: EventRequest, now: float
 ) -> None:
     """`SourceRefused` unless the request carries the credentials of every event's
-    source (a batch is refused whole)."""
+    source, then `EventNotAllowed` unless every event is inside its source's policy (a
+    batch is refused whole)."""
+    rules: dict[str, SourceRule] = {}
     for source in dict.fromkeys(event.source for event in events):
         rule = sources.rule_for(source)
         if rule is None:
             raise SourceRefused(f"source {source!r} is not in the event sources and no API token")
-        rule.check(headers, body, now)
+        rule.check(request, now)
+        rules[source] = rule
+    problems = [
+        FieldProblem(_field(event, attribute), message)
+        for event in events
+        for attribute, message in rules[event.source].not_allowed(
+            event.type, event.run_id is not None
+        )
+    ]
+    if problems:
+        raise EventNotAllowed(problems)
+
+
+def _field(event: CloudEvent, attribute: str) -> str:
+    """How a problem names an event's attribute: ``body[2].type``, ``header ce-type``."""
+    return f"header ce-{attribute}" if event.where == "headers" else f"{event.where}.{attribute}"
 
 
 def _check_storable(events: list[CloudEvent]) -> None:
@@ -349,6 +416,15 @@ async def _event_refused(request: Request, exc: Exception) -> JSONResponse:
     kind = "unsupported-media-type" if exc.status == 415 else "event-invalid"
     fields = [FieldError(field=p.field, message=p.message) for p in exc.problems]
     return problem_response(exc.status, kind, request.url.path, exc.detail, fields)
+
+
+async def _event_not_allowed(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, EventNotAllowed)
+    log.warning("POST %s refused: %s", request.url.path, exc)
+    fields = [FieldError(field=p.field, message=p.message) for p in exc.problems]
+    more = f" (and {len(fields) - 1} more, in errors)" if len(fields) > 1 else ""
+    detail = f"{fields[0].field}: {fields[0].message}{more}"
+    return problem_response(403, "forbidden", request.url.path, detail, fields)
 
 
 async def _source_refused(request: Request, exc: Exception) -> JSONResponse:

@@ -210,7 +210,7 @@ def server_cmd(
             "--event-sources",
             envvar="TIDEFLOW_EVENT_SOURCES",
             metavar="FILE",
-            help="The event gateway's sources (POST /events, docs/events.md): a YAML or JSON file naming each source and its auth (bearer or hmac, the secret in an environment variable). Without it, only API tokens may send events. Needs --http.",
+            help="The event gateway's sources (POST /events, docs/events.md): a YAML or JSON file naming each source, its auth (bearer or hmac, the secret in an environment variable) and the event types it may send. Without it, only API tokens may send events. Needs --http.",
         ),
     ] = None,
     verbose: VerboseOption = False,

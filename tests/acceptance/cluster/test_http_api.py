@@ -103,7 +103,8 @@ def test_the_server_takes_signed_cloudevents_for_the_sources_of_its_file(
     secret = "acceptance-secret-0123456789"
     sources = cluster.tmp / "sources.yaml"
     sources.write_text(
-        "sources:\n  - {source: 'urn:desk:*', auth: hmac, secret_env: DESK_SECRET}\n"
+        "sources:\n  - {source: 'urn:desk:*', auth: hmac, secret_env: DESK_SECRET,\n"
+        "     types: [approve], address_runs: true}\n"
     )
     cluster.env["DESK_SECRET"] = secret
     server = cluster.server("--http", "127.0.0.1:0", "--event-sources", str(sources))

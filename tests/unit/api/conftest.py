@@ -81,11 +81,23 @@ PAYMENTS = "https://pay.example.com/webhooks"
 APPROVALS = "urn:approvals:"
 PAY_SECRET = "pay-secret-0123456789abcdef"
 APPROVALS_TOKEN = "approvals-token-0123456789"
-SOURCES = EventSources.of(
+SOURCES = EventSources.of(  # any type, by run id too: the gateway's tests before policies
     {
         "sources": [
-            {"source": PAYMENTS, "auth": "hmac", "secret_env": "PAY_SECRET"},
-            {"source": APPROVALS + "*", "auth": "bearer", "token_env": "APPROVALS_TOKEN"},
+            {
+                "source": PAYMENTS,
+                "auth": "hmac",
+                "secret_env": "PAY_SECRET",
+                "types": ["*"],
+                "address_runs": True,
+            },
+            {
+                "source": APPROVALS + "*",
+                "auth": "bearer",
+                "token_env": "APPROVALS_TOKEN",
+                "types": ["*"],
+                "address_runs": True,
+            },
         ]
     },
     {"PAY_SECRET": PAY_SECRET, "APPROVALS_TOKEN": APPROVALS_TOKEN},

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tideflow.api.auth import issue_token
-from tideflow.api.event_sources import EventSources, sign
+from tideflow.api.event_sources import EventSources, sign_v2
 from tideflow.model.tokens import Role
 from tideflow.runtime.runtime import Runtime
 
@@ -35,16 +35,21 @@ def block(section: str, language: str) -> str:
 def test_the_sources_file_of_the_docs_loads() -> None:
     sources = EventSources.of(yaml.safe_load(block("Sources", "yaml")), ENV)
     assert [r.auth for r in sources.rules] == ["hmac", "bearer"]
+    assert [(r.types, r.address_runs) for r in sources.rules] == [
+        (("com.example.payment.*",), False),
+        (("com.example.order.approved",), True),
+    ]
     assert sources.rule_for("urn:approvals:desk") is sources.rules[1]
 
 
 def test_the_python_signing_of_the_docs_is_the_servers() -> None:
-    code = DOC.read_text().split("Signing in Python:\n\n```python\n", 1)[1].split("```", 1)[0]
+    code = DOC.read_text().split("Signing in Python (v2", 1)[1].split("```python\n", 1)[1]
     scope: dict[str, Any] = {}
-    exec(code, scope)
-    headers = scope["signed_headers"]("s" * 16, b'{"id": "1"}')
-    assert headers["x-tideflow-signature"] == sign(
-        "s" * 16, headers["x-tideflow-timestamp"], b'{"id": "1"}'
+    exec(code.split("```", 1)[0], scope)
+    sent = {"content-type": "application/json", "ce-type": "t", "ce-id": "1", "ce-source": "s"}
+    headers = scope["signed_headers"]("s" * 16, sent, b'{"id": "1"}')
+    assert headers["x-tideflow-signature"] == sign_v2(
+        "s" * 16, headers["x-tideflow-timestamp"], "POST", "/events", sent.items(), b'{"id": "1"}'
     )
 
 
@@ -73,6 +78,7 @@ async def test_the_curl_examples_run() -> None:
     outcomes = [b["events"][0]["status"] for b in bodies if "events" in b]
     assert outcomes == ["delivered", "delivered", "unmatched"]  # the redelivery: run moved on
     problems = [b for b in bodies if str(b.get("type", "")).startswith("urn:")]
-    assert [p["status"] for p in problems] == [401, 400]
-    assert {e["field"] for e in problems[1]["errors"]} == {"body.id", "body.specversion"}
+    assert [p["status"] for p in problems] == [401, 401, 403, 400]
+    assert [e["field"] for e in problems[2]["errors"]] == ["body.type"]
+    assert {e["field"] for e in problems[3]["errors"]} == {"body.id", "body.specversion"}
     assert bodies[-1] == {"status": "succeeded", "output": result.output}
