@@ -12,7 +12,7 @@ import httpx
 import orjson
 import pytest
 
-import tideflow.api.run_views as run_views
+import tideflow.api.feeds as feeds
 from tideflow.api.changes import RunChanges
 from tideflow.api.serving import address_of, http_api, listen
 from tideflow.lifecycle import Stop
@@ -81,7 +81,7 @@ async def events(response: httpx.Response) -> AsyncIterator[tuple[str, Any]]:
 async def test_a_run_is_read_by_plan_step_and_its_stream_follows_it_to_the_end(
     flaky: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(run_views, "RECHECK", 60.0)  # only the listener can wake a stream
+    monkeypatch.setattr(feeds, "RECHECK", 60.0)  # only the listener can wake a stream
     changes = RunChanges()
     async with Runtime(workers=1) as rt, served(rt, changes) as api:
         rt.add_listener(changes.listener)
@@ -133,7 +133,7 @@ async def test_a_run_is_read_by_plan_step_and_its_stream_follows_it_to_the_end(
 async def test_the_runs_stream_sends_the_list_when_any_run_changes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(run_views, "RECHECK", 60.0)
+    monkeypatch.setattr(feeds, "RECHECK", 60.0)
     changes = RunChanges()
     async with Runtime(workers=1) as rt, served(rt, changes) as api:
         rt.add_listener(changes.listener)
@@ -155,7 +155,7 @@ async def test_the_runs_stream_sends_the_list_when_any_run_changes(
 async def test_the_runs_stream_follows_an_older_page_by_its_cursor(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(run_views, "RECHECK", 60.0)
+    monkeypatch.setattr(feeds, "RECHECK", 60.0)
     changes = RunChanges()
     async with Runtime(workers=1) as rt, served(rt, changes) as api:
         rt.add_listener(changes.listener)
