@@ -192,3 +192,16 @@ def test_a_cap_under_one_stream_is_refused(cap: Any) -> None:
         StreamSlots(total=cap)
     with pytest.raises(ValueError, match="max_streams_per_token"):
         StreamSlots(per_token=cap)
+
+
+async def test_the_streams_document_their_429_and_its_retry_after() -> None:
+    async with Runtime(workers=0) as rt:
+        transport = httpx.ASGITransport(app=create_app(rt.client))
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as api:
+            document = (await api.get("/openapi.json")).json()
+    for path in ("/streams/runs", "/streams/runs/{run_id}"):
+        refused = document["paths"][path]["get"]["responses"]["429"]
+        assert refused["content"] == {
+            "application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}
+        }
+        assert refused["headers"]["Retry-After"]["schema"] == {"type": "integer"}
