@@ -111,7 +111,7 @@ async def test_a_hundred_list_streams_cost_one_page_read_per_change(
     store = sql_backend.make()
     page_reads = counting(store, "list_runs", monkeypatch)
     changes = RunChanges()
-    async with Runtime(store=store, workers=1) as rt:
+    async with Runtime(store=store, workers=1, sweep_interval=0) as rt:
         rt.add_listener(changes.listener)
         await rt.register(GATE)
         runs = [await rt.start_run("gate", {}) for _ in range(SIGNALS)]
@@ -155,7 +155,7 @@ async def test_the_streams_of_one_run_share_its_reads(
     monkeypatch.setattr(feeds, "RECHECK", 600.0)
     views = counting(run_views, "run_view", monkeypatch)  # one read of the run's state each
     changes = RunChanges()
-    async with Runtime(store=sql_backend.make(), workers=1) as rt:
+    async with Runtime(store=sql_backend.make(), workers=1, sweep_interval=0) as rt:
         rt.add_listener(changes.listener)
         await rt.register(STEPS)
         run_id = await rt.start_run("steps", {})

@@ -94,7 +94,7 @@ def counting(target: Any, name: str, monkeypatch: pytest.MonkeyPatch) -> Callabl
 async def test_past_a_tokens_cap_a_429_while_another_token_still_gets_a_stream(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    async with Runtime(workers=0) as rt:
+    async with Runtime(workers=0, sweep_interval=0) as rt:  # the sweep reads pages too
         store = rt.client.store
         tokens = {
             who: {"authorization": f"Bearer {(await issue_token(store, name=who, role=Role.VIEWER, now=0.0)).value}"}
