@@ -27,6 +27,7 @@ import logging
 from collections.abc import Awaitable, Callable, Hashable
 
 from tideflow.api.changes import RECHECK, RunChanges
+from tideflow.api.problem_types import ERRORS
 from tideflow.errors import TideflowError
 
 __all__ = ["KEEP_ALIVE", "RECHECK", "THROTTLE", "Feed", "Feeds", "Reader"]
@@ -108,7 +109,7 @@ class Feed:
         try:
             await self._update()
         except TideflowError as exc:  # the browsers reconnect, and read again
-            self.problem = exc.message
+            self.problem = _told(exc)
         except Exception:
             log.exception("a stream's view could not be read")
             self.problem = PROBLEM
@@ -213,6 +214,16 @@ class Feeds:
     def open(self) -> int:
         """Feeds being kept (for tests and the logs)."""
         return len(self._feeds)
+
+
+def _told(exc: TideflowError) -> str:
+    """What a reader is told of a failed read: the message of an error of the request, the
+    meaning of its class for one of the service (its message may name hosts), logged."""
+    status = next((ERRORS[c][0] for c in type(exc).__mro__ if c in ERRORS), 500)
+    if status < 500:
+        return exc.message
+    log.warning("a stream's view could not be read: %s", exc.message)
+    return " ".join((type(exc).__doc__ or "").split()) if status == 503 else PROBLEM
 
 
 def _retrieved(first: asyncio.Future[None]) -> None:

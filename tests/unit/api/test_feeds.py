@@ -129,11 +129,23 @@ async def test_a_failed_read_is_a_problem_its_readers_tell() -> None:
     hub = Feeds(changes)
     reader = await hub.join("all", None, view.read)
     reader.take()
-    view.fail = StoreUnavailable("the database is restarting")
+    view.fail = NotFound("run r1 is gone")
     changes.changed("r")
     assert await reader.next(10) is None
-    assert reader.over and reader.problem == "the database is restarting"
+    assert reader.over and reader.problem == "run r1 is gone"
     assert hub.open == 0
+
+
+async def test_a_failed_read_of_the_service_tells_what_failed_not_its_message() -> None:
+    changes, view = RunChanges(), View()
+    hub = Feeds(changes)
+    reader = await hub.join("all", None, view.read)
+    reader.take()
+    view.fail = StoreUnavailable("db.internal:5432 refused the connection")
+    changes.changed("r")
+    assert await reader.next(10) is None
+    assert reader.problem is not None and "db.internal" not in reader.problem
+    assert reader.problem.startswith("The store cannot be reached or is busy right now")
 
 
 async def test_a_server_that_stops_ends_every_reader() -> None:
