@@ -32,6 +32,7 @@
     │   ├── RevokedToken           the token was revoked
     │   └── WrongSecret            the id is a token's, the secret is not its secret
     ├── Forbidden                  the token's role does not allow the action (HTTP 403)
+    ├── TooManyStreams             a token (or the server) has as many event streams open as it may
     ├── ServerUnreachable          an HttpClient got no answer from the server's URL
     ├── RemoteProblem              a server's problem that names no tideflow error
     └── StepError                  raised *inside* a step; recorded in the run, not thrown out
@@ -292,6 +293,15 @@ class WrongSecret(Unauthenticated):
 
 class Forbidden(TideflowError):
     """The API token's role does not allow this action."""
+
+
+class TooManyStreams(TideflowError):
+    """As many event streams are open as may be, for this API token or on the server
+    (HTTP 429): close one, or try again after ``retry_after`` seconds."""
+
+    def __init__(self, message: str | None = None, *, retry_after: int = 5) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class EngineAlreadyRunning(TideflowError):

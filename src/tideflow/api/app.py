@@ -54,6 +54,11 @@ from tideflow.api.models import (
 from tideflow.api.problems import Problem
 from tideflow.api.run_views import run_view_routes
 from tideflow.api.schedule_routes import schedule_routes
+from tideflow.api.stream_slots import (
+    DEFAULT_MAX_STREAMS,
+    DEFAULT_MAX_STREAMS_PER_TOKEN,
+    StreamSlots,
+)
 from tideflow.bus.base import unserved
 from tideflow.client import Client
 from tideflow.errors import NotFound
@@ -124,6 +129,8 @@ def create_app(
     sessions: Sessions | None = None,
     ui: bool = True,
     metrics: Metrics | None = None,
+    max_streams: int = DEFAULT_MAX_STREAMS,
+    max_streams_per_token: int = DEFAULT_MAX_STREAMS_PER_TOKEN,
 ) -> FastAPI:
     """The API over ``client``; request bodies over ``max_body`` bytes are refused (413).
     With ``auth`` (the default) a request needs an API token of ``client.store`` whose
@@ -138,7 +145,12 @@ def create_app(
     the store every few seconds).
 
     ``metrics``: serve them on ``GET /metrics`` (role viewer) and count the gateway's
-    events into them; without, ``/metrics`` answers 404."""
+    events into them; without, ``/metrics`` answers 404.
+
+    The event streams (``/streams/...``) open at once are at most ``max_streams``, and
+    ``max_streams_per_token`` per API token (without ``auth``, all are one holder's):
+    past either, a 429 (api/stream_slots.py). ValueError for a cap under 1."""
+    slots = StreamSlots(total=max_streams, per_token=max_streams_per_token)
     app = FastAPI(title="tideflow", version="1", responses=_ERRORS)
     if sessions is None and auth:
         sessions = Sessions(store=client.store)
@@ -161,7 +173,7 @@ def create_app(
     _definition_routes(app, client)
     _run_routes(app, client)
     schedule_routes(app, client)
-    run_view_routes(app, client, changes or RunChanges())
+    run_view_routes(app, client, changes or RunChanges(), slots)
     counted = metrics.gateway_outcome if metrics is not None else None
     event_routes(app, client, event_sources or EventSources(), counted=counted)
     if ui:

@@ -2,9 +2,10 @@
 
 The engine calls ``RunChanges.listener`` after every committed change of a run it owns
 (``Runtime.add_listener``; `tideflow server` registers it, ``ServerOptions.listeners``);
-each open stream holds a ``Watch`` and wakes when its run (or, watching all runs, any
-run) changed. A stream also rechecks the store every ``RECHECK`` seconds, for the runs
-another server of the cluster owns, whose changes this process never hears of.
+each open view of the streams (a feed, api/feeds.py: one per view, however many streams
+show it) holds a ``Watch`` and wakes when its run (or, watching all runs, any run)
+changed. A feed also rechecks the store every ``RECHECK`` seconds, for the runs another
+server of the cluster owns, whose changes this process never hears of.
 Nothing here does I/O or imports an HTTP framework.
 """
 
@@ -42,6 +43,10 @@ class Watch:
         heard = self._changed.is_set()
         self._changed.clear()
         return heard
+
+    def clear(self) -> None:
+        """Forget the changes heard until now (a read that sees them is about to start)."""
+        self._changed.clear()
 
 
 class RunChanges:

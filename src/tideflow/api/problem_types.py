@@ -34,6 +34,8 @@ ERRORS: Mapping[type[TideflowError], tuple[int, str]] = {
     errors.RevokedToken: (401, "unauthenticated"),
     errors.WrongSecret: (401, "unauthenticated"),
     errors.Forbidden: (403, "forbidden"),
+    # the caller holds as many event streams as it may: 429 with Retry-After
+    errors.TooManyStreams: (429, "too-many-streams"),
     # the request conflicts with what is stored
     errors.DefinitionConflict: (409, "definition-conflict"),
     errors.DefinitionInactive: (409, "definition-inactive"),

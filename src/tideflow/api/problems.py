@@ -139,7 +139,12 @@ async def _tideflow_error(request: Request, exc: Exception) -> JSONResponse:
     if status >= 500:
         log.error("%s %s: %s", request.method, request.url.path, exc, exc_info=exc)
     detail = exc.message if status < 500 else _service_detail(type(exc), status)
-    return problem_response(status, kind, request.url.path, detail, _error_fields(exc))
+    headers = None
+    if isinstance(exc, errors.TooManyStreams):
+        headers = {"Retry-After": str(exc.retry_after)}
+    return problem_response(
+        status, kind, request.url.path, detail, _error_fields(exc), headers=headers
+    )
 
 
 def _unauthenticated(request: Request, exc: errors.Unauthenticated) -> JSONResponse:

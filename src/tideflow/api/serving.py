@@ -22,6 +22,7 @@ import uvicorn
 from tideflow.api.app import DEFAULT_MAX_BODY, Metrics, create_app
 from tideflow.api.changes import RunChanges
 from tideflow.api.event_sources import EventSources
+from tideflow.api.stream_slots import DEFAULT_MAX_STREAMS, DEFAULT_MAX_STREAMS_PER_TOKEN
 from tideflow.client import Client
 from tideflow.errors import StoreError
 from tideflow.lifecycle import Stop
@@ -124,11 +125,14 @@ async def http_api(
     changes: RunChanges | None = None,
     sessions: Sessions | None = None,
     metrics: Metrics | None = None,
+    max_streams: int = DEFAULT_MAX_STREAMS,
+    max_streams_per_token: int = DEFAULT_MAX_STREAMS_PER_TOKEN,
 ) -> AsyncIterator[None]:
     """Serve the API (and the web UI at ``/ui``, and ``metrics`` on ``/metrics``) on
     ``sock`` while the block runs, with API tokens unless ``auth`` is False; ``sessions``
     that are ``required`` (`tideflow ui`) guard it instead. ``changes``: the hub the engine
-    tells of run changes. When uvicorn ends on its own, the server is stopped too."""
+    tells of run changes; ``max_streams`` and ``max_streams_per_token`` cap the open event
+    streams (``create_app``). When uvicorn ends on its own, the server is stopped too."""
     where = address_of(sock)
     changes = changes or RunChanges()
     if sessions is None or not sessions.required:
@@ -141,6 +145,8 @@ async def http_api(
         changes=changes,
         sessions=sessions,
         metrics=metrics,
+        max_streams=max_streams,
+        max_streams_per_token=max_streams_per_token,
     )
     config = uvicorn.Config(
         app,

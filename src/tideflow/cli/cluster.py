@@ -204,6 +204,26 @@ def server_cmd(
             help="Largest request body the HTTP API takes (default 1MiB; 512KiB, 4MiB, bytes); a larger one is a 413, POST /events included.",
         ),
     ] = None,
+    max_streams: Annotated[
+        int | None,
+        typer.Option(
+            "--max-streams",
+            envvar="TIDEFLOW_HTTP_MAX_STREAMS",
+            metavar="N",
+            min=1,
+            help="Event streams (GET /streams/...) the HTTP API keeps open at once (default 500); past it a 429 with Retry-After.",
+        ),
+    ] = None,
+    max_streams_per_token: Annotated[
+        int | None,
+        typer.Option(
+            "--max-streams-per-token",
+            envvar="TIDEFLOW_HTTP_MAX_STREAMS_PER_TOKEN",
+            metavar="N",
+            min=1,
+            help="Event streams one API token may hold open at once (default 20; with --no-auth every stream counts as one token's); past it a 429 with Retry-After.",
+        ),
+    ] = None,
     event_sources: Annotated[
         Path | None,
         typer.Option(
@@ -277,6 +297,11 @@ def server_cmd(
         raise fail_usage("--event-sources configures the HTTP API's event gateway: give --http too")
     if max_body is not None and not http:
         raise fail_usage("--max-body is about the HTTP API: give --http HOST:PORT with it")
+    streams = {"max_streams": max_streams, "max_streams_per_token": max_streams_per_token}
+    for name, cap in streams.items():
+        if cap is not None and not http:
+            flag = "--" + name.replace("_", "-")
+            raise fail_usage(f"{flag} is about the HTTP API: give --http HOST:PORT with it")
     try:
         body_limit = parse_size(max_body, 0)  # 0: the API's default (1 MiB)
     except TideflowError as exc:
@@ -286,7 +311,9 @@ def server_cmd(
     setup_logging(verbose, log_level, log_format)
     metrics = _engine_metrics() if http else None
     services, listeners = (
-        _http_service(http, not no_auth, event_sources, body_limit, metrics) if http else ((), ())
+        _http_service(http, not no_auth, event_sources, body_limit, metrics, streams)
+        if http
+        else ((), ())
     )
     if standby:
         logging.getLogger("tideflow.server").warning(
@@ -343,16 +370,20 @@ def _http_service(
     event_sources: Path | None,
     max_body: int,
     metrics: EngineMetrics | None = None,
+    streams: dict[str, int | None] | None = None,
 ) -> tuple[tuple[Service], tuple[Listener]]:
     """The REST API and the web UI (and ``metrics`` on ``/metrics``) on ``address``, a
     listening socket already (a refused address, a port in use or a bad sources file is an
-    exit 2 before the server starts); API tokens unless not ``auth``. With it, the
-    listener that tells the UI's event streams of the runs' changes."""
+    exit 2 before the server starts); API tokens unless not ``auth``; ``streams``: the caps
+    on open event streams given (``max_streams``, ``max_streams_per_token``; None: the
+    API's default). With it, the listener that tells the UI's event streams of the runs'
+    changes."""
     try:
         from tideflow.api.app import DEFAULT_MAX_BODY
         from tideflow.api.changes import RunChanges
         from tideflow.api.event_sources import EventSources, EventSourcesError
         from tideflow.api.serving import AddressRefused, http_api, listen, parse_address
+        from tideflow.api.stream_slots import DEFAULT_MAX_STREAMS, DEFAULT_MAX_STREAMS_PER_TOKEN
     except ImportError as exc:
         raise fail_usage(
             f"--http needs the API's packages ({exc.name} is missing): pip install 'tideflow[api]'"
@@ -377,6 +408,10 @@ def _http_service(
         changes=changes,
         max_body=max_body or DEFAULT_MAX_BODY,
         metrics=metrics,
+        max_streams=(streams or {}).get("max_streams") or DEFAULT_MAX_STREAMS,
+        max_streams_per_token=(
+            (streams or {}).get("max_streams_per_token") or DEFAULT_MAX_STREAMS_PER_TOKEN
+        ),
     )
     return (service,), (changes.listener,)
 

@@ -12,7 +12,7 @@ import httpx
 import orjson
 import pytest
 
-import tideflow.api.run_views as run_views
+import tideflow.api.feeds as feeds
 from tideflow.api.changes import RunChanges
 from tideflow.api.serving import address_of, http_api, listen
 from tideflow.lifecycle import Stop
@@ -81,7 +81,7 @@ async def events(response: httpx.Response) -> AsyncIterator[tuple[str, Any]]:
 async def test_a_run_is_read_by_plan_step_and_its_stream_follows_it_to_the_end(
     flaky: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(run_views, "RECHECK", 60.0)  # only the listener can wake a stream
+    monkeypatch.setattr(feeds, "RECHECK", 60.0)  # only the listener can wake a stream
     changes = RunChanges()
     async with Runtime(workers=1) as rt, served(rt, changes) as api:
         rt.add_listener(changes.listener)
@@ -133,7 +133,7 @@ async def test_a_run_is_read_by_plan_step_and_its_stream_follows_it_to_the_end(
 async def test_the_runs_stream_sends_the_list_when_any_run_changes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(run_views, "RECHECK", 60.0)
+    monkeypatch.setattr(feeds, "RECHECK", 60.0)
     changes = RunChanges()
     async with Runtime(workers=1) as rt, served(rt, changes) as api:
         rt.add_listener(changes.listener)
@@ -155,7 +155,7 @@ async def test_the_runs_stream_sends_the_list_when_any_run_changes(
 async def test_the_runs_stream_follows_an_older_page_by_its_cursor(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(run_views, "RECHECK", 60.0)
+    monkeypatch.setattr(feeds, "RECHECK", 60.0)
     changes = RunChanges()
     async with Runtime(workers=1) as rt, served(rt, changes) as api:
         rt.add_listener(changes.listener)
@@ -206,3 +206,37 @@ async def test_a_server_that_stops_ends_its_streams_cleanly() -> None:
         finally:
             if not stopped:
                 await api_served.__aexit__(None, None, None)
+
+
+async def test_streams_of_other_filters_each_get_their_own_page(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The streams share a read only when they show the same view: the same filters,
+    limit and cursor."""
+    monkeypatch.setattr(feeds, "RECHECK", 60.0)
+    changes = RunChanges()
+    async with Runtime(workers=1) as rt, served(rt, changes) as api:
+        rt.add_listener(changes.listener)
+        await rt.register(FAN)
+        runs = [await rt.start_run("fan", {"items": [1]}) for _ in range(3)]
+        for run_id in runs:
+            await wait_until(rt, run_id, step_is("gate", "waiting"))
+        await rt.cancel(runs[0])
+        await wait_until(rt, runs[0], lambda state: state.status.value == "cancelled")
+        asked = [
+            {"limit": 1},
+            {"limit": 2},
+            {"status": "cancelled"},
+            {"status": "running", "limit": 1},
+        ]
+        pages, readers = [], []
+        async with contextlib.AsyncExitStack() as open_streams:  # all open at once
+            for params in asked:
+                response = await open_streams.enter_async_context(
+                    api.stream("GET", "/streams/runs", params=params)
+                )
+                readers.append(events(response))  # held: a reader dropped closes its stream
+                _, page = await anext(readers[-1])
+                pages.append([r["run_id"] for r in page["runs"]])
+    newest_first = runs[::-1]
+    assert pages == [newest_first[:1], newest_first[:2], [runs[0]], newest_first[:1]]
