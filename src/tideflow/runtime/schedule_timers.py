@@ -2,8 +2,9 @@
 `tideflow server`).
 
 Every schedule row's ``fire_at`` is a durable timer (runtime/schedules.py). This holds one
-wake-up on the ``Clock``, for the soonest ``fire_at`` of the live rows (``Store.
-due_schedules``, index ``schedules_fire_at``). At that wake-up (and at start) it *fires*:
+wake-up on the ``Clock`` (a ``Wakeup``, runtime/wakeup.py: the mechanism the timer wheel
+uses too, which loses no wake-up whenever it arrives), for the soonest ``fire_at`` of the
+live rows (``Store.due_schedules``, index ``schedules_fire_at``). At that wake-up (and at start) it *fires*:
 for each row now due it works out the slots to start (``core.schedule_slots.due_slots``:
 ``catchup`` decides what to do with the slots that passed while no server ran), applies
 ``overlap`` against the schedule's previous run, starts the runs, and advances the row by
@@ -15,7 +16,11 @@ activate, pause, resume, delete: ``changed``), the end of a run some ``buffer_on
 schedule waits for (a relay listener: ``run_changed``), and, every ``sweep_interval``
 seconds, a reconciliation round for what other processes changed in the store (a
 schedule paused by `tideflow schedules pause --store …`) and for a buffered run whose
-end was announced while no runtime listened.
+end was announced while no runtime listened. That round is a repair, never the way a slot
+fires on a healthy server: it fires only a row due for longer than ``REPAIR_AFTER`` (a
+wake-up was lost, the store was down, another process wrote the row), and counts, logs
+and reports every slot it so fired (``repaired``, ``EngineObserver.swept``, the metric
+``tideflow_sweep_repairs_total{kind="schedule_slot"}``).
 
 Several servers fire the same rows side by side: each slot's run has one idempotency key,
 so the second start returns the first's run, and only one update of a row wins; the loser
@@ -89,11 +94,6 @@ class ScheduleTimers:
         self.repaired = 0
         """Slots the sweep had to fire (due for longer than ``REPAIR_AFTER`` with no
         round started for them): zero on a healthy server."""
-
-    @property
-    def wakeup(self) -> Wakeup:
-        """The one wake-up of the schedules (runtime/wakeup.py)."""
-        return self._wakeup
 
     async def start(self) -> None:
         """Make the rows follow the definitions stored (registered before this version of

@@ -60,11 +60,6 @@ class TimerWheel:
         self._handles: dict[tuple[str, str], TimerHandle] = {}
         self._wakeup = Wakeup(clock, self._load, what="timers could not be loaded", log=log)
 
-    @property
-    def wakeup(self) -> Wakeup:
-        """The wheel's one wake-up and its refills (runtime/wakeup.py)."""
-        return self._wakeup
-
     def __len__(self) -> int:
         return len(self._handles)
 

@@ -74,13 +74,6 @@ class Wakeup:
         """The soonest ``at()`` asked for while a round runs or is asked for."""
         self._task: asyncio.Task[None] | None = None
         self._closed = False
-        self.rounds = 0
-        """Rounds begun (for tests and logs)."""
-
-    @property
-    def armed_at(self) -> float | None:
-        """When the wake-up is set for (None: not set)."""
-        return None if self._wake is None else self._wake[0]
 
     @property
     def busy(self) -> bool:
@@ -148,7 +141,6 @@ class Wakeup:
 
     async def _one(self) -> None:
         served, asked = self._served, self._asked
-        self.rounds += 1
         try:
             upcoming = await self._round()
         except Exception as exc:  # the store is down: try again a little later
