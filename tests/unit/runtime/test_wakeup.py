@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from typing import Any
 
 import pytest
 
 from tideflow import Runtime
 from tideflow.model.schedules import ScheduleRow
+from tideflow.runtime.timers import TimerWheel
 from tideflow.runtime.wakeup import Wakeup
 from tideflow.store.backends.memory import MemoryStore
-from tideflow.store.base import RunFilter
+from tideflow.store.base import DueTimer, RunFilter
 from tideflow.testing.clock import ManualClock
 
 MONDAY = 1_799_020_800.0
@@ -168,3 +170,42 @@ async def test_a_wake_up_due_as_a_schedule_round_ends_fires_its_slot_and_arms_th
             [run] = page.runs
             assert (await rt.state(run.run_id)).input["scheduled_at"] == f"2027-01-04T{slot}:00Z"
         assert clock.pending() == [MONDAY + 2 * 3600]  # and 02:00 is armed
+
+
+# -- the timer wheel on the same wake-up ------------------------------------------------
+
+
+async def test_a_timer_armed_while_a_refill_reads_the_store_keeps_its_earlier_wake_up() -> None:
+    """The wheel's refill read "the next stored timer" before a commit armed an earlier
+    one beyond the horizon; the wake-up that ``arm`` set must survive the refill's end
+    (the old wheel replaced it with the one it had read, and the timer fired late)."""
+    clock = ManualClock(start=MONDAY)
+    rows = [DueTimer(run_id="r1", timer_id="sleep", fire_at=MONDAY + 1000)]
+    gate = asyncio.Event()
+    fired: list[tuple[str, str]] = []
+
+    async def due_timers(
+        before: float, limit: int = 1000, *, after: float | None = None
+    ) -> list[DueTimer]:
+        low = -math.inf if after is None else after
+        found = sorted((r for r in rows if low < r.fire_at <= before), key=lambda r: r.fire_at)
+        if after is not None:
+            await gate.wait()  # the read is done; the refill has not finished
+        return found[:limit]
+
+    def fire(run_id: str, timer_id: str) -> None:  # the TimerFired commit deletes the row
+        fired.append((run_id, timer_id))
+        rows[:] = [r for r in rows if (r.run_id, r.timer_id) != (run_id, timer_id)]
+
+    wheel = TimerWheel(clock, fire, due_timers)
+    refill = asyncio.ensure_future(wheel.refill())
+    await asyncio.sleep(0)
+    rows.append(DueTimer(run_id="r2", timer_id="sleep", fire_at=MONDAY + 500))  # committed
+    wheel.arm("r2", "sleep", MONDAY + 500)  # then armed: beyond the horizon, a wake-up
+    gate.set()
+    await refill
+    assert clock.pending() == [MONDAY + 500]
+    clock.advance(500)
+    await wheel.refill()  # (after the one the wake-up asked for)
+    assert fired == [("r2", "sleep")]
+    wheel.close()
