@@ -19,7 +19,10 @@ What it guarantees, whatever the order in which things arrive on the event loop:
   of every ``at()`` asked for while it ran (a row committed after the round's read is not
   forgotten);
 - a round that raises is logged, its callers get the exception, and the wake-up is armed
-  ``retry_after`` seconds later (earlier-only): a store that is down delays, never stops.
+  ``retry_after`` seconds later (earlier-only): a store that is down delays, never stops;
+- a wake-up asks for no round before its time on the clock: the event loop's own clock,
+  which ``SystemClock.call_at`` rides on, drifts from the wall clock and may call back a
+  fraction of a millisecond early; that wake-up is armed again for what is left.
 
 The old schedule path lost wake-ups here: its round was a separate task whose "in
 progress" mark was cleared by the caller that started it, one loop step after the task
@@ -90,7 +93,7 @@ class Wakeup:
             if self._wake[0] <= when:
                 return
             self._wake[1].cancel()
-        self._wake = (when, self._clock.call_at(when, self._woken))
+        self._arm(when)
 
     def ask(self) -> None:
         """Something changed: run a round soon (one that begins after this call)."""
@@ -127,8 +130,16 @@ class Wakeup:
 
     # -- inside ---------------------------------------------------------------------
 
-    def _woken(self) -> None:
+    def _arm(self, when: float) -> None:
+        self._wake = (when, self._clock.call_at(when, lambda: self._woken(when)))
+
+    def _woken(self, when: float) -> None:
         self._wake = None
+        if self._clock.now() < when:
+            # the event loop's clock ran ahead of the wall clock (they drift apart by a
+            # fraction of a millisecond): a round now would find nothing due yet
+            self._arm(when)
+            return
         self.ask()
 
     async def _rounds(self) -> None:
@@ -166,4 +177,4 @@ class Wakeup:
             self._wake[1].cancel()
             self._wake = None
         if when < math.inf:
-            self._wake = (when, self._clock.call_at(when, self._woken))
+            self._arm(when)

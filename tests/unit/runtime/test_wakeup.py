@@ -209,3 +209,28 @@ async def test_a_timer_armed_while_a_refill_reads_the_store_keeps_its_earlier_wa
     await wheel.refill()  # (after the one the wake-up asked for)
     assert fired == [("r2", "sleep")]
     wheel.close()
+
+
+class AheadClock(ManualClock):
+    """A clock whose timers call back ``behind`` seconds before ``now()`` reaches their
+    time, once: the event loop's clock running ahead of the wall clock."""
+
+    def __init__(self, start: float) -> None:
+        super().__init__(start)
+        self.behind = 0.0
+
+    def now(self) -> float:
+        behind, self.behind = self.behind, 0.0
+        return super().now() - behind
+
+
+async def test_a_wake_up_that_calls_back_early_asks_for_no_round_before_its_time() -> None:
+    clock = AheadClock(MONDAY)
+    rounds = Rounds(clock)
+    rounds.upcoming = MONDAY + 60
+    wakeup = Wakeup(clock, rounds, what="test rounds failed", log=log)
+    await wakeup.run()
+    clock.behind = 0.0005
+    clock.advance(60)
+    await wakeup.idle()
+    assert rounds.began == [MONDAY, MONDAY + 60]  # not MONDAY + 59.9995: a round for nothing
