@@ -229,8 +229,9 @@ class ScheduleTimers:
                 retry = now + RETRY_AFTER
         if retry is not None:
             return retry
-        if len(due) >= BATCH:
-            return now  # more due rows: the next round at once
+        if len(due) >= BATCH:  # more due rows: one more round at once, the next wake-up then
+            self._wakeup.ask()
+            return None
         later = await self._store.due_schedules(math.inf, 1, after=now)
         return later[0].fire_at if later else None
 

@@ -14,6 +14,7 @@ from tideflow import Runtime
 from tideflow.dsl.schedules import parse_schedule
 from tideflow.model.schedules import ScheduleOrigin
 from tideflow.observability.metrics import EngineMetrics
+from tideflow.runtime import schedule_timers
 from tideflow.runtime.schedules import fresh_row
 from tideflow.store.base import RunFilter
 from tideflow.testing.clock import ManualClock
@@ -100,3 +101,20 @@ async def test_a_row_no_wake_up_fired_is_fired_by_the_sweep_counted_and_logged(
         await rt.schedules.settled()
         assert len(await slots(rt, "report")) == 4
         assert rt.schedules.repaired == 2
+
+
+async def test_more_rows_due_at_once_than_a_round_reads_are_all_fired_by_that_wake_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(schedule_timers, "BATCH", 2)
+    clock = ManualClock(start=MONDAY)
+    async with Runtime(clock=clock, schedules=True, sweep_interval=0) as rt:
+        assert rt.schedules is not None
+        for name in ("one", "two", "three", "four", "five"):
+            await rt.register(hourly(name))
+        await rt.schedules.settled()
+        clock.advance(HOUR)  # one wake-up: five rows due, read two at a time
+        await rt.schedules.settled()
+        for name in ("one", "two", "three", "four", "five"):
+            assert await slots(rt, name) == ["2027-01-04T01:00:00Z"], name
+        assert clock.pending() == [MONDAY + 2 * HOUR]
