@@ -162,6 +162,7 @@ class Wakeup:
                 self._what, type(exc).__name__, exc, self._retry_after,
             )  # fmt: skip
             self.at(self._clock.now() + self._retry_after)
+            self._since = math.inf  # no round settles: the wake-ups set stay as they are
             return
         self._served = asked
         self._settle((math.inf if upcoming is None else upcoming), self._since)
