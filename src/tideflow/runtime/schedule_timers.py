@@ -143,10 +143,11 @@ class ScheduleTimers:
     async def _ended(self, workflow: str) -> None:
         try:
             await self._buffered(workflow)
-        except Exception as exc:  # the store is down: the round asked for below retries
+        except Exception as exc:  # the store is down: the row keeps its buffered slot
             log.warning(
-                "schedules could not be fired (%s: %s); trying again in %gs",
-                type(exc).__name__, exc, RETRY_AFTER,
+                "the buffered slot of workflow %s could not be started (%s: %s); the "
+                "schedule's next round or the next sweep starts it",
+                workflow, type(exc).__name__, exc,
             )  # fmt: skip
         self._wakeup.ask()
 
