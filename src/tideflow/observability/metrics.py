@@ -61,6 +61,9 @@ SCRAPE_TIMEOUT = 5.0
 """Seconds a scrape waits for the store and the bus before it reports without them."""
 OUTBOX_LIMIT = 10_000
 """The outbox backlog is counted up to this many rows (a scrape reads no more)."""
+SWEEP_KINDS = ("timer", "outbox", "start", "schedule_slot")
+"""What the sweep repairs (``tideflow_sweep_repairs_total{kind}``): due timers no wheel
+held, unrelayed outbox rows, pending runs never started, schedule slots no wake-up fired."""
 TRACKED_RUNS = 100_000
 """Runs whose attempts in flight are remembered (for dispatch latency and duration); past
 this the oldest is forgotten (its attempts are then not timed, nothing else changes)."""
@@ -226,6 +229,16 @@ class EngineMetrics(EngineObserver):
                 ("outcome",),
             )
         )
+        self.sweep_repairs = series.add(
+            Counts(
+                "tideflow_sweep_repairs",
+                "What the reconciliation sweep repaired that a lost notification or wake-up "
+                "left (zero on a healthy server), by kind",
+                ("kind",),
+            )
+        )
+        for kind in SWEEP_KINDS:  # each kind shown at 0 from the start: alert on any rise
+            self.sweep_repairs.inc((kind,), 0)
         self.errors = _Errors(series)
         self._levels = _Levels()
         self.registry.register(_LevelsCollector(lambda: self._levels))
@@ -306,6 +319,9 @@ class EngineMetrics(EngineObserver):
 
     def consume_failed(self, exc: Exception) -> None:
         self.errors.count(exc, "consume")
+
+    def swept(self, kind: str, count: int) -> None:
+        self.sweep_repairs.inc((kind,), count)
 
     # -- what a batch says --------------------------------------------------------------
 

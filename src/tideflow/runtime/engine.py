@@ -123,6 +123,7 @@ class Engine(EngineLink, Runs):
             clock=clock,
             interval=sweep_interval,
             owns=every_run if ownership is None else ownership.owns,
+            observers=self.observers,
         )
 
     # -- lifecycle --------------------------------------------------------------

@@ -35,6 +35,10 @@ class EngineObserver:
     def consume_failed(self, exc: Exception) -> None:
         """The scheduler's event stream failed (it is opened again after a backoff)."""
 
+    def swept(self, kind: str, count: int) -> None:
+        """The reconciliation sweep repaired ``count`` things of ``kind`` that a lost
+        notification left (``timer``, ``outbox``, ``start``, ``schedule_slot``)."""
+
 
 class Observers(list[EngineObserver]):
     """The engine's observers; each call reaches every one, whatever the others raise."""
@@ -66,6 +70,13 @@ class Observers(list[EngineObserver]):
                 observer.consume_failed(exc)
             except Exception:
                 _failed(observer, "consume_failed")
+
+    def swept(self, kind: str, count: int) -> None:
+        for observer in self:
+            try:
+                observer.swept(kind, count)
+            except Exception:
+                _failed(observer, "swept")
 
 
 def _failed(observer: EngineObserver, method: str) -> None:

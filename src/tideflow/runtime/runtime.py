@@ -212,7 +212,13 @@ class Runtime:
         )
         """Start, steer and read runs (every run method of the runtime is the client's)."""
         self.schedules = (
-            ScheduleTimers(self.store, self.client, self.clock, sweep_interval=sweep)
+            ScheduleTimers(
+                self.store,
+                self.client,
+                self.clock,
+                sweep_interval=sweep,
+                observers=self._engine.observers,
+            )
             if schedules
             else None
         )

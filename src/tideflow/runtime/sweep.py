@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from tideflow.bus.closing import cancel_and_wait
 from tideflow.model.states import RunStatus
 from tideflow.runtime.clock import Clock
+from tideflow.runtime.observers import Observers
 from tideflow.runtime.recovery import Owns, every_run
 from tideflow.runtime.relay import Relay, start_key, timer_key
 from tideflow.runtime.runs import RunCache
@@ -172,8 +173,10 @@ class Sweep:
         clock: Clock,
         interval: float = DEFAULT_INTERVAL,
         owns: Owns = every_run,
+        observers: Observers | None = None,
     ) -> None:
         self.interval = check_interval(interval)
+        self._observers = observers if observers is not None else Observers()
         self.owns = owns
         """Which runs this engine sweeps (set by whoever assigns partitions)."""
         self._store = store
@@ -207,6 +210,13 @@ class Sweep:
         )
         if repairs:
             log.info("sweep repaired what lost notifications left: %s", repairs)
+            for kind, count in (
+                ("timer", repairs.timers),
+                ("outbox", repairs.outbox),
+                ("start", repairs.starts),
+            ):
+                if count:
+                    self._observers.swept(kind, count)
         return repairs
 
     async def _loop(self) -> None:

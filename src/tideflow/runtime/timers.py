@@ -7,7 +7,9 @@ in the store alone, and the wheel sets one wake-up for the soonest of those. At
 that wake-up (and at start) it *refills*: it loads what falls due within the
 horizon, fires what is already due, and sets the next wake-up from the store.
 There is no polling: without timers beyond the horizon there is no wake-up.
-A run waiting on a timer a month away therefore costs no memory until then.
+A run waiting on a timer a month away therefore costs no memory until then. The wake-up
+and the refills are a ``Wakeup`` (runtime/wakeup.py), the one mechanism the schedules'
+slots use too: no wake-up or refill asked for is lost, whenever it arrives.
 
 In a cluster each server's wheel holds and fires only the timers of the runs it owns
 (``owns``): a refill reads the stored rows of every partition and skips the others'
@@ -18,12 +20,12 @@ only costs a refill.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 from collections.abc import Awaitable, Callable
 
 from tideflow.runtime.clock import Clock, TimerHandle
+from tideflow.runtime.wakeup import Wakeup
 from tideflow.store.base import DueTimer
 
 log = logging.getLogger("tideflow.timers")
@@ -56,11 +58,7 @@ class TimerWheel:
         self._horizon = horizon
         self._capacity = capacity
         self._handles: dict[tuple[str, str], TimerHandle] = {}
-        self._wake: tuple[float, TimerHandle] | None = None
-        self._refilling: asyncio.Task[None] | None = None
-        self._again = False
-        self._closed = False
-        self._woken_tasks: set[asyncio.Task[None]] = set()
+        self._wakeup = Wakeup(clock, self._load, what="timers could not be loaded", log=log)
 
     def __len__(self) -> int:
         return len(self._handles)
@@ -90,29 +88,18 @@ class TimerWheel:
 
     async def refill(self) -> None:
         """Load the stored timers due within the horizon, fire those already due, and set
-        the next wake-up. Refills never overlap: one asked for meanwhile runs after."""
-        if self._refilling is not None:
-            self._again = True
-            return
-        self._refilling = asyncio.current_task()
-        try:
-            self._again = True
-            while self._again and not self._closed:
-                self._again = False
-                await self._load()
-        finally:
-            self._refilling = None
+        the next wake-up. Refills never overlap: this waits for one that begins after
+        the call (what it raised is raised here; the wake-up then tries again)."""
+        await self._wakeup.run()
 
     def close(self) -> None:
-        self._closed = True
+        self._wakeup.close()
         for handle in self._handles.values():
             handle.cancel()
         self._handles.clear()
-        if self._wake is not None:
-            self._wake[1].cancel()
-            self._wake = None
 
-    async def _load(self) -> None:
+    async def _load(self) -> float | None:
+        """One refill: the next wake-up (None: no stored timer beyond the horizon)."""
         now = self._clock.now()
         until = now + self._horizon
         rows = await self._due(until, self._capacity)
@@ -127,14 +114,9 @@ class TimerWheel:
             else:
                 self._hold(row.run_id, row.timer_id, row.fire_at)
         if len(rows) >= self._capacity:  # more within the horizon: load them when these fire
-            self._set_wake(rows[-1].fire_at)
-            return
+            return rows[-1].fire_at
         later = await self._due(math.inf, 1, after=until)
-        if later:
-            self._set_wake(later[0].fire_at)
-        elif self._wake is not None and self._wake[0] <= until:
-            self._wake[1].cancel()
-            self._wake = None
+        return later[0].fire_at if later else None
 
     def _hold(self, run_id: str, timer_id: str, fire_at: float) -> None:
         key = (run_id, timer_id)
@@ -144,30 +126,7 @@ class TimerWheel:
         self._handles[key] = self._clock.call_at(fire_at, lambda: self._expire(key))
 
     def _wake_at(self, when: float) -> None:
-        if self._wake is None or when < self._wake[0]:
-            self._set_wake(when)
-
-    def _set_wake(self, when: float) -> None:
-        if self._wake is not None:
-            self._wake[1].cancel()
-        self._wake = (when, self._clock.call_at(when, self._woken))
-
-    def _woken(self) -> None:
-        self._wake = None
-        if self._closed:
-            return
-        task = asyncio.get_running_loop().create_task(self._refill_logged())
-        self._woken_tasks.add(task)  # keep a reference until it is done
-        task.add_done_callback(self._woken_tasks.discard)
-
-    async def _refill_logged(self) -> None:
-        try:
-            await self.refill()
-        except Exception as exc:  # the store is down: try again a little later
-            log.warning(
-                "timers could not be loaded (%s: %s); trying again", type(exc).__name__, exc
-            )
-            self._set_wake(self._clock.now() + 1.0)
+        self._wakeup.at(when)
 
     def _expire(self, key: tuple[str, str]) -> None:
         if self._handles.pop(key, None) is not None:
