@@ -36,7 +36,6 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from tideflow.bus.base import NO_HEADERS, Bus, Headers, QueueStats, WorkerBeat
-from tideflow.core.reopen import RETRYABLE
 from tideflow.errors import (
     BusError,
     DefinitionInactive,
@@ -49,7 +48,7 @@ from tideflow.model.events import CancelRequested, Event, RunRetried, RunStarted
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
 from tideflow.model.schedules import ScheduleRow
-from tideflow.model.states import RunStatus, SignalOutcome
+from tideflow.model.states import RUN_RETRYABLE, RunStatus, SignalOutcome
 from tideflow.model.versions import version_key
 from tideflow.runtime import schedules
 from tideflow.runtime.catalog import started_event
@@ -431,7 +430,7 @@ class Client:
         """Re-open a failed or timed-out run from the steps that did not succeed; return
         its status once that is committed. ``RunNotRetryable`` for any other run."""
         state = await self._link.state(run_id)
-        if state.status not in RETRYABLE:
+        if state.status not in RUN_RETRYABLE:
             raise RunNotRetryable(
                 f"run {run_id} is {state.status.value}: only a failed or timed-out run can "
                 "be retried"

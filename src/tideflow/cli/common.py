@@ -9,7 +9,6 @@ runs ends the command with one line on stderr and exit code 2 (``run_async``).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -31,23 +30,27 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-import tideflow.loop
 from tideflow.errors import (
     DefinitionError,
     Diagnostic,
     EngineAlreadyRunning,
     NotFound,
+    StoreError,
     TideflowError,
 )
 from tideflow.model import storable
 from tideflow.model.states import RUN_TERMINAL
-from tideflow.store import DEFAULT_URL, Store, open_store
-from tideflow.store.base import RunSummary, StoreError
+from tideflow.store import DEFAULT_URL, open_store
 
+# Every command module imports this one, and `tideflow --help` imports every command
+# module: what is heavy (asyncio, the store's model, the engine, httpx, the compiler) is
+# imported by the functions that use it (tests/unit/cli/test_cli_imports.py).
 if TYPE_CHECKING:
     from tideflow.client import Client
     from tideflow.remote_http import HttpClient
     from tideflow.runtime.runtime import Listener, Runtime
+    from tideflow.store import Store
+    from tideflow.store.base import RunSummary
     from tideflow.worker.executors.registry import ExecutorRegistry
 
 T = TypeVar("T")
@@ -200,6 +203,8 @@ def run_async(coro: Coroutine[Any, Any, T], *, interrupted: str = "interrupted")
     Both stop the same way: the coroutine is cancelled, so the runtime it opened
     closes cleanly (what is committed stays committed; the rest resumes later). The loop
     is `tideflow.loop`'s: uvloop unless ``TIDEFLOW_LOOP`` says otherwise."""
+    import tideflow.loop
+
     try:
         tideflow.loop.loop_name()  # a bad TIDEFLOW_LOOP stops here, before coro is wrapped
     except TideflowError as exc:
@@ -222,6 +227,8 @@ tasks is waiting for (a stop that hangs says where)."""
 def report_stopping(seconds: float) -> None:
     """Log, as a warning, the stack of every task of the running loop: what a command that
     is still stopping ``seconds`` after SIGTERM waits for."""
+    import asyncio
+
     lines = [f"still stopping {seconds:g}s after SIGTERM; the tasks left:"]
     for pending in asyncio.all_tasks():
         lines.append(f"task {pending.get_name()}:")
@@ -261,6 +268,8 @@ def _awaiting(awaitable: object) -> list[str]:
 async def _stopped_by_sigterm(coro: Coroutine[Any, Any, T]) -> T:
     """``coro``, cancelled on SIGTERM as asyncio cancels the main task on Ctrl-C; a stop
     still going on ``STOP_REPORT`` seconds later logs where each task waits."""
+    import asyncio
+
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     terminated = asyncio.Event()

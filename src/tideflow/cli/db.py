@@ -7,7 +7,7 @@ import os
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Annotated, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Annotated, Any, Protocol, runtime_checkable
 
 import orjson
 import typer
@@ -31,9 +31,10 @@ from tideflow.cli.common import (
     store_unavailable,
     write_json,
 )
-from tideflow.cli.integrity import store_problems
 from tideflow.errors import TideflowError
-from tideflow.store import Store
+
+if TYPE_CHECKING:
+    from tideflow.store import Store
 
 db_app = typer.Typer(
     help="Manage a store: schema migrations (upgrade, status) and retention (prune).",
@@ -236,6 +237,8 @@ async def _status(url: str) -> tuple[int | None, list[str], int, dict[str, Any] 
         version = await _version(store)
         path = sqlite_file(store)
         try:
+            from tideflow.cli.integrity import store_problems
+
             problems = await store_problems(store, None if path is None else str(path))
         except TideflowError:
             raise

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 from rich.table import Table
 
 from tideflow.cli.cluster import BusOption
@@ -220,6 +219,8 @@ def show_cmd(
     if as_json:
         write_json(source)
     else:
+        import yaml
+
         out.print(
             yaml.safe_dump(source, sort_keys=False, allow_unicode=True).rstrip(), markup=False
         )

@@ -9,7 +9,6 @@ in ``schema_version`` are exactly the ones this tideflow has.
 
 from __future__ import annotations
 
-import asyncio
 import re
 import sqlite3
 import sys
@@ -90,6 +89,8 @@ async def store_problems(store: Store, path: str | None) -> list[str]:
     """The problems found in an open store (empty when it is sound); ``path`` is the
     SQLite file of a SQLite store."""
     if path is not None:
+        import asyncio
+
         return await asyncio.to_thread(_sqlite_problems, path)
     postgres = sys.modules.get("tideflow.store.backends.postgres")
     if postgres is not None and isinstance(store, postgres.PostgresStore):

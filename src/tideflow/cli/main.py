@@ -11,10 +11,8 @@ Commands: `run`, `validate`, `graph`, `executors list`, `resume`, `runs …`
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import sys
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -53,7 +51,6 @@ from tideflow.cli.common import (
 )
 from tideflow.cli.db import db_app
 from tideflow.cli.definitions import definitions_app
-from tideflow.cli.progress import Progress
 from tideflow.cli.queues import queues_cmd
 from tideflow.cli.render import print_result
 from tideflow.cli.resume import resume_cmd
@@ -64,10 +61,10 @@ from tideflow.cli.ui import ui_cmd
 from tideflow.cli.validate import definition_directory, graph_cmd, load_definition, validate_cmd
 from tideflow.errors import DefinitionConflict, InputValidationError, TideflowError
 from tideflow.model import storable
-from tideflow.model.plan import Plan
-from tideflow.runtime.result import RunResult
 
 if TYPE_CHECKING:
+    from tideflow.model.plan import Plan
+    from tideflow.runtime.result import RunResult
     from tideflow.worker.executors.registry import ExecutorRegistry
 
 app = typer.Typer(
@@ -96,7 +93,11 @@ app.command("queues")(queues_cmd)
 
 def _print_version(value: bool) -> None:
     if value:
-        out.print(f"tideflow {importlib.metadata.version('tideflow')}", markup=False)
+        import tideflow
+
+        # the installed distribution's version (tests/unit/cli/test_cli_imports.py keeps
+        # the two equal); importlib.metadata would cost more than the rest of --version
+        out.print(f"tideflow {tideflow.__version__}", markup=False)
         raise typer.Exit()
 
 
@@ -267,6 +268,10 @@ class _RunRequest:
 
 
 async def _run(request: _RunRequest, executors: ExecutorRegistry) -> RunResult:
+    import uuid
+
+    from tideflow.cli.progress import Progress
+
     async with opened_runtime(
         request.store,
         recover=True,

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
 from tideflow.cli.render import STATUS_STYLE
-from tideflow.model.events import Transition
-from tideflow.model.plan import Plan
-from tideflow.model.run import RunState
+
+if TYPE_CHECKING:
+    from tideflow.model.events import Transition
+    from tideflow.model.plan import Plan
+    from tideflow.model.run import RunState
 
 
 class Progress:

@@ -7,16 +7,18 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from tideflow.bus.base import QueueStats, WorkerBeat, unserved
 from tideflow.cli.cluster import ClusterBusOption
 from tideflow.cli.common import JsonOption, err, fail_usage, run_async, table_console, write_json
 from tideflow.cli.remote import ServerOption, TokenOption, check_server, http_client
+
+if TYPE_CHECKING:
+    from tideflow.bus.base import QueueStats, WorkerBeat
 
 
 def queues_cmd(
@@ -42,6 +44,8 @@ def queues_cmd(
       TIDEFLOW_BUS=nats://mq:4222 tideflow queues --json
       tideflow queues --server http://tideflow:8080 --token tf_...
     """
+    from tideflow.bus.base import unserved
+
     check_server(ctx, server)
     read = _read_remote(server, token) if server else _read(_bus_url(bus))
     rows, beats = run_async(read)
@@ -150,6 +154,8 @@ def beat_json(beat: WorkerBeat) -> dict[str, Any]:
 
 
 def warnings(rows: Sequence[QueueStats]) -> list[str]:
+    from tideflow.bus.base import unserved
+
     lines = []
     for queue in unserved(rows):
         mine = [r for r in rows if r.queue == queue]
@@ -184,7 +190,6 @@ __all__ = [
     "queues_cmd",
     "queues_table",
     "row_json",
-    "unserved",
     "warnings",
     "workers_table",
 ]

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from tideflow.cli.common import fail_usage
-from tideflow.remote_http import HttpClient
+
+if TYPE_CHECKING:
+    from tideflow.remote_http import HttpClient
 
 SERVER_ENV = "TIDEFLOW_SERVER"
 TOKEN_ENV = "TIDEFLOW_TOKEN"
@@ -67,6 +69,8 @@ def _was_given(context: typer.Context, name: str) -> bool:
 
 @contextlib.asynccontextmanager
 async def http_client(server: str, token: str | None) -> AsyncIterator[HttpClient]:
+    from tideflow.remote_http import HttpClient  # httpx: imported by the commands that use it
+
     try:
         opened = HttpClient(server, token=token)
     except ValueError as exc:

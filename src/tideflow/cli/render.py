@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from rich.markup import escape
@@ -16,8 +16,10 @@ from rich.table import Table
 
 from tideflow.cli.common import err, iso, table_console
 from tideflow.cli.waits import wait_text
-from tideflow.runtime.result import RunResult
-from tideflow.store.base import HistoryEntry, RunSummary
+
+if TYPE_CHECKING:
+    from tideflow.runtime.result import RunResult
+    from tideflow.store.base import HistoryEntry, RunSummary
 
 STATUS_STYLE = {
     "pending": "dim",

@@ -8,7 +8,6 @@ or for one. A run reported as ended has had its end committed to the store.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,13 +36,13 @@ from tideflow.cli.common import (
 )
 from tideflow.cli.render import print_result, results_table
 from tideflow.errors import NotFound, TideflowError
-from tideflow.model.events import Transition
-from tideflow.model.run import RunState
-from tideflow.runtime.result import RunResult
-from tideflow.store.base import RunSummary
 
 if TYPE_CHECKING:
     from tideflow.client import Client
+    from tideflow.model.events import Transition
+    from tideflow.model.run import RunState
+    from tideflow.runtime.result import RunResult
+    from tideflow.store.base import RunSummary
 
 WorkersOption = Annotated[int, typer.Option("--workers", min=1, help="Concurrent step executions.")]
 DefinitionsOption = Annotated[
@@ -242,6 +241,8 @@ async def _resumed(
 async def _wait_all(
     client: Client, run_ids: list[str], timeout: float | None, outcome: Resumed
 ) -> None:
+    import asyncio
+
     waits = [asyncio.ensure_future(client.wait(run_id)) for run_id in run_ids]
     _, pending = await asyncio.wait(waits, timeout=timeout)
     for fut in pending:

@@ -50,15 +50,13 @@ from tideflow.cli.resume import resume_run_cmd
 from tideflow.cli.runs_start import start_cmd, wait_cmd
 from tideflow.cli.waits import waits_of, waits_of_reasons
 from tideflow.cli.why import why_cmd
-from tideflow.core.reopen import RETRYABLE
-from tideflow.model.states import RunStatus
-from tideflow.remote_http import HttpClient
-from tideflow.runtime.lease import describe
-from tideflow.runtime.result import RunResult
-from tideflow.store.base import HistoryEntry, Lease, RunFilter, RunPage, RunSummary
+from tideflow.model.states import RUN_RETRYABLE, RunStatus
 
 if TYPE_CHECKING:
     from tideflow.client import Client
+    from tideflow.remote_http import HttpClient
+    from tideflow.runtime.result import RunResult
+    from tideflow.store.base import HistoryEntry, Lease, RunFilter, RunPage, RunSummary
 
 runs_app = typer.Typer(
     help="List, inspect, cancel, signal, retry and resume the runs kept in a store.",
@@ -116,6 +114,8 @@ def list_cmd(
     check_server(ctx, server)
     if status is not None and status not in RUN_STATUSES:
         raise fail_usage(f"--status {status!r} is not a run state: use {', '.join(RUN_STATUSES)}")
+    from tideflow.store.base import RunFilter
+
     after = parse_since(since, time.time()) if since is not None else None
     filter = RunFilter(status=status, workflow=workflow, created_after=after)
     page = run_async(_list(store, bus, server, token, filter, limit, cursor))
@@ -180,6 +180,8 @@ def show_cmd(
 async def _show(
     url: str, bus: str | None, server: str | None, token: str | None, run_id: str
 ) -> tuple[RunSummary, RunResult, dict[str, dict[str, Any]]]:
+    from tideflow.remote_http import HttpClient
+
     async with reached(url, bus, server, token) as client:
         summary = await known_run(client, run_id, server or url)
         if isinstance(client, HttpClient):
@@ -433,7 +435,7 @@ def retry_cmd(
     _report_applied(store, run_id, applied)
 
 
-RETRYABLE_STATUSES = frozenset(status.value for status in RETRYABLE)
+RETRYABLE_STATUSES = frozenset(status.value for status in RUN_RETRYABLE)
 
 
 def _report_applied(url: str, run_id: str, applied: Applied) -> None:
@@ -451,6 +453,8 @@ def _report_applied(url: str, run_id: str, applied: Applied) -> None:
         )
         return
     if applied.engine is not None:
+        from tideflow.runtime.lease import describe
+
         err.print(
             f"delivered to run {run_id}: {describe(applied.engine, time.time())} applies it now",
             markup=False,

@@ -9,7 +9,6 @@ store has no channel that announces run ends to a process without an engine).
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -35,12 +34,11 @@ from tideflow.cli.common import (
 )
 from tideflow.cli.remote import ServerOption, TokenOption, check_server
 from tideflow.cli.render import print_result
-from tideflow.remote_http import HttpClient
-from tideflow.runtime.definitions import is_python_reference
-from tideflow.runtime.result import RunResult
 
 if TYPE_CHECKING:
     from tideflow.client import Client
+    from tideflow.remote_http import HttpClient
+    from tideflow.runtime.result import RunResult
 
 TimeoutOption = Annotated[
     float | None,
@@ -93,6 +91,8 @@ def start_cmd(
       tideflow runs start flows/order.yaml --input '{"order_id": "A1"}' --bus redis://mq:6379/0
       tideflow runs start order-fulfillment -i @order.json --wait --json
     """
+    from tideflow.runtime.definitions import is_python_reference
+
     check_server(ctx, server)
     value = parse_json_option(input, "--input")
     use_working_directory_modules()
@@ -129,6 +129,8 @@ async def _start(
     wait: bool,
     timeout: float | None,
 ) -> tuple[str, tuple[str, str], RunResult | None]:
+    from tideflow.remote_http import HttpClient
+
     store, bus, server, token = target
     async with reached(store, bus, server, token) as client:
         if isinstance(client, HttpClient) and file is not None:
@@ -189,6 +191,8 @@ async def ended(
     the client's ``wait`` (woken by the run's end on the bus; over HTTP it polls the
     server, remote_http.py), else the summary polled
     with a backoff from 10 ms to 0.5 s."""
+    import asyncio
+
     if cluster:
         try:
             return await client.wait(run_id, timeout)

@@ -6,12 +6,11 @@ its SHA-256 digest. ``list`` shows ids, names, roles and dates, never a digest."
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
-from tideflow.api.auth import IssuedToken, issue_token, token_name
 from tideflow.cli.common import (
     DEFAULT_STORE,
     JsonOption,
@@ -26,7 +25,11 @@ from tideflow.cli.common import (
     table_console,
     write_json,
 )
-from tideflow.model.tokens import ApiToken, Role
+from tideflow.model.tokens import Role
+
+if TYPE_CHECKING:
+    from tideflow.api.auth import IssuedToken
+    from tideflow.model.tokens import ApiToken
 
 tokens_app = typer.Typer(
     help="Create, list and revoke the API tokens of a store (roles viewer, operator, admin).",
@@ -60,6 +63,8 @@ def create_cmd(
       tideflow tokens create --name ci --role operator
       tideflow tokens create --name dashboard --role viewer --store postgresql://tideflow@db/tideflow
     """
+    from tideflow.api.auth import token_name
+
     try:
         chosen = Role.parse(role)
         name = token_name(name)
@@ -83,6 +88,8 @@ def create_cmd(
 
 
 async def _create(url: str, name: str, role: Role) -> IssuedToken:
+    from tideflow.api.auth import issue_token
+
     async with opened_store(url, create=True, upgrade=True) as store:
         return await issue_token(store, name=name, role=role, now=time.time())
 

@@ -35,25 +35,23 @@ from tideflow.cli.common import (
     store_exists,
     use_working_directory_modules,
 )
-from tideflow.dsl import compile_definition, to_dot, to_mermaid, validate
-from tideflow.dsl.compiler import PlanCheck, StepReporter
-from tideflow.dsl.loader import read_definition
-from tideflow.dsl.signatures import call_problems
 from tideflow.errors import DefinitionError, DefinitionUnreadable, Diagnostic
-from tideflow.model.plan import Plan, StepSpec
-from tideflow.runtime.definitions import (
-    DefinitionSource,
-    is_python_reference,
-    load_python_workflow,
-)
 
 if TYPE_CHECKING:
+    from tideflow.dsl.compiler import PlanCheck, StepReporter
+    from tideflow.model.plan import Plan, StepSpec
+    from tideflow.runtime.definitions import DefinitionSource
     from tideflow.worker.executors.registry import ExecutorRegistry
+
+# The compiler (and jsonschema under it) is imported by the functions that compile: the
+# `tideflow` command imports this module to list its commands (docs/operations.md, "A fast CLI").
 
 __all__ = ["definition_directory", "graph_cmd", "load_definition", "validate_cmd"]
 
 
 def _is_python(reference: str) -> bool:
+    from tideflow.runtime.definitions import is_python_reference
+
     target = reference.partition(":")[0]
     if Path(reference).is_file() and not reference.endswith(".py"):
         return False
@@ -73,6 +71,9 @@ def _source(reference: str) -> tuple[Any, str]:
     DefinitionUnreadable when there is nothing to compile; DefinitionError when the
     Python code builds a workflow that is wrong already (a task parameter left unbound).
     """
+    from tideflow.dsl.loader import read_definition
+    from tideflow.runtime.definitions import load_python_workflow
+
     if _is_python(reference):
         use_working_directory_modules()
         return load_python_workflow(reference).to_dict(), reference.partition(":")[0]
@@ -81,6 +82,8 @@ def _source(reference: str) -> tuple[Any, str]:
 
 def load_definition(reference: str, executors: ExecutorRegistry) -> Plan:
     """The plan of a definition named on the command line; exit 2 when it does not compile."""
+    from tideflow.dsl import compile_definition
+
     try:
         source, file = _source(reference)
         return compile_definition(source, file=file, action_types=executors.schemas())
@@ -108,6 +111,8 @@ class _Outcome:
 
 
 def _validate_one(reference: str, executors: ExecutorRegistry, checks: list[PlanCheck]) -> _Outcome:
+    from tideflow.dsl import validate
+
     try:
         source, file = _source(reference)
     except DefinitionUnreadable as exc:
@@ -163,6 +168,8 @@ def validate_cmd(
       tideflow validate order.yaml --format json
       tideflow validate flow.py --strict --store sqlite:///runs.db
     """
+    from tideflow.runtime.definitions import DefinitionSource
+
     if format not in ("text", "json"):
         raise fail_usage("--format must be text or json")
     executors = registry()
@@ -212,6 +219,7 @@ def _check_functions(plan: Plan, report: StepReporter) -> None:
 def _check_function(
     report: StepReporter, step_id: str, config: Any, input: Any, at: tuple[str, ...]
 ) -> None:
+    from tideflow.dsl.signatures import call_problems
     from tideflow.worker.executors.functions import resolve_function
 
     source = config.source if config is not None else {}
@@ -304,6 +312,8 @@ def graph_cmd(
       tideflow graph order.yaml --format dot | dot -Tsvg > order.svg
       tideflow graph examples/python_builder.py
     """
+    from tideflow.dsl import to_dot, to_mermaid
+
     renderers: Mapping[str, Callable[[Plan], str]] = {"mermaid": to_mermaid, "dot": to_dot}
     if format not in renderers:
         raise fail_usage("--format must be mermaid or dot")

@@ -7,13 +7,15 @@ from the run state (the timers it has armed) and the plan (the step's spec).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tideflow.cli.common import iso
-from tideflow.model.plan import Plan
-from tideflow.model.run import RunState, StepState
 from tideflow.model.states import StepStatus
-from tideflow.runtime.why import Diagnosis, WhyKind
+
+if TYPE_CHECKING:
+    from tideflow.model.plan import Plan
+    from tideflow.model.run import RunState, StepState
+    from tideflow.runtime.why import Diagnosis
 
 
 def waits_of(state: RunState, plan: Plan) -> dict[str, dict[str, Any]]:
@@ -61,6 +63,8 @@ def _fire_at(state: RunState, st: StepState, kind: str) -> float | None:
 def waits_of_reasons(diagnosis: Diagnosis) -> dict[str, dict[str, Any]]:
     """``waits_of`` from what a server said of the run (``GET /runs/{id}/why``): the same
     data, so `runs show --server` prints what `runs show` does on the store."""
+    from tideflow.runtime.why import WhyKind
+
     found: dict[str, dict[str, Any]] = {}
     for reason in diagnosis.reasons:
         if reason.step is None:

@@ -3,6 +3,8 @@ store and, with --bus, the bus's queues and workers' heartbeats; or over --serve
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 from rich.markup import escape
 
@@ -19,7 +21,9 @@ from tideflow.cli.common import (
     write_json,
 )
 from tideflow.cli.remote import ServerOption, TokenOption, check_server
-from tideflow.runtime.why import STUCK, Diagnosis
+
+if TYPE_CHECKING:
+    from tideflow.runtime.why import Diagnosis
 
 
 def why_cmd(
@@ -47,6 +51,8 @@ def why_cmd(
       tideflow runs why 3f2a9c...
       tideflow runs why 3f2a9c... --bus redis://mq:6379/0 --json
     """
+    from tideflow.runtime.why import STUCK
+
     check_server(ctx, server)
     diagnosis = run_async(_why(store, bus, server, token, run_id))
     if as_json:

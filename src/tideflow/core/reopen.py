@@ -8,7 +8,7 @@ succeeded step notify its dependents once more, so a step whose `when` is still
 false, or whose join still cannot be met, is skipped again. A loop that had
 started resumes its current iteration the same way; a map runs again only the
 items that did not succeed. Succeeded, cancelled and compensated runs cannot
-be retried (``RETRYABLE``); a ``RunRetried`` for one changes nothing.
+be retried (``RUN_RETRYABLE``, model/states.py); a ``RunRetried`` for one changes nothing.
 """
 
 from __future__ import annotations
@@ -20,18 +20,15 @@ from tideflow.core import steps as kinds
 from tideflow.core.timers import arm
 from tideflow.model.events import RunRetried
 from tideflow.model.run import ScopeState, StepState
-from tideflow.model.states import RunStatus, StepStatus
+from tideflow.model.states import RUN_RETRYABLE, RunStatus, StepStatus
 
 if TYPE_CHECKING:
     from tideflow.core.decide import Decider
 
-RETRYABLE = frozenset({RunStatus.FAILED, RunStatus.TIMED_OUT})
-"""Run states an operator retry re-opens."""
-
 
 def retry_run(d: Decider, event: RunRetried) -> None:
     state = d.state
-    if state.status not in RETRYABLE:
+    if state.status not in RUN_RETRYABLE:
         return
     state.retries += 1
     state.error = None

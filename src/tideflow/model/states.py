@@ -76,6 +76,9 @@ RUN_TERMINAL = frozenset(
 """Run states that end a run: nothing happens to it any more, unless FAILED moves on to
 COMPENSATING in the same step, or an operator retries a FAILED or TIMED_OUT run."""
 
+RUN_RETRYABLE = frozenset({RunStatus.FAILED, RunStatus.TIMED_OUT})
+"""Run states an operator retry re-opens (core/reopen.py)."""
+
 STEP_TERMINAL = frozenset(
     {StepStatus.SUCCEEDED, StepStatus.FAILED, StepStatus.SKIPPED, StepStatus.CANCELLED}
 )

@@ -8,7 +8,10 @@ their own, created when missing: several clusters, or test runs, in one database
 
 from __future__ import annotations
 
-from tideflow.store.base import ConcurrencyConflict, Store, StoreError
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tideflow.store.base import ConcurrencyConflict, Store, StoreError
 
 DEFAULT_URL = "sqlite:///.tideflow/tideflow.db"
 """Where `tideflow run` keeps state unless told otherwise: under the working directory."""
@@ -18,6 +21,8 @@ __all__ = ["DEFAULT_URL", "ConcurrencyConflict", "Store", "StoreError", "open_st
 
 def open_store(url: str, *, auto_upgrade: bool = True) -> Store:
     """A store for ``url`` (not yet opened: ``await store.open()``)."""
+    from tideflow.store.base import StoreError
+
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
     if scheme == "memory":
         from tideflow.store.backends.memory import MemoryStore
@@ -41,10 +46,22 @@ def open_store(url: str, *, auto_upgrade: bool = True) -> Store:
     )
 
 
+def __getattr__(name: str) -> Any:
+    """The port's names, imported on first use: the `tideflow` command reads
+    ``DEFAULT_URL`` without importing the model (docs/operations.md, "A fast CLI")."""
+    if name in ("ConcurrencyConflict", "Store", "StoreError"):
+        from tideflow.store import base
+
+        return getattr(base, name)
+    raise AttributeError(f"module 'tideflow.store' has no attribute {name!r}")
+
+
 def _postgres_schema(url: str) -> tuple[str, str | None]:
     """The URL without its ``schema`` option (asyncpg would send it to the server as a
     setting), and the schema it names."""
     from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    from tideflow.store.base import StoreError
 
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)

@@ -17,12 +17,14 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import orjson
 
 from tideflow.worker.executors.errors import WebhookDeliveryError, snippet
+
+if TYPE_CHECKING:
+    import httpx  # imported where used: `tideflow runs list` needs no HTTP client
 
 CLOUDEVENTS_CONTENT_TYPE = "application/cloudevents+json"
 SIGNATURE_HEADER = "X-Tideflow-Signature"
@@ -122,6 +124,8 @@ class WebhookSink(EventSink):
         self._headers = dict(headers or {})
 
     async def send(self, event: Mapping[str, Any]) -> None:
+        import httpx
+
         body = orjson.dumps(event)
         headers = {
             **self._headers,
@@ -147,6 +151,8 @@ class WebhookSink(EventSink):
             self._client = None
 
     def _http(self) -> httpx.AsyncClient:
+        import httpx
+
         if self._client is None:
             self._client = httpx.AsyncClient()
         return self._client

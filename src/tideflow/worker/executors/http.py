@@ -19,9 +19,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC
 from http.cookiejar import CookieJar, DefaultCookiePolicy
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import httpx
 import orjson
 
 from tideflow.errors import StepTimeout
@@ -38,6 +37,9 @@ from tideflow.worker.executors.errors import (
     InvalidStepConfig,
     NetworkError,
 )
+
+if TYPE_CHECKING:
+    import httpx  # imported where used: `tideflow runs list` needs no HTTP client
 
 DEFAULT_MAX_RESPONSE_BYTES = 10 * 1024 * 1024
 DEFAULT_TIMEOUT = 300.0
@@ -74,10 +76,12 @@ class HttpExecutor(Executor):
         self._client = client
         self._owns_client = client is None
         self._default_timeout = default_timeout
-        self._limits = limits or httpx.Limits(max_connections=100, max_keepalive_connections=20)
+        self._limits = limits  # None: 100 connections, 20 kept alive (made with the client)
         _install_quiet_filter()
 
     async def execute(self, ctx: StepContext, config: Mapping[str, Any], input: Any) -> Any:
+        import httpx
+
         cfg = check_config(self.name, self.config_schema, config)
         options = self._options(cfg, ctx)
         request = self._build_request(cfg, ctx, options)
@@ -103,8 +107,11 @@ class HttpExecutor(Executor):
     def client(self) -> httpx.AsyncClient:
         """The pooled client, created on first use."""
         if self._client is None:
+            import httpx
+
+            limits = self._limits or httpx.Limits(max_connections=100, max_keepalive_connections=20)
             self._client = httpx.AsyncClient(
-                limits=self._limits,
+                limits=limits,
                 headers={"user-agent": USER_AGENT},
                 # Responses of one step must not leak cookies into another run's requests.
                 cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])),
@@ -126,6 +133,8 @@ class HttpExecutor(Executor):
     def _build_request(
         self, cfg: Mapping[str, Any], ctx: StepContext, options: _Options
     ) -> httpx.Request:
+        import httpx
+
         body = cfg.get("body")
         method = str(cfg.get("method") or ("GET" if body is None else "POST")).upper()
         headers = httpx.Headers()
@@ -205,6 +214,8 @@ def _encode_body(body: Any, headers: httpx.Headers) -> bytes | None:
 
 def _url(url: str, query: Mapping[str, Any] | None) -> httpx.URL:
     """``url`` with ``query`` merged into its query string (``query`` wins per key)."""
+    import httpx
+
     params = {k: v for k, v in (query or {}).items() if v is not None}
     # Not build_request(params=…): httpx would replace the URL's own query string.
     return httpx.URL(url).copy_merge_params(params) if params else httpx.URL(url)
@@ -246,6 +257,8 @@ async def _http_error(
 
 
 async def _read_snippet(response: httpx.Response) -> str:
+    import httpx
+
     buffer = bytearray()
     try:
         async with _body_chunks(response) as chunks:
