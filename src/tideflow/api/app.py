@@ -8,8 +8,9 @@ Routes (docs/api.md): ``/health``, ``/ready``; ``/definitions`` (validate, regis
 list, get by name and version); ``/runs`` (start, list, get, history, cancel, retry,
 signals); ``/schedules`` (list, get, pause, resume, trigger, delete:
 api/schedule_routes.py); ``/events``, the CloudEvents gateway (api/events.py, docs/events.md). Bodies
-are JSON, a definition may also be YAML (``application/yaml``); every error is a problem
-(api/problems.py). Every route but ``/health``, ``/ready`` and ``/events`` (and the OpenAPI
+are JSON, a definition may also be YAML (``application/yaml``), and a request that changes
+something says so in its Content-Type, body or no body; a request for a Host the app does
+not answer to is refused (api/browsers.py); every error is a problem (api/problems.py). Every route but ``/health``, ``/ready`` and ``/events`` (and the OpenAPI
 document) needs an API token whose role allows its action (``allow`` on the route,
 api/auth_http.py); ``auth=False`` serves without (loopback only, `--no-auth`). ``/events``
 authenticates each event's source itself (or an API token that may signal), always.
