@@ -28,7 +28,7 @@ async def rt() -> AsyncIterator[Runtime]:
 
 def client_of(app: object) -> httpx.AsyncClient:
     transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
-    return httpx.AsyncClient(transport=transport, base_url="http://ui")
+    return httpx.AsyncClient(transport=transport, base_url="http://localhost")
 
 
 async def test_the_one_time_link_opens_one_session_and_nothing_else_gets_in(rt: Runtime) -> None:
@@ -49,7 +49,8 @@ async def test_the_one_time_link_opens_one_session_and_nothing_else_gets_in(rt: 
         without = await api.post("/runs", json={"workflow": "hello"})
         assert without.status_code == 401  # a cookie alone cannot act: the UI's header too
         assert (await api.post("/runs", json={"workflow": "hello"}, headers=UI)).status_code == 201
-        assert (await api.post("/ui/logout")).status_code == 204
+        logout = await api.post("/ui/logout", headers={"content-type": "application/json"})
+        assert logout.status_code == 204
         api.cookies.clear()
         assert (await api.get("/runs")).status_code == 401
         assert (await api.get("/ui/whoami")).json()["login"] == "link"
