@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import enum
 import math
+import os
 import queue
 import sqlite3
 import threading
@@ -64,6 +65,7 @@ from tideflow.store.base import (
     UnstorableData,
 )
 from tideflow.store.indexrows import IndexRows, index_rows, state_rows
+from tideflow.store.sealing import Sealer, warn_if_exposed
 from tideflow.store.sqlfiles import latest_version, migrations, queries, statements
 
 T = TypeVar("T")
@@ -116,6 +118,13 @@ class SqliteStore(Store):
         self._definitions: dict[tuple[str, str], str] = {}
         """(name, version) -> plan hash of definitions known to be stored: they never change,
         so registering one again (every ``start_run`` with a Plan does) costs no transaction."""
+        in_memory = self.path == ":memory:"
+        self.sealer = Sealer(
+            where=f"the SQLite file {self.path}",
+            key_file=None if in_memory else Path(self.path + ".key"),
+            ephemeral=in_memory,
+        )
+        """Seals the fields a run's plan declares sensitive (``tideflow.store.sealing``)."""
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -219,7 +228,7 @@ class SqliteStore(Store):
 
     def _connect(self) -> None:
         if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            _private_file(Path(self.path))
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
             self._set_busy_timeout(conn, BUSY_TIMEOUT_MS)
@@ -334,6 +343,7 @@ class SqliteStore(Store):
     # -- definitions ------------------------------------------------------------
 
     async def save_definition(self, plan: Plan) -> bool:
+        self.sealer.learn(plan)
         key = (plan.name, plan.version)
         known = self._definitions.get(key)
         if known is None:
@@ -370,6 +380,7 @@ class SqliteStore(Store):
             plan = self._plans[plan_hash] = sb.plan_from_source(
                 self.compile_plan, source, sb.plan_label(plan_hash, name, version), plan_hash
             )
+            self.sealer.learn(plan)
         return plan
 
     async def list_definitions(self, name: str | None = None) -> list[DefinitionSummary]:
@@ -399,7 +410,9 @@ class SqliteStore(Store):
     async def create_run(
         self, state: RunState, idempotency_key: str | None = None
     ) -> tuple[str, bool]:
-        row = sb.new_run_row(state, idempotency_key)
+        if not self.sealer.knows(state.plan_hash):
+            await sb.learn_plans(self.get_plan, self.sealer, [state.plan_hash])
+        row = sb.new_run_row(state, idempotency_key, self.sealer)
 
         def insert(conn: sqlite3.Connection) -> tuple[str, bool]:
             if conn.execute(Q["insert_run"], row).rowcount:
@@ -422,12 +435,15 @@ class SqliteStore(Store):
             return head, tail
 
         (snapshot, _, last_seq), tail = await self._run(lambda: read(self.conn))
-        state = sb.snapshot_from_row(run_id, snapshot)
-        events = [sb.event_from_row(run_id, seq, data) for seq, data in tail]
+        state = sb.snapshot_from_row(run_id, snapshot, self.sealer)
+        events = [sb.event_from_row(run_id, seq, data, self.sealer) for seq, data in tail]
         return StoredRun(snapshot=state, tail=events, last_seq=int(last_seq))
 
     async def commit(self, batch: Sequence[AppliedEvent], relayed: Sequence[str] = ()) -> None:
-        rows = sb.batch_rows(batch)
+        unknown = self.sealer.unknown(applied.state.plan_hash for applied in batch)
+        if unknown:
+            await sb.learn_plans(self.get_plan, self.sealer, unknown)
+        rows = sb.batch_rows(batch, self.sealer)
         index = index_rows(batch)
         relayed_rows = [(outbox_id,) for outbox_id in relayed]
 
@@ -455,20 +471,21 @@ class SqliteStore(Store):
                 raise sb.no_run(run_id)
             return conn.execute(Q["history"], (run_id,)).fetchall()
 
-        return [sb.history_entry(run_id, row) for row in await self._run(lambda: read(self.conn))]
+        rows = await self._run(lambda: read(self.conn))
+        return [sb.history_entry(run_id, row, self.sealer) for row in rows]
 
     async def get_run(self, run_id: str) -> RunSummary:
         row = await self._run(lambda: self.conn.execute(Q["get_run"], (run_id,)).fetchone())
         if row is None:
             raise sb.no_run(run_id)
-        return sb.summary_from_row(row)
+        return sb.summary_from_row(row, self.sealer)
 
     async def list_runs(
         self, filter: RunFilter | None = None, *, limit: int = 100, cursor: str | None = None
     ) -> RunPage:
         sql, params = _list_query(filter or RunFilter(), limit, cursor)
         rows = await self._run(lambda: self.conn.execute(sql, params).fetchall())
-        return sb.run_page(rows, limit)
+        return sb.run_page(rows, limit, self.sealer)
 
     async def unfinished_runs(self) -> list[str]:
         rows = await self._run(lambda: self.conn.execute(Q["unfinished_runs"]).fetchall())
@@ -476,7 +493,7 @@ class SqliteStore(Store):
 
     async def pending_outbox(self, limit: int = 1000) -> list[OutboxItem]:
         rows = await self._run(lambda: self.conn.execute(Q["pending_outbox"], (limit,)).fetchall())
-        return [sb.outbox_item(row) for row in rows]
+        return [sb.outbox_item(row, self.sealer) for row in rows]
 
     async def unindexed_runs(self, limit: int = 1000) -> list[str]:
         rows = await self._run(lambda: self.conn.execute(Q["unindexed_runs"], (limit,)).fetchall())
@@ -692,6 +709,21 @@ def _settle(
 
     with contextlib.suppress(RuntimeError):  # a closed loop: nobody is left to tell
         loop.call_soon_threadsafe(settle)
+
+
+def _private_file(path: Path) -> None:
+    """Make the database file, when it is missing, readable by its owner only (0600; the
+    directories made for it 0700). SQLite gives the ``-wal`` and ``-shm`` files the mode
+    of the database file, so they are private too. A file that exists keeps the mode its
+    operator gave it, with a warning when others may read it."""
+    missing = [parent for parent in (path.parent, *path.parent.parents) if not parent.exists()]
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another process made it meanwhile
+            directory.mkdir(mode=0o700)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        warn_if_exposed(path, "database file")
 
 
 def _enable_wal(conn: sqlite3.Connection, attempts: int = 50) -> None:
