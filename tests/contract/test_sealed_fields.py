@@ -22,6 +22,7 @@ import pytest
 
 from tideflow.dsl import compile_definition
 from tideflow.errors import NotFound, StateFormatError, UnstorableData
+from tideflow.model.events import SignalReceived
 from tideflow.model.plan import Plan
 from tideflow.runtime.runtime import Runtime
 from tideflow.store.sealing import KEY_VARIABLE, OLD_KEYS_VARIABLE, SEALED_PREFIX
@@ -194,7 +195,7 @@ async def test_postgres_without_a_key_refuses_the_start_and_writes_nothing(
     if sql_backend.name != "postgres":
         pytest.skip("SQLite makes a key file instead (next test)")
     async with Runtime(store=sql_backend.make()) as rt:
-        with pytest.raises(UnstorableData, match=f"set {KEY_VARIABLE}.*tideflow db keygen"):
+        with pytest.raises(UnstorableData, match=f"set {KEY_VARIABLE}.*openssl rand -base64 32"):
             await rt.start_run(PLAN, {"card_number": CARD}, run_id="r1")
         with pytest.raises(NotFound):
             await rt.store.get_run("r1")
@@ -222,3 +223,19 @@ async def test_sqlite_without_a_key_makes_a_private_key_file_beside_the_database
             await store.history("r1")
     finally:
         await store.close()
+
+
+async def test_an_event_left_in_the_inbox_by_another_process_is_sealed(
+    sql_backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(KEY_VARIABLE, key("k1", 1))
+    await start_and_hold(sql_backend)
+    store = await sql_backend.open()  # as a CLI in another process opens it
+    payload = {"card_number": CARD, "note": "visible"}
+    await store.add_to_inbox(
+        [SignalReceived(event_id="s1", run_id="r1", time=1.0, name="go", payload=payload)]
+    )
+    text = await raw_text(sql_backend)
+    assert CARD not in text and "visible" in text
+    (event,) = await store.inbox()
+    assert isinstance(event, SignalReceived) and event.payload == payload

@@ -12,7 +12,7 @@ clients see plain values; a text with no token (every run without sensitive name
 parsed as it was, after one substring search.
 
 Keys (:class:`Keyring`): ``TIDEFLOW_STORE_KEY`` holds the current key as
-``<id>:<base64 of 32 bytes>`` (make one with ``tideflow db keygen``) and seals
+``<id>:<base64 of 32 bytes>`` (``echo "k1:$(openssl rand -base64 32)"``) and seals
 everything new; ``TIDEFLOW_STORE_OLD_KEYS`` (comma separated, same form) still open what
 older keys sealed. Without ``TIDEFLOW_STORE_KEY`` a SQLite file store uses a key file
 beside the database (``<file>.key``, mode 0600, made on the first sensitive value), and
@@ -62,7 +62,7 @@ SEALED_PREFIX = "tideflow:sealed:1:"
 KEY_BYTES = 32
 NONCE_BYTES = 12
 _KEY_ID = re.compile(r"[A-Za-z0-9_.-]{1,40}")
-_MAKE_ONE = "make one with `tideflow db keygen`"
+_MAKE_ONE = 'make one with: echo "k1:$(openssl rand -base64 32)"'
 _log = logging.getLogger("tideflow.store")
 
 
@@ -118,7 +118,7 @@ class DataKey:
         return f"DataKey({self.key_id!r})"
 
     def text(self) -> str:
-        return f"{self.key_id}:{base64.urlsafe_b64encode(self.secret).decode()}"
+        return f"{self.key_id}:{base64.b64encode(self.secret).decode()}"
 
     @classmethod
     def parse(cls, text: str, where: str) -> DataKey:
@@ -130,8 +130,9 @@ class DataKey:
                 f"{where}: expected <id>:<base64 key>, the id of 1-40 letters, digits, '.', "
                 f"'_' or '-'; {_MAKE_ONE}"
             )
+        standard = encoded.replace("-", "+").replace("_", "/")  # either alphabet
         try:
-            secret = base64.urlsafe_b64decode(encoded.encode() + b"=" * (-len(encoded) % 4))
+            secret = base64.b64decode(standard + "=" * (-len(standard) % 4), validate=True)
         except (binascii.Error, ValueError):
             raise StoreError(f"{where}: key {key_id!r} is not base64; {_MAKE_ONE}") from None
         if len(secret) != KEY_BYTES:
@@ -362,13 +363,6 @@ class Sealer:
                     f"that uses this store ({_MAKE_ONE}); see docs/security.md"
                 )
         return ring
-
-    def check_can_seal(self, plan: Plan) -> None:
-        """``UnstorableData`` now, when ``plan`` has sensitive names and this store has
-        no key to seal them with (a start is refused before anything is written)."""
-        self.learn(plan)
-        if self._names[plan.hash] is not None:
-            self._sealing_keyring(f"workflow {plan.name} {plan.version}")
 
     # values
 

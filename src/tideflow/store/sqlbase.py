@@ -334,13 +334,25 @@ def leases_from_rows(rows: Sequence[Sequence[Any]]) -> list[Lease]:
     return [lease for lease in map(lease_from_row, rows) if lease is not None]
 
 
-def inbox_rows(events: Sequence[Event]) -> list[tuple[str, str, float, str]]:
-    return [(e.event_id, e.run_id, time.time(), dumps(codec.event_to_data(e))) for e in events]
+def inbox_rows(
+    events: Sequence[Event], sealer: Sealer | None = None, plans: Mapping[str, str] | None = None
+) -> list[tuple[str, str, float, str]]:
+    """Inbox rows; ``plans`` (run id -> plan hash) says which runs' sensitive values
+    ``sealer`` seals (a start from another process carries the run's input)."""
+    rows = []
+    for e in events:
+        data = codec.event_to_data(e)
+        plan_hash = None if plans is None else plans.get(e.run_id)
+        names = None if sealer is None or plan_hash is None else sealer.names(plan_hash)
+        if sealer is not None and names is not None:
+            data = sealer.seal(data, names, f"run {e.run_id}")
+        rows.append((e.event_id, e.run_id, time.time(), dumps(data)))
+    return rows
 
 
-def inbox_event(row: Sequence[Any]) -> Event:
+def inbox_event(row: Sequence[Any], sealer: Sealer | None = None) -> Event:
     event_id, run_id, text = row
-    data = loads(text, f"inbox event {event_id!r}")
+    data = loads(text, f"inbox event {event_id!r}", sealer)
     if not isinstance(data, dict):
         raise codec.StateFormatError(f"inbox event {event_id!r} is not a JSON object")
     return codec.event_from_data(data, run_id=run_id)

@@ -606,7 +606,14 @@ class SqliteStore(Store):
         return sb.leases_from_rows(rows)
 
     async def add_to_inbox(self, events: Sequence[Event]) -> Lease | None:
-        rows = sb.inbox_rows(events)
+        def plan_hashes(conn: sqlite3.Connection) -> dict[str, str]:
+            found = {r: conn.execute(Q["run_plan_hash"], (r,)).fetchone() for r in runs}
+            return {r: str(row[0]) for r, row in found.items() if row is not None}
+
+        runs = {event.run_id for event in events}
+        plans = await self._run(lambda: plan_hashes(self.conn))
+        await sb.learn_plans(self.get_plan, self.sealer, plans.values())
+        rows = sb.inbox_rows(events, self.sealer, plans)
 
         def write(conn: sqlite3.Connection) -> Any:
             conn.executemany(Q["insert_inbox"], rows)
@@ -616,7 +623,7 @@ class SqliteStore(Store):
 
     async def inbox(self, limit: int = 1000) -> list[Event]:
         rows = await self._run(lambda: self.conn.execute(Q["inbox"], (limit,)).fetchall())
-        return [sb.inbox_event(row) for row in rows]
+        return [sb.inbox_event(row, self.sealer) for row in rows]
 
     async def remove_from_inbox(self, event_ids: Sequence[str]) -> None:
         params = [(event_id,) for event_id in event_ids]
