@@ -19,7 +19,6 @@ The value of such a key is replaced by a placeholder (``***``; logs say
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -36,11 +35,18 @@ _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 _SEPARATORS = re.compile(r"[^A-Za-z0-9]+")
 
 
-@functools.lru_cache(maxsize=4096)  # the same few keys come by again and again
 def is_credential_key(key: str) -> bool:
     """Whether a mapping key names a credential (see the module docstring)."""
-    words = _SEPARATORS.sub("_", _CAMEL.sub("_", key)).lower()
-    return _CREDENTIAL_WORDS.search(words) is not None
+    known = _KNOWN.get(key)
+    if known is None:
+        if len(_KNOWN) >= 4096:  # the same few keys come by again and again; a bound
+            _KNOWN.clear()
+        words = _SEPARATORS.sub("_", _CAMEL.sub("_", key)).lower()
+        known = _KNOWN[key] = _CREDENTIAL_WORDS.search(words) is not None
+    return known
+
+
+_KNOWN: dict[str, bool] = {}
 
 
 def mask(
@@ -54,12 +60,56 @@ def mask(
 
     ``sensitive``: the field names a definition declares. ``text``: applied to every
     string left (logs mask credentials inside free text too); with it, a value that is
-    not JSON-like is shown as ``text(str(value))``.
+    not JSON-like is shown as ``text(str(value))``. Without ``text``, a value with
+    nothing to mask comes back as it is, not copied (a run's result masks every step's
+    output: the common case must cost little).
     """
+    if text is None:
+        if value.__class__ in _SCALARS:
+            return value
+        if not sensitive:
+            return _hide(value, _NONE, placeholder)
     names = set(sensitive)
-    plain = frozenset(n for n in names if "." not in n)
-    dotted = frozenset(names - plain)
+    plain = frozenset(n for n in names if "." not in n) if names else _NONE
+    dotted = frozenset(names - plain) if names else _NONE
+    if text is None and not dotted:
+        return _hide(value, plain, placeholder)
     return _mask(value, (), plain, dotted, placeholder, text)
+
+
+_NONE: frozenset[str] = frozenset()
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _hide(value: Any, plain: frozenset[str], placeholder: str) -> Any:
+    """``_mask`` for plain names and no ``text``: dicts and lists, copied only where a
+    value is masked."""
+    cls = value.__class__
+    if cls is dict:
+        copy: dict[Any, Any] | None = None
+        for key, item in value.items():
+            name = key if key.__class__ is str else str(key)
+            credential = _KNOWN.get(name)
+            if credential is None:
+                credential = is_credential_key(name)
+            if credential or name in plain:
+                new: Any = placeholder
+            elif item.__class__ in _SCALARS:
+                continue
+            else:
+                new = _hide(item, plain, placeholder)
+                if new is item:
+                    continue
+            if copy is None:
+                copy = dict(value)
+            copy[key] = new
+        return value if copy is None else copy
+    if cls is list:
+        items = [_hide(item, plain, placeholder) for item in value]
+        return value if all(new is old for new, old in zip(items, value, strict=True)) else items
+    if cls in _SCALARS:
+        return value
+    return _mask(value, (), plain, _NONE, placeholder, None)
 
 
 def _mask(

@@ -69,13 +69,14 @@ def result_of(state: RunState, plan: Plan | None = None) -> RunResult:
     plan the fields a step marks `sensitive` in its output (the run's output: those of
     every step). The run state itself keeps the values."""
     result = _result(state)
-    steps = dict(result.steps)
+    specs = plan.specs if plan is not None else {}
     for key, step in result.steps.items():
-        spec = plan.specs.get(state.steps[key].step_id) if plan is not None else None
+        spec = specs.get(state.steps[key].step_id)
         masked = mask(step.output, spec.sensitive if spec is not None else ())
         if masked is not step.output:
-            steps[key] = replace(step, output=masked)
-    return replace(result, steps=steps, output=mask(result.output, plan_sensitive(plan)))
+            result.steps[key] = replace(step, output=masked)  # a dict of this result's own
+    output = mask(result.output, plan_sensitive(plan))
+    return result if output is result.output else replace(result, output=output)
 
 
 def plan_sensitive(plan: Plan | None) -> list[str]:
@@ -83,7 +84,17 @@ def plan_sensitive(plan: Plan | None) -> list[str]:
     as the run's output or a history event, is masked by)."""
     if plan is None:
         return []
-    return sorted({name for spec in plan.specs.values() for name in spec.sensitive})
+    names = _PLAN_SENSITIVE.get(plan.hash)
+    if names is None:
+        if len(_PLAN_SENSITIVE) >= 1024:  # plans are few; a bound all the same
+            _PLAN_SENSITIVE.clear()
+        names = sorted({name for spec in plan.specs.values() for name in spec.sensitive})
+        _PLAN_SENSITIVE[plan.hash] = names
+    return names
+
+
+_PLAN_SENSITIVE: dict[str, list[str]] = {}
+"""Plan hash -> ``plan_sensitive`` (every run's result asks for it)."""
 
 
 def _result(state: RunState) -> RunResult:

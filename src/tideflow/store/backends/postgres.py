@@ -386,7 +386,8 @@ class PostgresStore(LeaseAndInbox, Store):
                 async with self._connection() as conn:
                     await conn.execute(Q["delete_outbox"], list(relayed))
             return
-        unknown = self.sealer.unknown(applied.state.plan_hash for applied in batch)
+        knows = self.sealer.knows
+        unknown = [a.state.plan_hash for a in batch if not knows(a.state.plan_hash)]
         if unknown:
             await sb.learn_plans(self.get_plan, self.sealer, unknown)
         document = commit_document(sb.batch_rows(batch, self.sealer), index_rows(batch), relayed)

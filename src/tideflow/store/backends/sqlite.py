@@ -440,7 +440,8 @@ class SqliteStore(Store):
         return StoredRun(snapshot=state, tail=events, last_seq=int(last_seq))
 
     async def commit(self, batch: Sequence[AppliedEvent], relayed: Sequence[str] = ()) -> None:
-        unknown = self.sealer.unknown(applied.state.plan_hash for applied in batch)
+        knows = self.sealer.knows
+        unknown = [a.state.plan_hash for a in batch if not knows(a.state.plan_hash)]
         if unknown:
             await sb.learn_plans(self.get_plan, self.sealer, unknown)
         rows = sb.batch_rows(batch, self.sealer)
