@@ -143,6 +143,9 @@ class Client:
         self._new_id = new_event_id
         self._max_step_output = max_step_output
         self._correlator = Correlator(store)
+        self._sensitive: dict[tuple[str, str], builtins.list[str]] = {}
+        """(workflow, version) -> the names its definition declares sensitive (a
+        registered version never changes)."""
         self.schedules_changed: Callable[[], None] | None = None
         """Called after this client changed a schedule or a definition (a runtime that
         fires schedules looks at them again at once)."""
@@ -453,24 +456,26 @@ class Client:
         return replace(page, runs=await self._masked(page.runs))
 
     async def _masked(self, summaries: builtins.list[RunSummary]) -> builtins.list[RunSummary]:
-        names: dict[tuple[str, str], builtins.list[str]] = {}
         out = []
         for summary in summaries:
             if summary.output is None:
                 out.append(summary)
                 continue
             key = (summary.workflow, summary.version)
-            if key not in names:
-                names[key] = await self._sensitive_of(*key)
-            output = mask(summary.output, names[key])
+            names = self._sensitive.get(key)
+            if names is None:
+                names = await self._sensitive_of(*key)
+            output = mask(summary.output, names)
             out.append(summary if output is summary.output else replace(summary, output=output))
         return out
 
     async def _sensitive_of(self, workflow: str, version: str) -> builtins.list[str]:
         try:
-            return plan_sensitive(await self.store.get_definition(workflow, version))
-        except NotFound:  # a run of a plan that is not a registered definition
+            plan = await self.store.get_definition(workflow, version)
+        except NotFound:  # a run of a plan that is not a registered definition (yet)
             return []
+        names = self._sensitive[(workflow, version)] = plan_sensitive(plan)
+        return names
 
     async def history(self, run_id: str) -> builtins.list[HistoryEntry]:
         """The run's history as a person may see it: sensitive step fields masked."""

@@ -239,3 +239,17 @@ async def test_an_event_left_in_the_inbox_by_another_process_is_sealed(
     assert CARD not in text and "visible" in text
     (event,) = await store.inbox()
     assert isinstance(event, SignalReceived) and event.payload == payload
+
+
+async def test_a_sqlite_file_without_its_key_file_says_so(tmp_path: Path) -> None:
+    from .conftest import sqlite_backend
+
+    backend = sqlite_backend(tmp_path)
+    await start_and_hold(backend)
+    (tmp_path / "store.db.key").unlink()  # the database copied without its key
+    store = await backend.open()
+    try:
+        with pytest.raises(StateFormatError, match=r"key file .*store\.db\.key is missing"):
+            await store.load_run("r1")
+    finally:
+        await store.close()

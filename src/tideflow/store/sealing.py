@@ -397,7 +397,10 @@ class Sealer:
                 self._keyring = None  # another process may have made the key file since
                 return _open(data, self.keyring())
         except StateFormatError as exc:
-            raise StateFormatError(f"{what}: {exc.message}") from None
+            hint = ""
+            if self._key_file is not None and not self._key_file.path.exists():
+                hint = f" (this SQLite file's key file {self._key_file.path} is missing)"
+            raise StateFormatError(f"{what}: {exc.message}{hint}") from None
 
 
 def _seal(obj: Any, path: tuple[str, ...], names: SensitiveNames, ring: Keyring) -> Any:
