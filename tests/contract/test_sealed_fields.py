@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tideflow.dsl import compile_definition
-from tideflow.errors import NotFound, StateFormatError, UnstorableData
+from tideflow.errors import NotFound, StateFormatError, StoreError, UnstorableData
 from tideflow.model.events import SignalReceived
 from tideflow.model.plan import Plan
 from tideflow.runtime.runtime import Runtime
@@ -189,11 +189,10 @@ async def test_rotation_opens_old_values_and_seals_new_ones_with_the_current_key
     assert CARD not in text and TOKEN not in text
 
 
+@pytest.mark.parametrize("sql_backend", ["postgres"], indirect=True)  # SQLite: next test
 async def test_postgres_without_a_key_refuses_the_start_and_writes_nothing(
     sql_backend: Backend,
 ) -> None:
-    if sql_backend.name != "postgres":
-        pytest.skip("SQLite makes a key file instead (next test)")
     async with Runtime(store=sql_backend.make()) as rt:
         with pytest.raises(UnstorableData, match=f"set {KEY_VARIABLE}.*openssl rand -base64 32"):
             await rt.start_run(PLAN, {"card_number": CARD}, run_id="r1")
@@ -253,3 +252,12 @@ async def test_a_sqlite_file_without_its_key_file_says_so(tmp_path: Path) -> Non
             await store.load_run("r1")
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("text", ["k1", "k1:short", "no good:AAAA"])
+async def test_a_malformed_key_stops_the_store_when_it_opens(
+    sql_backend: Backend, monkeypatch: pytest.MonkeyPatch, text: str
+) -> None:
+    monkeypatch.setenv(KEY_VARIABLE, text)
+    with pytest.raises(StoreError, match=KEY_VARIABLE):
+        await sql_backend.open()

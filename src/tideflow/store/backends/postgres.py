@@ -176,6 +176,7 @@ class PostgresStore(LeaseAndInbox, Store):
     async def open(self) -> None:
         if self._pool is not None:
             return
+        self.sealer.keyring()  # a malformed key variable stops the store here, not a commit
         await self._connect()
         try:
             await self._check_schema()

@@ -211,6 +211,7 @@ class SqliteStore(Store):
         await self._run(self._open)
 
     def _open(self) -> None:
+        self.sealer.keyring()  # a malformed key variable stops the store here, not a commit
         self._connect()
         try:
             self._check_schema()
