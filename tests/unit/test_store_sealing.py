@@ -103,5 +103,6 @@ def test_a_store_without_a_key_says_how_to_make_one() -> None:
     assert names is not None
     with pytest.raises(UnstorableData, match=rf"set {KEY_VARIABLE} .*openssl rand -base64 32"):
         sealer.seal({"card": "4111"}, names, "run r")
-    with pytest.raises(UnstorableData):  # from the first row on, not when a value comes
-        sealer.seal({"other": 1}, names, "run r")
+    assert sealer.seal({"other": 1}, names, "run r") == {"other": 1}  # nothing to seal
+    with pytest.raises(UnstorableData):  # a new run: refused even before a value comes
+        sealer.seal({"other": 1}, names, "run r", eager=True)

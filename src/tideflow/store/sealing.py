@@ -30,7 +30,7 @@ import logging
 import os
 import re
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -366,10 +366,20 @@ class Sealer:
 
     # values
 
-    def seal(self, data: Any, names: SensitiveNames, what: str) -> Any:
-        """``data`` (JSON-compatible) with the value of every sensitive key sealed."""
-        ring = self._sealing_keyring(what)
-        return _seal(data, (), names, ring)
+    def seal(self, data: Any, names: SensitiveNames, what: str, *, eager: bool = False) -> Any:
+        """``data`` (JSON-compatible) with the value of every sensitive key sealed.
+
+        The key is looked for when a value is to be sealed; ``eager``: at once (a new
+        run is refused before anything is written, even when its input holds none of
+        the fields yet). Not eager, a row with nothing to seal (the failure of a run
+        whose values cannot be sealed) is written without a key."""
+        if eager:
+            self._sealing_keyring(what)
+
+        def seal_value(value: Any) -> str:
+            return self._sealing_keyring(what).seal(value)
+
+        return _seal(data, (), names, seal_value)
 
     def loads(self, text: str | bytes | None, what: str) -> Any:
         """Parse a stored JSON text, opening every sealed value in it."""
@@ -403,18 +413,20 @@ class Sealer:
             raise StateFormatError(f"{what}: {exc.message}{hint}") from None
 
 
-def _seal(obj: Any, path: tuple[str, ...], names: SensitiveNames, ring: Keyring) -> Any:
+def _seal(
+    obj: Any, path: tuple[str, ...], names: SensitiveNames, seal: Callable[[Any], str]
+) -> Any:
     if isinstance(obj, dict):
         out: dict[Any, Any] = {}
         for key, value in obj.items():
             name = str(key)
             if value is not None and names.matches(name, path) and not _is_sealed(value):
-                out[key] = ring.seal(value)
+                out[key] = seal(value)
             else:
-                out[key] = _seal(value, (*path, name), names, ring)
+                out[key] = _seal(value, (*path, name), names, seal)
         return out
     if isinstance(obj, list | tuple):
-        return [_seal(item, path, names, ring) for item in obj]
+        return [_seal(item, path, names, seal) for item in obj]
     return obj
 
 

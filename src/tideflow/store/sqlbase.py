@@ -150,8 +150,8 @@ class Sealing:
     names: SensitiveNames
     run_id: str
 
-    def seal(self, data: Any) -> Any:
-        return self.sealer.seal(data, self.names, f"run {self.run_id}")
+    def seal(self, data: Any, *, eager: bool = False) -> Any:
+        return self.sealer.seal(data, self.names, f"run {self.run_id}", eager=eager)
 
 
 def _sealing(sealer: Sealer | None, applied: AppliedEvent) -> Sealing | None:
@@ -161,9 +161,9 @@ def _sealing(sealer: Sealer | None, applied: AppliedEvent) -> Sealing | None:
     return None if names is None else Sealing(sealer, names, applied.state.run_id)
 
 
-def _state_text(state: RunState, sealing: Sealing | None) -> str:
+def _state_text(state: RunState, sealing: Sealing | None, *, eager: bool = False) -> str:
     data = codec.state_to_data(state)
-    return dumps(data if sealing is None else sealing.seal(data))
+    return dumps(data if sealing is None else sealing.seal(data, eager=eager))
 
 
 def _history_row(
@@ -215,7 +215,7 @@ def new_run_row(
         state.created_at,
         state.parent_run_id,
         idempotency_key,
-        _state_text(state, sealing),
+        _state_text(state, sealing, eager=True),  # refused before it is written
     )
 
 
