@@ -228,8 +228,7 @@ class SqliteStore(Store):
             self._checkpointer.start()
 
     def _connect(self) -> None:
-        if self.path != ":memory:":
-            _private_file(Path(self.path))
+        existed = self.path != ":memory:" and not _private_file(Path(self.path))
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
             self._set_busy_timeout(conn, BUSY_TIMEOUT_MS)
@@ -240,6 +239,8 @@ class SqliteStore(Store):
             conn.close()
             raise
         self._conn = conn
+        if existed:  # after the checks: a file that is no database gets its error alone
+            warn_if_exposed(Path(self.path), "database file")
 
     def _check_schema(self) -> None:
         current = self._version()
@@ -720,11 +721,12 @@ def _settle(
         loop.call_soon_threadsafe(settle)
 
 
-def _private_file(path: Path) -> None:
+def _private_file(path: Path) -> bool:
     """Make the database file, when it is missing, readable by its owner only (0600; the
-    directories made for it 0700). SQLite gives the ``-wal`` and ``-shm`` files the mode
-    of the database file, so they are private too. A file that exists keeps the mode its
-    operator gave it, with a warning when others may read it."""
+    directories made for it 0700): whether it made it. SQLite gives the ``-wal`` and
+    ``-shm`` files the mode of the database file, so they are private too. A file that
+    exists keeps the mode its operator gave it (``_connect`` warns when others may read
+    it)."""
     missing = [parent for parent in (path.parent, *path.parent.parents) if not parent.exists()]
     for directory in reversed(missing):
         with contextlib.suppress(FileExistsError):  # another process made it meanwhile
@@ -732,7 +734,8 @@ def _private_file(path: Path) -> None:
     try:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except FileExistsError:
-        warn_if_exposed(path, "database file")
+        return False
+    return True
 
 
 def _enable_wal(conn: sqlite3.Connection, attempts: int = 50) -> None:
