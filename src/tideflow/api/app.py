@@ -57,6 +57,7 @@ from tideflow.api.schedule_routes import schedule_routes
 from tideflow.bus.base import unserved
 from tideflow.client import Client
 from tideflow.errors import NotFound
+from tideflow.model import storable
 from tideflow.model.states import RunStatus
 from tideflow.model.tokens import Action
 from tideflow.observability.tracing import joined
@@ -237,7 +238,7 @@ async def _definition_of(request: Request) -> Any:
         # nor its line numbers).
         return text + "\n...\n"
     try:
-        data = orjson.loads(body)
+        data = storable.loads(body)  # integers exact: the loader refuses one out of range
     except orjson.JSONDecodeError as exc:
         raise RequestValidationError(
             [{"loc": ("body",), "msg": f"malformed JSON: {exc}", "type": "json_invalid"}]
