@@ -327,8 +327,8 @@ def _run_routes(app: FastAPI, client: Client) -> None:
     async def list_runs(
         status: RunStatus | None = None,
         workflow: Annotated[str | None, Query(min_length=1)] = None,
-        created_after: float | None = None,
-        created_before: float | None = None,
+        created_after: Annotated[float | None, Query(allow_inf_nan=False)] = None,
+        created_before: Annotated[float | None, Query(allow_inf_nan=False)] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
         cursor: Annotated[str | None, Query(min_length=1)] = None,
     ) -> RunList:

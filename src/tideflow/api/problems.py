@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from tideflow import errors
 from tideflow.api.problem_types import ERRORS, TYPE_PREFIX
 from tideflow.errors import DefinitionError, InputValidationError, TideflowError
+from tideflow.model import storable
 
 log = logging.getLogger("tideflow.api")
 
@@ -199,8 +200,14 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     phrase = HTTPStatus(exc.status_code).phrase
     kind = phrase.lower().replace(" ", "-")
     detail = None if exc.detail == phrase else str(exc.detail)
+    if exc.status_code == 400 and isinstance(exc.__cause__, RecursionError):
+        detail = (
+            "the JSON body is nested too deeply to read: send arrays and objects nested "
+            f"at most {storable.MAX_NESTING} levels deep"
+        )
     # FastAPI's own 400 is a body it could not parse (JSON nested too deep, a bad form)
-    fields = [FieldError(field="body", message=str(exc.detail))] if exc.status_code == 400 else []
+    message = detail or str(exc.detail)
+    fields = [FieldError(field="body", message=message)] if exc.status_code == 400 else []
     return problem_response(
         exc.status_code, kind, request.url.path, detail, fields, headers=exc.headers
     )
