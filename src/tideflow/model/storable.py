@@ -95,6 +95,12 @@ def integer_problem(value: Any) -> tuple[Path, str] | None:
     """The path of the first integer in ``value`` outside the range a run may hold
     (``("items", 2, "n")``; ``()`` for ``value`` itself) and what is wrong with it;
     None when every integer fits. Mapping keys are not looked at (they are strings)."""
+    try:
+        orjson.dumps(value)  # writes every integer in the range, refuses every other
+    except TypeError:
+        pass  # an integer out of range, or another reason: look (paths only now)
+    else:
+        return None
     stack: list[tuple[Path, Any]] = [((), value)]
     while stack:
         path, item = stack.pop()
