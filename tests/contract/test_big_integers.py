@@ -89,7 +89,7 @@ async def test_a_run_input_out_of_range_is_refused_and_starts_nothing(
 ) -> None:
     body = b'{"workflow": "echo", "input": {"order": {"n": ' + number(n) + b"}}}"
     answer = await api.post("/runs", content=body, headers={"content-type": "application/json"})
-    named(answer, "order.n", n)
+    named(answer, "body.input.order.n", n)
     assert (await rt.client.list()).runs == []
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from tideflow.api import create_app
 from tideflow.api.auth import issue_token
+from tideflow.api.event_sources import EventSources
 from tideflow.model.tokens import Role
 from tideflow.runtime.runtime import Runtime
 
@@ -29,11 +30,17 @@ async def rt() -> AsyncIterator[Runtime]:
         yield runtime
 
 
+TOKEN = "desk-token-0123456789abcdef"
+SOURCES = EventSources.of(
+    {"sources": [{"source": "urn:desk", "auth": "bearer", "token_env": "DESK"}]},
+    {"DESK": TOKEN},
+)
+
+
 @pytest.fixture
 async def api(rt: Runtime) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(
-        app=create_app(rt.client, auth=False), raise_app_exceptions=False
-    )
+    app = create_app(rt.client, auth=False, event_sources=SOURCES)
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
         yield client
 
@@ -123,3 +130,22 @@ async def test_a_cursor_that_holds_no_finite_time_is_a_bad_cursor(
     answer = await api.get("/runs", params={"cursor": cursor})
     assert answer.status_code == 422, answer.text
     assert answer.json()["errors"][0]["field"] == "query.cursor"
+
+
+@pytest.mark.parametrize(
+    ("levels", "words"),
+    [(300, "nested more than 254 levels deep"), (100_000, "depth limit exceeded")],
+)
+async def test_event_data_nested_too_deeply_is_a_400_that_says_so(
+    api: httpx.AsyncClient, levels: int, words: str
+) -> None:
+    body = (
+        b'{"specversion": "1.0", "id": "e1", "source": "urn:desk", "type": "go", "data": '
+        + b"[" * levels
+        + b"]" * levels
+        + b"}"
+    )
+    headers = {"content-type": "application/cloudevents+json", "authorization": f"Bearer {TOKEN}"}
+    answer = await api.post("/events", content=body, headers=headers)
+    assert answer.status_code == 400, answer.text
+    assert words in answer.text and answer.json()["errors"][0]["field"] == "body"
