@@ -149,3 +149,49 @@ async def test_event_data_nested_too_deeply_is_a_400_that_says_so(
     answer = await api.post("/events", content=body, headers=headers)
     assert answer.status_code == 400, answer.text
     assert words in answer.text and answer.json()["errors"][0]["field"] == "body"
+
+
+@pytest.mark.parametrize(
+    ("schedule", "field", "words"),
+    [
+        ({"every": 2**70}, "every", "longer than 100 years"),
+        ({"every": 1e300}, "every", "longer than 100 years"),
+        ({"every": "99999999999999999999d"}, "every", "longer than 100 years"),
+        ({"every": 1e-300}, "every", "at least 1ms"),
+        ({"every": "1h", "jitter": 2**70}, "jitter", "longer than 100 years"),
+        ({"every": "1h", "start_at": 2**70}, "start_at", "to 9000"),
+        ({"every": "1h", "start_at": "9999-06-01T00:00:00Z"}, "start_at", "to 9000"),
+    ],
+)
+async def test_a_schedule_past_the_calendar_is_a_422_naming_the_field(
+    api: httpx.AsyncClient, schedule: dict[str, object], field: str, words: str
+) -> None:
+    answer = await api.post(
+        "/schedules", json={"workflow": "hello", "schedule": {"id": "s", **schedule}}
+    )
+    assert answer.status_code == 422, answer.text
+    (error,) = answer.json()["errors"]
+    assert error["field"] == f"body.schedule.{field}" and words in error["message"]
+    assert (await api.get("/schedules")).json()["schedules"] == []
+
+
+async def test_a_schedule_may_end_at_the_calendars_end(api: httpx.AsyncClient) -> None:
+    schedule = {"id": "s", "cron": "0 6 * * *", "end_at": "9999-12-31T23:59:59Z"}
+    answer = await api.post("/schedules", json={"workflow": "hello", "schedule": schedule})
+    assert answer.status_code == 201, answer.text
+
+
+@pytest.mark.parametrize("duration", [1e300, 2**62, "99999999999999999999d", "P9999999999W"])
+async def test_a_step_duration_past_the_calendar_is_a_422(
+    api: httpx.AsyncClient, duration: object
+) -> None:
+    definition = {
+        "name": "long",
+        "version": "1",
+        "steps": [{"id": "nap", "type": "sleep", "duration": duration}],
+    }
+    answer = await api.post("/definitions", json=definition)
+    assert answer.status_code == 422, answer.text
+    (error,) = answer.json()["errors"]
+    assert error["field"] == "body.steps[0].duration"
+    assert "longer than 100 years" in error["message"]
