@@ -195,3 +195,39 @@ async def test_a_step_duration_past_the_calendar_is_a_422(
     (error,) = answer.json()["errors"]
     assert error["field"] == "body.steps[0].duration"
     assert "longer than 100 years" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("declared", "status"), [(b"1" * 5_000, 413), (b"0" * 5_000 + b"2", 422), (b"1e3", 400)]
+)
+async def test_a_content_length_of_thousands_of_digits_is_read_not_a_500(
+    rt: Runtime, declared: bytes, status: int
+) -> None:
+    """Python reads no integer of more than 4,300 digits; the body limit compares lengths
+    first (an ASGI server may pass such a header on)."""
+    app = create_app(rt.client, auth=False)
+    sent: list[dict[str, object]] = []
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    headers = [(b"content-length", declared), (b"content-type", b"application/json")]
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/runs",
+        "raw_path": b"/runs",
+        "root_path": "",
+        "query_string": b"",
+        "headers": headers,
+        "server": ("api", 80),
+        "client": ("caller", 1),
+    }
+    await app(scope, receive, send)
+    assert sent[0]["status"] == status
