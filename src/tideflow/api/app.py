@@ -66,6 +66,7 @@ from tideflow.api.stream_slots import (
 from tideflow.bus.base import unserved
 from tideflow.client import Client
 from tideflow.errors import NotFound
+from tideflow.model import storable
 from tideflow.model.states import RunStatus
 from tideflow.model.tokens import Action
 from tideflow.observability.tracing import joined
@@ -265,7 +266,7 @@ async def _definition_of(request: Request) -> Any:
         # nor its line numbers).
         return text + "\n...\n"
     try:
-        data = orjson.loads(body)
+        data = storable.loads(body)  # integers exact: the loader refuses one out of range
     except orjson.JSONDecodeError as exc:
         raise RequestValidationError(
             [{"loc": ("body",), "msg": f"malformed JSON: {exc}", "type": "json_invalid"}]
@@ -356,8 +357,8 @@ def _run_routes(app: FastAPI, client: Client) -> None:
     async def list_runs(
         status: RunStatus | None = None,
         workflow: Annotated[str | None, Query(min_length=1)] = None,
-        created_after: float | None = None,
-        created_before: float | None = None,
+        created_after: Annotated[float | None, Query(allow_inf_nan=False)] = None,
+        created_before: Annotated[float | None, Query(allow_inf_nan=False)] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
         cursor: Annotated[str | None, Query(min_length=1)] = None,
     ) -> RunList:

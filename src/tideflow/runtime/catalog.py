@@ -96,7 +96,9 @@ class Catalog:
         try:
             storable.check(input, "the run input", self._max_run_input)
         except StepError as exc:
-            raise InputValidationError(exc.message) from None
+            found = storable.integer_problem(input)  # named as a field: body.input.order.n
+            fields = [] if found is None else [(storable.format_path(found[0], "$"), found[1])]
+            raise InputValidationError(exc.message, fields=fields) from None
 
     async def create(
         self,
