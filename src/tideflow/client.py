@@ -194,6 +194,12 @@ class Client:
         ``DefinitionError`` lists every problem."""
         return self._catalog.compile(definition)
 
+    def action_types(self) -> Mapping[str, Mapping[str, Any]]:
+        """The config schema of each step type this client's executors check (the others
+        take any config): what compiling checks action steps against, in this process or
+        another (the API's compiler pool, api/compiling.py)."""
+        return self._catalog.action_types()
+
     async def definitions(self, name: str | None = None) -> builtins.list[DefinitionSummary]:
         """Registered definitions (of workflow ``name`` only, when given), by name then
         version."""

@@ -26,6 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from tideflow.api import auth_http, problems
 from tideflow.api.auth_http import allow
 from tideflow.api.changes import RunChanges
+from tideflow.api.compiling import DefinitionCompiler, InProcess
 from tideflow.api.event_sources import EventSources
 from tideflow.api.events import event_routes
 from tideflow.api.models import (
@@ -92,7 +93,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         409: "Conflict with what is stored",
         413: "Body too large",
         422: "A field of the request is wrong (named in `errors`)",
-        503: "The store, bus or engine cannot be reached",
+        503: "The store, bus, engine or definition compiler cannot be reached",
     }.items()
 }
 
@@ -124,6 +125,7 @@ def create_app(
     sessions: Sessions | None = None,
     ui: bool = True,
     metrics: Metrics | None = None,
+    compiler: DefinitionCompiler | None = None,
 ) -> FastAPI:
     """The API over ``client``; request bodies over ``max_body`` bytes are refused (413).
     With ``auth`` (the default) a request needs an API token of ``client.store`` whose
@@ -138,7 +140,11 @@ def create_app(
     the store every few seconds).
 
     ``metrics``: serve them on ``GET /metrics`` (role viewer) and count the gateway's
-    events into them; without, ``/metrics`` answers 404."""
+    events into them; without, ``/metrics`` answers 404.
+
+    ``compiler`` compiles the definitions requests carry: served, a `CompilerPool` of
+    processes (api/compiling.py, what `http_api` gives), so that compiling never holds
+    the event loop; without, they are compiled in this process, on the loop."""
     app = FastAPI(title="tideflow", version="1", responses=_ERRORS)
     if sessions is None and auth:
         sessions = Sessions(store=client.store)
@@ -158,7 +164,7 @@ def create_app(
     app.openapi = openapi  # type: ignore[method-assign]
     _service_routes(app, client)
     _metrics_route(app, metrics)
-    _definition_routes(app, client)
+    _definition_routes(app, client, compiler or InProcess(client))
     _run_routes(app, client)
     schedule_routes(app, client)
     run_view_routes(app, client, changes or RunChanges())
@@ -249,7 +255,7 @@ async def _definition_of(request: Request) -> Any:
     return data
 
 
-def _definition_routes(app: FastAPI, client: Client) -> None:
+def _definition_routes(app: FastAPI, client: Client, compiler: DefinitionCompiler) -> None:
     @app.post(
         "/definitions/validate",
         tags=["definitions"],
@@ -258,8 +264,9 @@ def _definition_routes(app: FastAPI, client: Client) -> None:
     )
     async def validate_definition(request: Request) -> CompiledDefinition:
         """Compile a definition without registering it: its name, version, hash and
-        steps, or a 422 listing every problem with its path."""
-        return CompiledDefinition.of(client.compile(await _definition_of(request)))
+        steps, or a 422 listing every problem with its path (also when compiling takes
+        longer than the server's limit); 503 when no compiler process is free."""
+        return CompiledDefinition(**await compiler.summary(await _definition_of(request)))
 
     @app.post(
         "/definitions",
@@ -270,8 +277,9 @@ def _definition_routes(app: FastAPI, client: Client) -> None:
     )
     async def register_definition(request: Request) -> CompiledDefinition:
         """Register a definition; the same content again changes nothing, other content
-        under a registered (name, version) is a 409."""
-        return CompiledDefinition.of(await client.register(await _definition_of(request)))
+        under a registered (name, version) is a 409. Compiled as for validating."""
+        plan = await compiler.compile(await _definition_of(request))
+        return CompiledDefinition.of(await client.register(plan))
 
     @app.get("/definitions", tags=["definitions"], dependencies=[READ])
     async def list_definitions(

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import os
 import socket
 from collections.abc import AsyncIterator, Generator
 
@@ -21,6 +22,7 @@ import uvicorn
 
 from tideflow.api.app import DEFAULT_MAX_BODY, Metrics, create_app
 from tideflow.api.changes import RunChanges
+from tideflow.api.compiling import CompilerPool
 from tideflow.api.event_sources import EventSources
 from tideflow.client import Client
 from tideflow.errors import StoreError
@@ -124,15 +126,24 @@ async def http_api(
     changes: RunChanges | None = None,
     sessions: Sessions | None = None,
     metrics: Metrics | None = None,
+    compilers: CompilerPool | None = None,
 ) -> AsyncIterator[None]:
     """Serve the API (and the web UI at ``/ui``, and ``metrics`` on ``/metrics``) on
     ``sock`` while the block runs, with API tokens unless ``auth`` is False; ``sessions``
     that are ``required`` (`tideflow ui`) guard it instead. ``changes``: the hub the engine
-    tells of run changes. When uvicorn ends on its own, the server is stopped too."""
+    tells of run changes. When uvicorn ends on its own, the server is stopped too.
+
+    The definitions requests carry compile in ``compilers`` (default: a pool of processes
+    sized by ``TIDEFLOW_COMPILE_WORKERS`` and ``TIDEFLOW_COMPILE_TIMEOUT``, started and
+    stopped with the API; api/compiling.py), never on the event loop."""
     where = address_of(sock)
     changes = changes or RunChanges()
     if sessions is None or not sessions.required:
         await _say_how_it_is_guarded(client, where, auth)
+    own = compilers is None
+    compiler = compilers or CompilerPool.from_environment(client.action_types, os.environ)
+    await compiler.start()
+    await compiler.ready()  # a server that says it listens can compile at once
     app = create_app(
         client,
         auth=auth,
@@ -141,6 +152,7 @@ async def http_api(
         changes=changes,
         sessions=sessions,
         metrics=metrics,
+        compiler=compiler,
     )
     config = uvicorn.Config(
         app,
@@ -170,6 +182,8 @@ async def http_api(
         server.should_exit = True
         await asyncio.wait([serving])  # how it ended is logged by `ended`
         sock.close()
+        if own:
+            await compiler.close()
 
 
 __all__ = ["AddressRefused", "address_of", "http_api", "listen", "parse_address"]

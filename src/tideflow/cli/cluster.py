@@ -351,6 +351,7 @@ def _http_service(
     try:
         from tideflow.api.app import DEFAULT_MAX_BODY
         from tideflow.api.changes import RunChanges
+        from tideflow.api.compiling import compile_limits
         from tideflow.api.event_sources import EventSources, EventSourcesError
         from tideflow.api.serving import AddressRefused, http_api, listen, parse_address
     except ImportError as exc:
@@ -362,9 +363,12 @@ def _http_service(
     except EventSourcesError as exc:
         raise fail_usage(f"--event-sources: {exc}") from None
     try:
+        compile_limits(os.environ)
         host, port = parse_address(address, auth=auth)
         sock = listen(host, port)
     except AddressRefused as exc:
+        raise fail_usage(str(exc)) from None
+    except ValueError as exc:
         raise fail_usage(str(exc)) from None
     except OSError as exc:
         raise fail_usage(f"--http {address}: cannot listen there: {exc.strerror or exc}") from None

@@ -69,6 +69,7 @@ def ui_cmd(
 
     try:
         from tideflow.api.changes import RunChanges
+        from tideflow.api.compiling import compile_limits
         from tideflow.api.serving import AddressRefused, address_of, http_api, listen, parse_address
         from tideflow.ui.sessions import Sessions
     except ImportError as exc:
@@ -80,6 +81,7 @@ def ui_cmd(
         clock = clock_from_environment(os.environ)
         ttl = ttl_from_environment(os.environ)
         limits = Limits.from_env(os.environ)
+        compile_limits(os.environ)
         host, port = parse_address(http)
         parse_address(http, auth=False)
         sock = listen(host, port)

@@ -7,6 +7,7 @@ the engine (``started_event``), so a run is never started before it is durable.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,11 @@ class Catalog:
 
     def compile_stored(self, source: Any) -> Plan:
         return coerce_plan(dict(source), self._executors)
+
+    def action_types(self) -> Mapping[str, Mapping[str, Any]]:
+        """The config schema of each step type the executors check (the others take any
+        config): what a definition's action steps are checked against when it compiles."""
+        return self._executors.schemas()
 
     def compile(self, definition: Any) -> Plan:
         """Compile a definition without registering it; ``DefinitionError`` lists every
