@@ -315,7 +315,7 @@ class Client:
         idempotency key already used nothing starts: ``(the existing run's id, False)``."""
         catalog = self._catalog
         plan = await catalog.resolve(workflow, version)
-        catalog.check_input(plan, input)
+        await catalog.admit_input(plan, input)
         run_id = run_id or uuid.uuid4().hex
         if self.tracing is None:
             stored_id, state = await catalog.create(plan, run_id, idempotency_key, input)

@@ -7,9 +7,12 @@ the engine (``started_event``), so a run is never started before it is durable.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from tideflow.errors import InputValidationError, NotFound, StepError
 from tideflow.model import storable
@@ -22,6 +25,17 @@ from tideflow.runtime.runs import Plans
 from tideflow.store.base import Store
 from tideflow.store.sqlbase import inactive_version
 from tideflow.worker.executors.registry import ExecutorRegistry
+
+INLINE_INPUT_CHECK = 64 * 1024
+"""Bytes (as JSON) of a run input checked against its schema on the caller's loop; a
+larger one is checked in a thread (`Catalog.admit_input`)."""
+
+
+def _json_size(value: Any) -> int:
+    try:
+        return len(orjson.dumps(value))
+    except TypeError:  # not storable: check_input says so, at once
+        return 0
 
 
 class Catalog:
@@ -80,6 +94,17 @@ class Catalog:
     async def _active(self, name: str, version: str) -> bool:
         summaries = await self._store.list_definitions(name)
         return any(s.version == version and s.active for s in summaries)
+
+    async def admit_input(self, plan: Plan, input: Any) -> None:
+        """`check_input`, in a thread when the input is large and the plan has a schema:
+        checking a megabyte against a JSON Schema takes seconds of Python, which must not
+        hold the event loop (the thread gives it the GIL back every few milliseconds).
+        The patterns of the schema run on RE2 (dsl/regexes.py), so the time is linear in
+        the input, which the request body limit bounds."""
+        if plan.input_schema is not None and _json_size(input) > INLINE_INPUT_CHECK:
+            await asyncio.to_thread(self.check_input, plan, input)
+        else:
+            self.check_input(plan, input)
 
     def check_input(self, plan: Plan, input: Any) -> None:
         """Refuse an input that does not fit the plan or cannot be stored (no run is made)."""

@@ -237,7 +237,7 @@ class Engine(EngineLink, Runs):
     async def start_child(self, command: StartChildRun) -> RunState:
         catalog = self._catalog
         plan = await catalog.resolve(command.workflow, command.version)
-        catalog.check_input(plan, command.input)
+        await catalog.admit_input(plan, command.input)
         parent = command.run_id if command.wait else None
         step = command.step_key if command.wait else None
         key = f"child:{command.child_run_id}"
