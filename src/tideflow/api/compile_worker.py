@@ -10,13 +10,15 @@ needs are paid before any request), it says ``("ready", pid)``. A request is
 or ``"summary"`` (answer `summary_of` it: what ``POST /definitions/validate`` shows). An
 answer is ``("ok", value)``, ``("invalid", DefinitionError)`` or ``("failed", text)``
 (a fault of the compiler, logged by the server). It exits at the end of its stdin.
-Anything a library prints goes to stderr: stdout carries frames only.
+Anything a library prints goes to stderr: stdout carries frames only. It ignores SIGINT
+(a Ctrl-C meant for the server): the server kills it when it stops.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import signal
 import sys
 from collections.abc import Mapping
 from typing import Any, BinaryIO
@@ -83,6 +85,8 @@ WARM_UP = "name: warm-up\nversion: '1'\ninput: {type: object}\nsteps: [{id: a, t
 
 
 def main() -> None:
+    # Ctrl-C reaches the whole process group: the server stops its compilers itself
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     sink = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # print() from anywhere lands on stderr, not in a frame
     compile_definition(WARM_UP)  # what the first compile imports and caches, paid now

@@ -111,9 +111,11 @@ class _Worker:
 
 class CompilerPool:
     """``workers`` compiler processes kept warm; ``timeout`` seconds per compile, ``wait``
-    seconds to wait for a free process (default: ``timeout``). Use as ``async with CompilerPool(client.action_types):``
-    or `start` and `close`. ``action_types`` gives the executors' config schemas that a
-    definition's action steps are checked against (`Client.action_types`)."""
+    seconds to wait for a free process (default: ``timeout``). Use as ``async with
+    CompilerPool(client.action_types):``, or `start` and `close`. ``action_types`` gives
+    the executors' config schemas that action steps are checked against
+    (`Client.action_types`). A process that dies is replaced when a request finds it so
+    (that request is a 503)."""
 
     def __init__(
         self,
