@@ -64,9 +64,13 @@ def big_definition(steps: int) -> bytes:
     ).encode()
 
 
-def serve(tmp: Path, **env: str) -> Iterator[str]:
+def environment(**env: str) -> dict[str, str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("TIDEFLOW_")}
-    environ.update(env)
+    return {**environ, **env}
+
+
+def serve(tmp: Path, **env: str) -> Iterator[str]:
+    environ = environment(**env)
     log = tmp / "server.log"
     with log.open("wb") as out:
         popen = subprocess.Popen(
@@ -89,16 +93,39 @@ def serve(tmp: Path, **env: str) -> Iterator[str]:
             )
         yield base
     finally:
-        assert proc.term(60) == 0, proc.text()[-4000:]
+        try:
+            assert proc.term(60) == 0, proc.text()[-4000:]
+        finally:
+            if proc.popen.poll() is None:  # a stalled loop does not stop on SIGTERM
+                proc.kill()
+
+
+BOUNDS = {
+    "TIDEFLOW_COMPILE_TIMEOUT": "600",  # the machine may be slow: these compiles must end
+    "TIDEFLOW_COMPILE_WORKERS": "1",
+}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    yield from serve(
-        tmp_path_factory.mktemp("loop"),
-        TIDEFLOW_COMPILE_TIMEOUT="600",  # the machine may be slow: this one must finish
-        TIDEFLOW_COMPILE_WORKERS="1",
-    )
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("loop")
+
+
+@pytest.fixture(scope="module")
+def server(home: Path) -> Iterator[str]:
+    yield from serve(home, **BOUNDS)
+
+
+@pytest.fixture(scope="module")
+def token(home: Path, server: str) -> str:
+    """An operator token of the server's store (events come from API tokens)."""
+    made = subprocess.run(
+        [TIDEFLOW, "tokens", "create", "--name", "events", "--role", "operator"],
+        env=environment(**BOUNDS), cwd=home, capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    return made.stdout.strip()
 
 
 def health_while(base: str, request: dict[str, Any]) -> tuple[httpx.Response, list[float]]:
@@ -154,6 +181,36 @@ def test_a_catastrophic_input_pattern_is_answered_at_once_with_a_422(server: str
         assert api.get("/health").status_code == 200
         fine = api.post("/runs", json={"workflow": "evil-pattern", "input": {"text": "aaaa"}})
         assert fine.status_code == 201, fine.text
+
+
+def test_an_event_that_starts_a_run_with_a_catastrophic_input_is_answered_at_once(
+    server: str, token: str
+) -> None:
+    """The trigger's input (the event's data) is checked against the pattern as the
+    gateway answers: on Python's ``re`` the answer would never come."""
+    flow = {**EVIL, "name": "evil-trigger", "triggers": [{"event": "evil.text"}]}
+    event = {
+        "specversion": "1.0",
+        "id": "evil-1",
+        "source": "urn:test:loop",
+        "type": "evil.text",
+        "data": {"text": "a" * 40 + "!"},
+    }
+    with httpx.Client(base_url=server, timeout=30) as api:
+        assert api.post("/definitions", json=flow).status_code == 201
+        sent = api.post(
+            "/events",
+            json=event,
+            headers={
+                "authorization": f"Bearer {token}",
+                "content-type": "application/cloudevents+json",
+            },
+        )
+        assert sent.status_code == 202, sent.text
+        assert sent.json()["events"][0]["started"] == []
+        assert api.get("/health").status_code == 200
+        runs = api.get("/runs", params={"workflow": "evil-trigger"}).json()["runs"]
+        assert runs == []  # its input was refused: no run
 
 
 def test_a_backreference_in_an_input_pattern_is_a_clear_422(server: str) -> None:
