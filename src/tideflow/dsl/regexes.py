@@ -8,6 +8,8 @@ the text, and refuses what it cannot match so (backreferences, lookaround), so:
 
 - `regex_refusal` says why RE2 does not take a pattern; the compiler refuses such a
   pattern in ``input`` (`input_schema_problems`), naming it;
+- `stored_definitions` lets a definition registered before (with such a pattern) load:
+  its runs go on, and its pattern matches nothing;
 - `InputValidator` is jsonschema's draft 2020-12 validator with every keyword that
   applies a schema's regexes (``pattern``, ``patternProperties``,
   ``additionalProperties``, ``unevaluatedProperties``) on RE2, and `INPUT_FORMATS`
@@ -19,15 +21,24 @@ text (Python's ``\\Z``), and there is no ``(?=…)``, ``(?!…)``, ``(?<=…)`` 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
 from typing import Any, Protocol, cast
 
 import re2
 from jsonschema import Draft202012Validator, FormatChecker, ValidationError, validators
 from jsonschema.protocols import Validator
 
-__all__ = ["INPUT_FORMATS", "RE2_HINT", "InputValidator", "input_schema_problems", "regex_refusal"]
+__all__ = [
+    "INPUT_FORMATS",
+    "RE2_HINT",
+    "InputValidator",
+    "input_schema_problems",
+    "regex_refusal",
+    "stored_definitions",
+]
 
 RE2_HINT = (
     "patterns are RE2 syntax (linear time): no backreferences (\\1) and no lookaround "
@@ -59,7 +70,28 @@ def regex_refusal(pattern: str) -> str | None:
 
 
 def _search(pattern: str, text: str) -> bool:
-    return _compiled(pattern).search(text) is not None
+    """Whether ``pattern`` matches in ``text``; never, for a pattern RE2 refuses (one of a
+    definition stored before patterns ran on RE2: `stored_definitions`)."""
+    try:
+        regex = _compiled(pattern)
+    except re2.error:
+        return False
+    return regex.search(text) is not None
+
+
+_STORED = ContextVar("tideflow_stored_definitions", default=False)
+
+
+@contextlib.contextmanager
+def stored_definitions() -> Iterator[None]:
+    """Compile definitions stored already: a pattern RE2 refuses does not stop the plan
+    from loading (its runs go on); it matches nothing, so a new run's input is refused
+    with a message that says why, and never reaches a backtracking engine."""
+    token = _STORED.set(True)
+    try:
+        yield
+    finally:
+        _STORED.reset(token)
 
 
 # --- checking an input schema when a definition is compiled ---------------------------
@@ -86,6 +118,8 @@ def input_schema_problems(schema: Mapping[str, Any]) -> list[tuple[tuple[Any, ..
     for error in sorted(_META.iter_errors(schema), key=_relevance):
         where = tuple(error.absolute_path)
         if error.validator == "format" and isinstance(error.instance, str):
+            if _STORED.get():
+                continue
             if where and where[-1] == "patternProperties":
                 where = (*where, error.instance)  # the key is the pattern
             reason = error.cause or "not a regex"
@@ -109,7 +143,13 @@ def _relevance(error: ValidationError) -> tuple[int, bool, str]:
 
 def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[Any]:
     if validator.is_type(instance, "string") and not _search(pattern, instance):
-        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+        if (refusal := regex_refusal(pattern)) is not None:
+            yield ValidationError(
+                f"{pattern!r} cannot be checked: RE2 refuses it ({refusal}); register a "
+                "version of the workflow whose pattern RE2 takes"
+            )
+        else:
+            yield ValidationError(f"{instance!r} does not match {pattern!r}")
 
 
 def _pattern_properties(

@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from tideflow.dsl.regexes import stored_definitions
 from tideflow.errors import InputValidationError, NotFound, StepError
 from tideflow.model import storable
 from tideflow.model.events import RunStarted
@@ -56,7 +57,10 @@ class Catalog:
         self.plans = Plans(store)
 
     def compile_stored(self, source: Any) -> Plan:
-        return coerce_plan(dict(source), self._executors)
+        """A plan from its stored source (registered once, by whatever rules held then:
+        an input pattern RE2 refuses does not keep its runs from loading)."""
+        with stored_definitions():
+            return coerce_plan(dict(source), self._executors)
 
     def action_types(self) -> Mapping[str, Mapping[str, Any]]:
         """The config schema of each step type the executors check (the others take any

@@ -4,12 +4,15 @@ a megabyte through jsonschema is seconds of Python (runtime/catalog.py, admit_in
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import tideflow.dsl.inputs
-from tideflow.errors import InputValidationError
+from tideflow.dsl.compiler import compile_definition
+from tideflow.dsl.regexes import stored_definitions
+from tideflow.errors import DefinitionError, InputValidationError
 from tideflow.model.plan import Plan
 from tideflow.runtime.catalog import INLINE_INPUT_CHECK
 from tideflow.runtime.runtime import Runtime
@@ -63,3 +66,30 @@ async def test_a_large_input_is_checked_off_the_loop(checked_on: list[int]) -> N
     loop_thread = threading.get_ident()
     assert checked_on[0] == loop_thread
     assert checked_on[1] != loop_thread and checked_on[2] != loop_thread
+
+
+async def test_a_definition_stored_with_a_pattern_re2_refuses_still_loads(
+    tmp_path: Path,
+) -> None:
+    """Registered before patterns ran on RE2: its plan loads (its runs go on) and a new
+    run's input is refused saying why, never matched by a backtracking engine."""
+    source = {
+        "name": "legacy",
+        "version": "1",
+        "input": {"type": "object", "properties": {"code": {"pattern": "^(?=x)x+$"}}},
+        "steps": [{"id": "a", "type": "noop"}],
+    }
+    with pytest.raises(DefinitionError, match="refused by RE2"):
+        compile_definition(source)
+    with stored_definitions():  # as an older tideflow compiled and stored it
+        old = compile_definition(source)
+    store = f"sqlite:///{tmp_path / 'legacy.db'}"
+    async with Runtime(workers=0, store=store) as rt:
+        await rt.store.save_definition(old)
+    async with Runtime(workers=1, store=store) as rt:
+        plan = await rt.client.definition("legacy")
+        assert plan.hash == old.hash
+        with pytest.raises(InputValidationError, match="cannot be checked: RE2 refuses it"):
+            await rt.client.start("legacy", {"code": "xx"})
+        run_id = await rt.client.start("legacy", {"other": 1})
+        assert (await rt.client.wait(run_id, 10)).status == "succeeded"
