@@ -197,6 +197,12 @@ class Client:
         ``DefinitionError`` lists every problem."""
         return self._catalog.compile(definition)
 
+    def action_types(self) -> Mapping[str, Mapping[str, Any]]:
+        """The config schema of each step type this client's executors check (the others
+        take any config): what compiling checks action steps against, in this process or
+        another (the API's compiler pool, api/compiling.py)."""
+        return self._catalog.action_types()
+
     async def definitions(self, name: str | None = None) -> builtins.list[DefinitionSummary]:
         """Registered definitions (of workflow ``name`` only, when given), by name then
         version."""
@@ -335,7 +341,7 @@ class Client:
         self, plan: Plan, input: Any, run_id: str | None, idempotency_key: str | None
     ) -> tuple[str, bool]:
         catalog = self._catalog
-        catalog.check_input(plan, input)
+        await catalog.admit_input(plan, input)
         run_id = run_id or uuid.uuid4().hex
         if self.tracing is None:
             stored_id, state = await catalog.create(plan, run_id, idempotency_key, input)

@@ -30,6 +30,7 @@ from tideflow.api.auth_http import allow
 from tideflow.api.browsers import YAML_TYPES, AllowedHosts, MediaTypes
 from tideflow.api.changes import RunChanges
 from tideflow.api.docs_pages import docs_pages
+from tideflow.api.compiling import DefinitionCompiler, InProcess
 from tideflow.api.event_sources import EventSources
 from tideflow.api.events import event_routes
 from tideflow.api.models import (
@@ -101,7 +102,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         409: "Conflict with what is stored",
         413: "Body too large",
         422: "A field of the request is wrong (named in `errors`)",
-        503: "The store, bus or engine cannot be reached",
+        503: "The store, bus, engine or definition compiler cannot be reached",
     }.items()
 }
 
@@ -136,6 +137,7 @@ def create_app(
     max_streams: int = DEFAULT_MAX_STREAMS,
     max_streams_per_token: int = DEFAULT_MAX_STREAMS_PER_TOKEN,
     allowed_hosts: Iterable[str] | None = None,
+    compiler: DefinitionCompiler | None = None,
 ) -> FastAPI:
     """The API over ``client``; request bodies over ``max_body`` bytes are refused (413).
     With ``auth`` (the default) a request needs an API token of ``client.store`` whose
@@ -161,7 +163,11 @@ def create_app(
     request whose Host header names none of ``allowed_hosts`` (any port; the loopback
     names always count) is a 421. ``allowed_hosts`` None: any host with ``auth``, the
     loopback names only without; ``["*"]``: any host (with ``auth`` only).
-    ``ValueError`` for a bad name."""
+    ``ValueError`` for a bad name.
+
+    ``compiler`` compiles the definitions requests carry: served, a `CompilerPool` of
+    processes (api/compiling.py, what `http_api` gives), so that compiling never holds
+    the event loop; without, they are compiled in this process, on the loop."""
     slots = StreamSlots(total=max_streams, per_token=max_streams_per_token)
     hosts = browsers.allowed_hosts(allowed_hosts, auth=auth)
     app = FastAPI(title="tideflow", version="1", responses=_ERRORS, docs_url=None, redoc_url=None)
@@ -187,7 +193,7 @@ def create_app(
     docs_pages(app)
     _service_routes(app, client)
     _metrics_route(app, metrics)
-    _definition_routes(app, client)
+    _definition_routes(app, client, compiler or InProcess(client))
     _run_routes(app, client)
     schedule_routes(app, client)
     run_view_routes(app, client, changes or RunChanges(), slots)
@@ -278,7 +284,7 @@ async def _definition_of(request: Request) -> Any:
     return data
 
 
-def _definition_routes(app: FastAPI, client: Client) -> None:
+def _definition_routes(app: FastAPI, client: Client, compiler: DefinitionCompiler) -> None:
     @app.post(
         "/definitions/validate",
         tags=["definitions"],
@@ -287,8 +293,9 @@ def _definition_routes(app: FastAPI, client: Client) -> None:
     )
     async def validate_definition(request: Request) -> CompiledDefinition:
         """Compile a definition without registering it: its name, version, hash and
-        steps, or a 422 listing every problem with its path."""
-        return CompiledDefinition.of(client.compile(await _definition_of(request)))
+        steps, or a 422 listing every problem with its path (also when compiling takes
+        longer than the server's limit); 503 when no compiler process is free."""
+        return CompiledDefinition(**await compiler.summary(await _definition_of(request)))
 
     @app.post(
         "/definitions",
@@ -299,8 +306,9 @@ def _definition_routes(app: FastAPI, client: Client) -> None:
     )
     async def register_definition(request: Request) -> CompiledDefinition:
         """Register a definition; the same content again changes nothing, other content
-        under a registered (name, version) is a 409."""
-        return CompiledDefinition.of(await client.register(await _definition_of(request)))
+        under a registered (name, version) is a 409. Compiled as for validating."""
+        plan = await compiler.compile(await _definition_of(request))
+        return CompiledDefinition.of(await client.register(plan))
 
     @app.get("/definitions", tags=["definitions"], dependencies=[READ])
     async def list_definitions(

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import os
 import socket
 from collections.abc import AsyncIterator, Generator, Sequence
 
@@ -26,6 +27,7 @@ import uvicorn
 from tideflow.api.app import DEFAULT_MAX_BODY, Metrics, create_app
 from tideflow.api.browsers import allowed_hosts as allowed_hosts_of
 from tideflow.api.changes import RunChanges
+from tideflow.api.compiling import CompilerPool
 from tideflow.api.event_sources import EventSources
 from tideflow.api.stream_slots import DEFAULT_MAX_STREAMS, DEFAULT_MAX_STREAMS_PER_TOKEN
 from tideflow.client import Client
@@ -159,6 +161,7 @@ async def http_api(
     max_streams: int = DEFAULT_MAX_STREAMS,
     max_streams_per_token: int = DEFAULT_MAX_STREAMS_PER_TOKEN,
     allowed_hosts: Sequence[str] = (),
+    compilers: CompilerPool | None = None,
 ) -> AsyncIterator[None]:
     """Serve the API (and the web UI at ``/ui``, and ``metrics`` on ``/metrics``) on
     ``sock`` while the block runs, with API tokens unless ``auth`` is False; ``sessions``
@@ -166,12 +169,20 @@ async def http_api(
     tells of run changes; ``max_streams`` and ``max_streams_per_token`` cap the open event
     streams (``create_app``). When uvicorn ends on its own, the server is stopped too.
     ``allowed_hosts``: Host names it answers to besides the bound address and the
-    loopback names (``hosts_of``; ``ValueError`` for a bad one)."""
+    loopback names (``hosts_of``; ``ValueError`` for a bad one).
+
+    The definitions requests carry compile in ``compilers`` (default: a pool of processes
+    sized by ``TIDEFLOW_COMPILE_WORKERS`` and ``TIDEFLOW_COMPILE_TIMEOUT``, started and
+    stopped with the API; api/compiling.py), never on the event loop."""
     where = address_of(sock)
     changes = changes or RunChanges()
     if sessions is None or not sessions.required:
         await _say_how_it_is_guarded(client, where, auth)
     hosts = hosts_of(sock, allowed_hosts, auth)
+    own = compilers is None
+    compiler = compilers or CompilerPool.from_environment(client.action_types, os.environ)
+    await compiler.start()
+    await compiler.ready()  # a server that says it listens can compile at once
     app = create_app(
         client,
         auth=auth,
@@ -183,6 +194,7 @@ async def http_api(
         max_streams=max_streams,
         max_streams_per_token=max_streams_per_token,
         allowed_hosts=hosts,
+        compiler=compiler,
     )
     _say_which_hosts(where, allowed_hosts_of(hosts, auth=auth))
     config = uvicorn.Config(
@@ -213,6 +225,8 @@ async def http_api(
         server.should_exit = True
         await asyncio.wait([serving])  # how it ended is logged by `ended`
         sock.close()
+        if own:
+            await compiler.close()
 
 
 __all__ = ["AddressRefused", "address_of", "hosts_of", "http_api", "listen", "parse_address"]

@@ -401,6 +401,7 @@ def _http_service(
         from tideflow.api.app import DEFAULT_MAX_BODY
         from tideflow.api.browsers import allowed_hosts as check_hosts
         from tideflow.api.changes import RunChanges
+        from tideflow.api.compiling import compile_limits
         from tideflow.api.event_sources import EventSources, EventSourcesError
         from tideflow.api.serving import AddressRefused, http_api, listen, parse_address
         from tideflow.api.stream_slots import DEFAULT_MAX_STREAMS, DEFAULT_MAX_STREAMS_PER_TOKEN
@@ -414,9 +415,12 @@ def _http_service(
         raise fail_usage(f"--event-sources: {exc}") from None
     try:
         check_hosts(allowed_hosts, auth=auth)
+        compile_limits(os.environ)
         host, port = parse_address(address, auth=auth)
         sock = listen(host, port)
     except (AddressRefused, ValueError) as exc:
+        raise fail_usage(str(exc)) from None
+    except ValueError as exc:
         raise fail_usage(str(exc)) from None
     except OSError as exc:
         raise fail_usage(f"--http {address}: cannot listen there: {exc.strerror or exc}") from None

@@ -73,6 +73,7 @@ def ui_cmd(
     try:
         from tideflow.api.browsers import allowed_hosts as check_hosts
         from tideflow.api.changes import RunChanges
+        from tideflow.api.compiling import compile_limits
         from tideflow.api.serving import AddressRefused, address_of, http_api, listen, parse_address
         from tideflow.ui.sessions import Sessions
     except ImportError as exc:
@@ -86,6 +87,7 @@ def ui_cmd(
         limits = Limits.from_env(os.environ)
         allowed = tuple(allowed_host or ())
         check_hosts(allowed, auth=False)
+        compile_limits(os.environ)
         host, port = parse_address(http)
         parse_address(http, auth=False)
         sock = listen(host, port)

@@ -129,6 +129,23 @@ class CompiledExpression:
     def __repr__(self) -> str:
         return f"CompiledExpression({self.source!r})"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A plan compiled in another process (the API's compiler pool) comes back pickled;
+        # closures do not pickle, so the evaluator is rebuilt from the source on first use.
+        return _unpickled_expression, (self.source, self._references, self._where)
+
+
+def _unpickled_expression(source: str, refs: References, where: str) -> CompiledExpression:
+    expression = CompiledExpression.__new__(CompiledExpression)
+    expression.source, expression._references, expression._where = source, refs, where
+
+    def first_use(scope: Scope) -> Any:
+        expression._evaluate = _compile(source, 0, ())._evaluate
+        return expression._evaluate(scope)
+
+    expression._evaluate = first_use
+    return expression
+
 
 class CompiledTemplate:
     """A JSON-like value with its ``{{ }}`` expressions compiled; ``source`` is the value."""
@@ -184,6 +201,26 @@ class CompiledTemplate:
 
     def __repr__(self) -> str:
         return f"CompiledTemplate({self.source!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # as CompiledExpression's: the renderer is rebuilt from the source on first use
+        return _unpickled_template, (self.source, self._render is None, self._expressions)
+
+
+def _unpickled_template(
+    source: Any, constant: bool, exprs: tuple[CompiledExpression, ...]
+) -> CompiledTemplate:
+    template = CompiledTemplate(source, None, list(exprs))
+    if not constant:
+
+        def first_use(scope: Scope) -> Any:
+            render = _compile_value(source, (), [])
+            assert render is not None  # it had templates when it was compiled
+            template._render = render
+            return render(scope)
+
+        template._render = first_use
+    return template
 
 
 # --- entry points -------------------------------------------------------------------------

@@ -281,6 +281,5 @@ def version_string(check: Check, value: Any, path: DataPath) -> None:
 def input_schema(check: Check, value: Any, path: DataPath) -> None:
     if not expect(check, value, path, dict, "a JSON Schema mapping"):
         return
-    for where, message in input_schema_errors(value):
-        hint = "fix the JSON Schema (draft 2020-12)"
+    for where, message, hint in input_schema_errors(value):
         check.error((*path, *where), f"invalid input schema: {message}", hint)

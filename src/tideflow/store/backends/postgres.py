@@ -283,6 +283,8 @@ class PostgresStore(LeaseAndInbox, Store):
                     known = await self._insert_definition(conn, plan)
                     if known is None:
                         self._definitions[key] = plan.hash
+                        # as SQLite's: read back at once, it is not compiled again
+                        self._plans.setdefault(plan.hash, plan)
                         return True
             self._definitions[key] = known
         if known != plan.hash:

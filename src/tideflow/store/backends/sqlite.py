@@ -351,6 +351,9 @@ class SqliteStore(Store):
         if known is None:
             created: bool = await self._run(self._transaction, lambda c: _save_definition(c, plan))
             self._definitions[key] = plan.hash
+            # the plan in hand is the one its source compiles to: reading it back (the
+            # schedules' sync does at once) must not compile it again, on the loop
+            self._plans.setdefault(plan.hash, plan)
             return created
         if known != plan.hash:
             raise sb.definition_conflict(plan.name, plan.version)
