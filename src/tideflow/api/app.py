@@ -29,8 +29,8 @@ from tideflow.api import auth_http, browsers, problems
 from tideflow.api.auth_http import allow
 from tideflow.api.browsers import YAML_TYPES, AllowedHosts, MediaTypes
 from tideflow.api.changes import RunChanges
-from tideflow.api.docs_pages import docs_pages
 from tideflow.api.compiling import DefinitionCompiler, InProcess
+from tideflow.api.docs_pages import docs_pages
 from tideflow.api.event_sources import EventSources
 from tideflow.api.events import event_routes
 from tideflow.api.models import (

@@ -420,8 +420,6 @@ def _http_service(
         sock = listen(host, port)
     except (AddressRefused, ValueError) as exc:
         raise fail_usage(str(exc)) from None
-    except ValueError as exc:
-        raise fail_usage(str(exc)) from None
     except OSError as exc:
         raise fail_usage(f"--http {address}: cannot listen there: {exc.strerror or exc}") from None
     changes = RunChanges()
