@@ -43,6 +43,11 @@ JSON_TYPE = {"Content-Type": "application/json"}
 """What a request that changes something without a body sends (else a 415)."""
 MAX_EXAMPLES = 60
 """Per operation (about 40 operations, each mode about 20-30 s on a busy machine)."""
+
+# Each mode sends about 2,400 requests: 20 s alone on the 2-core machine, and past the
+# suite's 120 s when three xdist workers share its cores with other work (seen: a worker
+# killed mid-run, the server idle, schemathesis still drawing). Slow, not hung.
+pytestmark = [pytest.mark.timeout(480)]
 WAITING = {
     "name": "waiting",
     "version": "1",
