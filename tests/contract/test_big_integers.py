@@ -26,7 +26,7 @@ from .conftest import Backend
 
 TOKEN = "desk-token-0123456789abcdef"
 SOURCES = EventSources.of(
-    {"sources": [{"source": "urn:desk", "auth": "bearer", "token_env": "DESK"}]},
+    {"sources": [{"source": "urn:desk", "auth": "bearer", "token_env": "DESK", "types": ["*"], "address_runs": True}]},
     {"DESK": TOKEN},
 )
 ECHO = {
@@ -54,7 +54,7 @@ async def rt(sql_backend: Backend) -> AsyncIterator[Runtime]:
 async def api(rt: Runtime) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(rt.client, auth=False, event_sources=SOURCES, ui=False)
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
         yield client
 
 

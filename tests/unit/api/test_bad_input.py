@@ -32,7 +32,7 @@ async def rt() -> AsyncIterator[Runtime]:
 
 TOKEN = "desk-token-0123456789abcdef"
 SOURCES = EventSources.of(
-    {"sources": [{"source": "urn:desk", "auth": "bearer", "token_env": "DESK"}]},
+    {"sources": [{"source": "urn:desk", "auth": "bearer", "token_env": "DESK", "types": ["*"], "address_runs": True}]},
     {"DESK": TOKEN},
 )
 
@@ -41,7 +41,7 @@ SOURCES = EventSources.of(
 async def api(rt: Runtime) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(rt.client, auth=False, event_sources=SOURCES)
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-    async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
         yield client
 
 
@@ -103,8 +103,8 @@ async def test_a_run_input_300_deep_is_a_422_that_says_so(api: httpx.AsyncClient
 async def test_a_ui_login_nested_100000_deep_is_refused_not_a_500(rt: Runtime) -> None:
     token = await issue_token(rt.client.store, name="ann", role=Role.VIEWER, now=0.0)
     transport = httpx.ASGITransport(app=create_app(rt.client), raise_app_exceptions=False)
-    async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
-        headers = {"x-tideflow-ui": "1"}
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
+        headers = {"x-tideflow-ui": "1", "content-type": "application/json"}
         answer = await client.post("/ui/login", content=DEEP, headers=headers)
         assert answer.status_code == 401 and "send" in answer.json()["detail"]
         fine = await client.post("/ui/login", json={"token": token.value}, headers=headers)
@@ -214,7 +214,11 @@ async def test_a_content_length_of_thousands_of_digits_is_read_not_a_500(
     async def send(message: dict[str, object]) -> None:
         sent.append(message)
 
-    headers = [(b"content-length", declared), (b"content-type", b"application/json")]
+    headers = [
+        (b"host", b"localhost"),
+        (b"content-length", declared),
+        (b"content-type", b"application/json"),
+    ]
     scope = {
         "type": "http",
         "asgi": {"version": "3.0"},
