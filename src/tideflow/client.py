@@ -141,6 +141,9 @@ class Client:
         self._new_id = new_event_id
         self._max_step_output = max_step_output
         self._correlator = Correlator(store)
+        self._titles: dict[tuple[str, str], str | None] = {}
+        """(workflow, version) -> its definition's title: a registered version never
+        changes, so an entry never goes stale (``_titled``)."""
         self.schedules_changed: Callable[[], None] | None = None
         """Called after this client changed a schedule or a definition (a runtime that
         fires schedules looks at them again at once)."""
@@ -463,14 +466,29 @@ class Client:
         return result_of(state, await self._catalog.plans.get(state.plan_hash))
 
     async def summary(self, run_id: str) -> RunSummary:
-        """The run's summary row; ``NotFound``."""
-        return await self.store.get_run(run_id)
+        """The run's summary row, with its definition's title; ``NotFound``."""
+        (summary,) = await self._titled([await self.store.get_run(run_id)])
+        return summary
 
     async def list(
         self, filter: RunFilter | None = None, *, limit: int = 100, cursor: str | None = None
     ) -> RunPage:
-        """Runs, newest first, one page at a time."""
-        return await self.store.list_runs(filter, limit=limit, cursor=cursor)
+        """Runs, newest first, one page at a time (each with its definition's title)."""
+        page = await self.store.list_runs(filter, limit=limit, cursor=cursor)
+        return RunPage(runs=await self._titled(page.runs), next_cursor=page.next_cursor)
+
+    async def _titled(self, runs: builtins.list[RunSummary]) -> builtins.list[RunSummary]:
+        """``runs`` with the titles of their definitions: the definitions are read once
+        for a (workflow, version) not seen before, then never again for it."""
+        unseen = {(r.workflow, r.version) for r in runs} - self._titles.keys()
+        if unseen:
+            for d in await self.store.list_definitions():
+                self._titles[(d.name, d.version)] = d.title
+            self._titles.update(dict.fromkeys(unseen - self._titles.keys()))
+        return [
+            replace(r, title=title) if (title := self._titles[(r.workflow, r.version)]) else r
+            for r in runs
+        ]
 
     async def history(self, run_id: str) -> builtins.list[HistoryEntry]:
         """The run's history as a person may see it: sensitive step fields masked."""
