@@ -380,18 +380,25 @@ def test_a_title_is_shown_where_the_name_is(
               "steps": [{"id": "ask", "type": "wait", "signal": "go"}]}  # fmt: skip
     post(page, base, "/definitions", titled)
     run_id = post(page, base, "/runs", {"workflow": "order-fulfillment"})["run_id"]
+    markup = "<img src=x onerror=alert(1)> [bold]x[/bold]"  # shown as text, never as HTML
+    post(page, base, "/definitions", {**titled, "name": "markup", "title": markup})
+    markup_run = post(page, base, "/runs", {"workflow": "markup"})["run_id"]
 
     page.goto(f"{base}/ui/#/runs")
     row = page.locator(f"#runs tr[data-run='{run_id}'] td.workflow")
     expect(row).to_contain_text("订单履约流程")
     expect(row).to_contain_text("order-fulfillment")
+    expect(page.locator(f"#runs tr[data-run='{markup_run}'] td.workflow")).to_contain_text(markup)
+    expect(page.locator("#runs img")).to_have_count(0)
     expect(page.locator("#filter-workflow option[value='order-fulfillment']")).to_have_text(
         "订单履约流程 (order-fulfillment)"
     )
     page.goto(f"{base}/ui/#/runs/{run_id}")
     expect(page.locator("#run-workflow")).to_contain_text("订单履约流程 (order-fulfillment 1)")
     page.goto(f"{base}/ui/#/definitions/order-fulfillment/1")
-    expect(page.locator("td.workflow")).to_contain_text("订单履约流程")
+    cells = page.locator("td.workflow")
+    expect(cells.filter(has_text="order-fulfillment")).to_contain_text("订单履约流程")
+    expect(cells.filter(has_text="markup")).to_contain_text(markup)
     expect(page.locator("h2")).to_contain_text("订单履约流程 (order-fulfillment 1)")
     keep(page, artifacts, "titles.png")
 

@@ -78,3 +78,13 @@ def test_without_titles_the_tables_have_no_title_column(workdir: Workdir) -> Non
     assert "title" not in invoke("definitions", "list", "--store", workdir.store).stdout
     assert "title" not in invoke("runs", "list", "--store", workdir.store).stdout
     assert "title" not in invoke("runs", "show", run_id, "--store", workdir.store).stdout
+
+
+def test_a_title_is_printed_as_text_not_as_markup(workdir: Workdir) -> None:
+    title = "[bold red]x[/bold red] <b>"
+    (workdir.path / "m.yaml").write_text(PLAIN.replace("plain", "m") + f'title: "{title}"\n')
+    assert invoke("definitions", "register", "m.yaml", "--store", workdir.store).exit_code == 0
+    run_id = finished_run(workdir.store, "m")
+    assert title in invoke("definitions", "list", "--store", workdir.store).stdout
+    assert title in invoke("runs", "list", "--store", workdir.store).stdout
+    assert f"title    {title}" in invoke("runs", "show", run_id, "--store", workdir.store).stdout
