@@ -6,6 +6,7 @@ with the value (at its position, with a hint); none raises.
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
 from collections.abc import Callable, Iterable, Mapping
@@ -268,13 +269,24 @@ def workflow_name(check: Check, value: Any, path: DataPath) -> None:
                 f", e.g. '{close}'" if close else ""
             )
         elif close:
-            hint = f"{rule}, e.g. '{close}'; to show {value!r} as written, add `title: {value}`"
+            title = _yaml_text(value)
+            hint = f"{rule}, e.g. '{close}'; to show {value!r} as written, add `title: {title}`"
         else:
             hint = (
                 f"{rule}: pick one (such as 'order-fulfillment') and show {value!r} as the "
-                f"workflow's title: `title: {value}`"
+                f"workflow's title: `title: {_yaml_text(value)}`"
             )
         check.error(path, f"invalid name {value!r}: must match [a-z0-9][a-z0-9_.-]*", hint)
+
+
+def _yaml_text(value: str) -> str:
+    """``value`` as a YAML scalar that reads back as it is: plain when it is words, else
+    double-quoted (``Order: Flow`` unquoted would be a mapping)."""
+    return (
+        value
+        if re.fullmatch(r"\w[\w .()/-]*\w|\w", value)
+        else json.dumps(value, ensure_ascii=False)
+    )
 
 
 TITLE_MAX = 200

@@ -102,6 +102,14 @@ def test_a_name_that_has_an_ascii_form_is_told_it_and_the_title(name: str, ascii
     assert errors(definition(ascii, f'"{name}"')) == []  # and what it says is valid
 
 
+def test_the_title_a_hint_suggests_is_valid_yaml_as_written() -> None:
+    (error,) = errors(definition('"Orders: #1 (neu)"'))
+    assert error.hint is not None
+    assert "e.g. 'orders_1_neu'" in error.hint
+    assert '`title: "Orders: #1 (neu)"`' in error.hint
+    assert errors(definition("orders_1_neu", '"Orders: #1 (neu)"')) == []
+
+
 @pytest.mark.parametrize("text", ["订单履约流程", "---", "...", "_", "🚚"])
 def test_no_ascii_form_is_made_up(text: str) -> None:
     assert ascii_name(text) is None
