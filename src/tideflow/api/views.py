@@ -11,12 +11,12 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from tideflow.api.models import Title
+from tideflow.model.masking import mask
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState, StepState
 from tideflow.model.states import StepStatus
 from tideflow.store.base import HistoryEntry, RunSummary
 from tideflow.ui.layout import NODE_HEIGHT, NODE_WIDTH, layout
-from tideflow.worker.secrets import redact_fields
 
 __all__ = [
     "AttemptList",
@@ -217,8 +217,8 @@ def instances_of(
                 key=s.key,
                 status=s.status.value,
                 attempts=s.attempts,
-                input=redact_fields(s.input, spec.sensitive),
-                output=redact_fields(s.output, spec.sensitive),
+                input=mask(s.input, spec.sensitive),
+                output=mask(s.output, spec.sensitive),
                 error=s.error.to_dict() if s.error else None,
                 started_at=s.started_at,
                 finished_at=s.finished_at,

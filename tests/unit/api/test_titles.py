@@ -15,9 +15,9 @@ import pytest
 from tideflow.api import create_app
 from tideflow.api.serving import address_of, http_api, listen
 from tideflow.lifecycle import Stop
+from tideflow.model.plan import Plan
 from tideflow.remote_http import HttpClient
 from tideflow.runtime.runtime import Runtime
-from tideflow.store.base import DefinitionSummary
 
 TITLE = "订单履约流程"
 TITLED = {
@@ -61,7 +61,7 @@ async def finished(rt: Runtime, workflow: str) -> str:
 async def test_every_view_of_the_api_shows_the_title(rt: Runtime) -> None:
     titled, plain = await finished(rt, "order-fulfillment"), await finished(rt, "plain")
     transport = httpx.ASGITransport(app=create_app(rt.client, auth=False))
-    async with httpx.AsyncClient(transport=transport, base_url="http://api") as api:
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as api:
         definitions = (await api.get("/definitions")).json()["definitions"]
         runs = (await api.get("/runs")).json()["runs"]
         views = {
@@ -103,26 +103,25 @@ async def test_the_http_client_reads_the_titles(rt: Runtime) -> None:
     assert (row.run_id, row.title, summary.title, definition.title) == (titled, TITLE, TITLE, TITLE)
 
 
-async def test_a_run_list_reads_the_definitions_once_per_new_workflow(
+async def test_a_run_list_reads_each_definition_version_once(
     rt: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await finished(rt, "order-fulfillment")
     store, reads = rt.client.store, []
-    listing = store.list_definitions
+    definition = store.get_definition
 
-    async def counted(name: str | None = None) -> list[DefinitionSummary]:
-        reads.append(name)
-        return await listing(name)
+    async def counted(name: str, version: str | None = None) -> Plan:
+        reads.append((name, version))
+        return await definition(name, version)
 
     async def titles() -> list[str | None]:
         with monkeypatch.context() as patch:
-            patch.setattr(store, "list_definitions", counted)
+            patch.setattr(store, "get_definition", counted)
             return [r.title for r in (await rt.client.list()).runs]
 
     assert [await titles() for _ in range(3)] == [[TITLE]] * 3
-    await finished(rt, "plain")  # registered before the first read: no read
-    assert await titles() == [None, TITLE]
-    await rt.client.register({**TITLED, "name": "later", "title": "后来"})
-    await finished(rt, "later")  # registered since: one read
-    assert [await titles() for _ in range(2)] == [["后来", None, TITLE]] * 2
-    assert reads == [None, None]  # once per new (workflow, version): a title never changes
+    await finished(rt, "plain")
+    assert [await titles() for _ in range(2)] == [[None, TITLE]] * 2
+    assert (await rt.client.summary((await rt.client.list()).runs[0].run_id)).title is None
+    # once per (workflow, version): a registered version never changes
+    assert reads == [("order-fulfillment", "1"), ("plain", "1")]
