@@ -142,9 +142,9 @@ class Client:
         self._new_id = new_event_id
         self._max_step_output = max_step_output
         self._correlator = Correlator(store)
-        self._sensitive: dict[tuple[str, str], builtins.list[str]] = {}
-        """(workflow, version) -> the names its definition declares sensitive (a
-        registered version never changes)."""
+        self._shown: dict[tuple[str, str], tuple[builtins.list[str], str | None]] = {}
+        """(workflow, version) -> the names its definition declares sensitive, and its
+        title (a registered version never changes: an entry never goes stale)."""
         self.schedules_changed: Callable[[], None] | None = None
         """Called after this client changed a schedule or a definition (a runtime that
         fires schedules looks at them again at once)."""
@@ -473,37 +473,39 @@ class Client:
         return result_of(state, await self._catalog.plans.get(state.plan_hash))
 
     async def summary(self, run_id: str) -> RunSummary:
-        """The run's summary row (its output masked as ``get`` masks it); ``NotFound``."""
-        return (await self._masked([await self.store.get_run(run_id)]))[0]
+        """The run's summary row (its output masked as ``get`` masks it, with its
+        definition's title); ``NotFound``."""
+        return (await self._as_shown([await self.store.get_run(run_id)]))[0]
 
     async def list(
         self, filter: RunFilter | None = None, *, limit: int = 100, cursor: str | None = None
     ) -> RunPage:
-        """Runs, newest first, one page at a time (outputs masked as ``get`` masks them)."""
+        """Runs, newest first, one page at a time (outputs masked as ``get`` masks them,
+        each with its definition's title)."""
         page = await self.store.list_runs(filter, limit=limit, cursor=cursor)
-        return replace(page, runs=await self._masked(page.runs))
+        return replace(page, runs=await self._as_shown(page.runs))
 
-    async def _masked(self, summaries: builtins.list[RunSummary]) -> builtins.list[RunSummary]:
+    async def _as_shown(self, summaries: builtins.list[RunSummary]) -> builtins.list[RunSummary]:
         out = []
         for summary in summaries:
-            if summary.output is None:
-                out.append(summary)
-                continue
-            key = (summary.workflow, summary.version)
-            names = self._sensitive.get(key)
-            if names is None:
-                names = await self._sensitive_of(*key)
-            output = mask(summary.output, names)
-            out.append(summary if output is summary.output else replace(summary, output=output))
+            names, title = await self._shown_of(summary.workflow, summary.version)
+            output = summary.output if summary.output is None else mask(summary.output, names)
+            if output is not summary.output or title is not None:
+                summary = replace(summary, output=output, title=title)
+            out.append(summary)
         return out
 
-    async def _sensitive_of(self, workflow: str, version: str) -> builtins.list[str]:
+    async def _shown_of(self, workflow: str, version: str) -> tuple[builtins.list[str], str | None]:
+        """The sensitive names and the title of a definition version, read once."""
+        known = self._shown.get((workflow, version))
+        if known is not None:
+            return known
         try:
             plan = await self.store.get_definition(workflow, version)
         except NotFound:  # a run of a plan that is not a registered definition (yet)
-            return []
-        names = self._sensitive[(workflow, version)] = plan_sensitive(plan)
-        return names
+            return [], None
+        known = self._shown[(workflow, version)] = (plan_sensitive(plan), plan.title)
+        return known
 
     async def history(self, run_id: str) -> builtins.list[HistoryEntry]:
         """The run's history as a person may see it: sensitive step fields masked."""

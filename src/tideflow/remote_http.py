@@ -115,6 +115,8 @@ class RemoteDefinition:
     steps: builtins.list[str]
     source: dict[str, Any] | None = None
     """The normalised definition (``definition`` only)."""
+    title: str | None = None
+    """Its ``title:``, if it has one."""
 
 
 class HttpClient:
@@ -397,6 +399,7 @@ class HttpClient:
             parent_run_id=body["parent_run_id"],
             output=body["output"],
             error=body["error"],
+            title=body.get("title"),
         )
 
     @property
@@ -522,4 +525,5 @@ def _definition(body: Mapping[str, Any]) -> RemoteDefinition:
         hash=body["hash"],
         steps=list(body["steps"]),
         source=body.get("source"),
+        title=body.get("title"),
     )

@@ -132,6 +132,22 @@ def triggered(version: str, *events: str) -> Plan:
     )
 
 
+async def test_a_definition_is_listed_with_its_title(store: Store) -> None:
+    """The title is read back with the definition's row (sqlite, postgres: from the stored
+    source of its plan), whatever its script."""
+    steps = [{"id": "a", "type": "noop"}]
+    titled = compile_definition({"name": "order-fulfillment", "title": "订单履约流程",
+                                 "version": "1", "steps": steps,
+                                 "triggers": [{"event": "order.paid"}]})  # fmt: skip
+    await store.save_definition(titled)
+    await store.save_definition(versioned("1"))
+    listed = {(d.name, d.title) for d in await store.list_definitions()}
+    assert listed == {("order-fulfillment", "订单履约流程"), ("greet", None)}
+    assert [d.title for d in await store.list_definitions("order-fulfillment")] == ["订单履约流程"]
+    assert [d.title for d in await store.triggered_by("order.paid")] == ["订单履约流程"]
+    assert (await store.get_definition("order-fulfillment")).title == "订单履约流程"
+
+
 async def test_definitions_are_found_by_the_event_types_they_are_triggered_by(
     store: Store,
 ) -> None:

@@ -29,8 +29,15 @@ class Ready(BaseModel):
     status: Literal["ready"] = "ready"
 
 
+Title = Annotated[
+    str | None,
+    Field(description="The definition's `title:`: how people read its name (any language)"),
+]
+
+
 class CompiledDefinition(BaseModel):
     name: str
+    title: Title = None
     version: str
     hash: str
     """The content hash runs pin."""
@@ -39,7 +46,13 @@ class CompiledDefinition(BaseModel):
 
     @classmethod
     def of(cls, plan: Plan) -> CompiledDefinition:
-        return cls(name=plan.name, version=plan.version, hash=plan.hash, steps=list(plan.specs))
+        return cls(
+            name=plan.name,
+            title=plan.title,
+            version=plan.version,
+            hash=plan.hash,
+            steps=list(plan.specs),
+        )
 
 
 class StoredDefinition(CompiledDefinition):
@@ -54,6 +67,7 @@ class StoredDefinition(CompiledDefinition):
 
 class DefinitionRow(BaseModel):
     name: str
+    title: Title = None
     version: str
     hash: str
     created_at: float
@@ -63,6 +77,7 @@ class DefinitionRow(BaseModel):
     def of(cls, row: DefinitionSummary) -> DefinitionRow:
         return cls(
             name=row.name,
+            title=row.title,
             version=row.version,
             hash=row.hash,
             created_at=row.created_at,
@@ -133,6 +148,7 @@ class StartedRun(BaseModel):
 class RunRow(BaseModel):
     run_id: str
     workflow: str
+    title: Title = None
     version: str
     status: str
     created_at: float
@@ -144,7 +160,7 @@ class RunRow(BaseModel):
 
     @classmethod
     def of(cls, row: RunSummary) -> RunRow:
-        return cls(**row.to_dict())
+        return cls(**row.to_dict(), title=row.title)
 
 
 class RunList(BaseModel):
@@ -167,6 +183,7 @@ class StepView(BaseModel):
 class RunView(BaseModel):
     run_id: str
     workflow: str
+    title: Title = None
     version: str
     status: str
     output: Any
@@ -184,6 +201,7 @@ class RunView(BaseModel):
         return cls(
             run_id=result.run_id,
             workflow=result.workflow,
+            title=summary.title,
             version=result.version,
             status=result.status,
             output=result.output,

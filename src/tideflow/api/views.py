@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from tideflow.api.models import Title
 from tideflow.model.masking import mask
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState, StepState
@@ -62,6 +63,7 @@ class GraphEdge(BaseModel):
 
 class PlanGraph(BaseModel):
     name: str
+    title: Title = None
     version: str
     hash: str
     width: float
@@ -76,6 +78,7 @@ class PlanGraph(BaseModel):
         drawn = layout(plan)
         return cls(
             name=plan.name,
+            title=plan.title,
             version=plan.version,
             hash=plan.hash,
             width=drawn.width,
@@ -111,6 +114,7 @@ class Waiting(BaseModel):
 class RunStateView(BaseModel):
     run_id: str
     workflow: str
+    title: Title = None
     version: str
     status: str
     plan_hash: str
@@ -131,6 +135,7 @@ class RunStateView(BaseModel):
         return cls(
             run_id=state.run_id,
             workflow=state.workflow,
+            title=plan.title,
             version=state.version,
             status=state.status.value,
             plan_hash=state.plan_hash,

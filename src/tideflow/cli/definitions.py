@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from tideflow.cli.cluster import BusOption
@@ -91,8 +92,9 @@ def list_cmd(
     server: ServerOption = None,
     token: TokenOption = None,
 ) -> None:
-    """List registered definitions: name, version, content hash, when registered, and
-    whether the version is active (starts new runs).
+    """List registered definitions: name, title (when a definition has a `title:`),
+    version, content hash, when registered, and whether the version is active (starts
+    new runs).
 
     Examples:
       tideflow definitions list
@@ -103,10 +105,20 @@ def list_cmd(
     if as_json:
         write_json({"definitions": rows})
         return
-    table = Table("name", "version", "hash", "registered", "active")
+    titled = any(row["title"] for row in rows)  # a "title" column when one has a title:
+    table = Table("name", *(("title",) if titled else ()), "version", "hash", "registered")
+    table.add_column("active")
     for row in rows:
         active = "yes" if row["active"] else "no"
-        table.add_row(row["name"], row["version"], row["hash"][:12], row["created_at"], active)
+        title = (escape(row["title"] or ""),) if titled else ()
+        table.add_row(
+            escape(row["name"]),
+            *title,
+            escape(row["version"]),
+            row["hash"][:12],
+            row["created_at"],
+            active,
+        )
     table_console().print(table)
 
 
@@ -120,6 +132,7 @@ async def _list(url: str, name: str | None, remote: Remote) -> list[dict[str, An
     return [
         {
             "name": d.name,
+            "title": d.title,
             "version": d.version,
             "hash": d.hash,
             "created_at": iso(d.created_at),

@@ -93,19 +93,26 @@ def results_table(results: Sequence[RunResult]) -> None:
 
 def summary_json(summary: RunSummary) -> dict[str, Any]:
     data = summary.to_dict()
+    data["title"] = summary.title
     for key in ("created_at", "updated_at", "finished_at"):
         data[key] = iso(data[key])
     return data
 
 
 def runs_table(runs: Sequence[RunSummary]) -> None:
+    """One row per run; a "title" column when a run's definition has a ``title:``."""
+    titled = any(run.title for run in runs)
     table = Table()
-    for name in ("run", "workflow", "version", "status", "created", "finished"):
+    for name in ("run", "workflow", *(("title",) if titled else ()), "version", "status"):
         table.add_column(name, no_wrap=True)
+    table.add_column("created", no_wrap=True)
+    table.add_column("finished", no_wrap=True)
     for run in runs:
+        title = (escape(run.title or ""),) if titled else ()
         table.add_row(
             run.run_id,
             escape(run.workflow),
+            *title,
             escape(run.version),
             styled(run.status),
             iso(run.created_at),
@@ -130,6 +137,8 @@ def print_run(summary: RunSummary, result: RunResult, waits: dict[str, dict[str,
     console = table_console()
     console.print(f"run      {summary.run_id}", markup=False)
     console.print(f"workflow {summary.workflow} {summary.version}", markup=False)
+    if summary.title:
+        console.print(f"title    {summary.title}", markup=False)
     console.print(f"status   {styled(summary.status)}", markup=True)
     console.print(f"created  {iso(summary.created_at)}", markup=False)
     console.print(f"updated  {iso(summary.updated_at)}", markup=False)

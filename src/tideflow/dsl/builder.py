@@ -147,6 +147,7 @@ class Workflow(Steps):
         name: str,
         version: str,
         *,
+        title: str | None = None,
         description: str | None = None,
         input: Mapping[str, Any] | None = None,
         defaults: Mapping[str, Any] | None = None,
@@ -160,6 +161,7 @@ class Workflow(Steps):
         self.name = name
         self.version = version
         self._top: dict[str, Any] = {
+            "title": title,
             "description": description,
             "input": input,
             "defaults": defaults,

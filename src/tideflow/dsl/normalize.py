@@ -18,6 +18,8 @@ must normalise to the same dict:
 - Lists whose order carries no meaning (``depends_on``, ``next``, ``default``,
   ``retry_on``, ``sensitive``) are sorted and de-duplicated; expressions are
   written ``{{ expr }}``.
+- ``title`` is NFC-normalised (composed), so that one title typed on two keyboards
+  is one title with one hash.
 - A key whose value equals its built-in default is left out, so a later release
   that adds an optional key does not change the hash of existing definitions.
 
@@ -27,6 +29,7 @@ back to where the user wrote them, for the compiler's diagnostics.
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -74,6 +77,8 @@ def normalize(
     """The normal form of a valid definition, and positions that read through to the source."""
     normaliser = _Normaliser(data.get("defaults") or {}, action_types)
     out: dict[str, Any] = {"name": data["name"], "version": data["version"]}
+    if "title" in data:  # NFC: a title typed on two keyboards is one title, one hash
+        out["title"] = unicodedata.normalize("NFC", data["title"])
     for key in ("description", "input", "output"):
         if key in data:
             out[key] = data[key]

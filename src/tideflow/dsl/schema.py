@@ -51,6 +51,7 @@ from tideflow.dsl.schema_values import (
     string_list,
     version_string,
     workflow_name,
+    workflow_title,
 )
 
 __all__ = [
@@ -392,6 +393,7 @@ _targets = nonempty_list(string_list("step ids"), "step ids")
 
 _TOP_FIELDS: Mapping[str, Validator] = {
     "name": workflow_name,
+    "title": workflow_title,
     "version": version_string,
     "description": string,
     "input": input_schema,

@@ -6,7 +6,9 @@ with the value (at its position, with a hint); none raises.
 
 from __future__ import annotations
 
+import json
 import re
+import unicodedata
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -251,13 +253,67 @@ def suggest_id(text: str, pattern: re.Pattern[str], first: str) -> str:
     return fixed if pattern.fullmatch(fixed) else f"{first}{fixed}"
 
 
+def ascii_name(text: str) -> str | None:
+    """An ASCII workflow name close to ``text`` (accents dropped, other characters made
+    ``_``), or None when nothing of ``text`` is ASCII (``订单履约流程``)."""
+    letters = "".join(
+        c for c in unicodedata.normalize("NFKD", text) if not unicodedata.combining(c)
+    )
+    fixed = re.sub(r"_+", "_", re.sub(r"[^a-z0-9_.-]", "_", letters.lower())).strip("_.-")
+    return fixed if NAME_RE.fullmatch(fixed) and re.search(r"[a-z0-9]", fixed) else None
+
+
 def workflow_name(check: Check, value: Any, path: DataPath) -> None:
     if expect(check, value, path, str, "a string") and not NAME_RE.fullmatch(value):
+        close = ascii_name(value)
+        rule = "a name is an id in lower case ASCII letters, digits, '_', '.', '-'"
+        if path != ("name",):  # a subflow's `workflow:` names a registered workflow
+            hint = f"{rule}: the name the workflow's definition gives" + (
+                f", e.g. '{close}'" if close else ""
+            )
+        elif close:
+            title = _yaml_text(value)
+            hint = f"{rule}, e.g. '{close}'; to show {value!r} as written, add `title: {title}`"
+        else:
+            hint = (
+                f"{rule}: pick one (such as 'order-fulfillment') and show {value!r} as the "
+                f"workflow's title: `title: {_yaml_text(value)}`"
+            )
+        check.error(path, f"invalid name {value!r}: must match [a-z0-9][a-z0-9_.-]*", hint)
+
+
+def _yaml_text(value: str) -> str:
+    """``value`` as a YAML scalar that reads back as it is: plain when it is words, else
+    double-quoted (``Order: Flow`` unquoted would be a mapping)."""
+    return (
+        value
+        if re.fullmatch(r"\w[\w .()/-]*\w|\w", value)
+        else json.dumps(value, ensure_ascii=False)
+    )
+
+
+TITLE_MAX = 200
+"""The longest ``title:`` (characters)."""
+_BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+"""Embeddings, overrides and isolates: they reorder the text shown after them (a title
+that reads one way and is another); right-to-left scripts need none of them."""
+
+
+def workflow_title(check: Check, value: Any, path: DataPath) -> None:
+    """Any Unicode text of one line: no control character, no bidi override."""
+    if not expect(check, value, path, str, "a string"):
+        return
+    bad = [c for c in value if unicodedata.category(c) in ("Cc", "Zl", "Zp") or c in _BIDI_CONTROLS]
+    if not value.strip():
+        check.error(path, "title is empty", "write the workflow's name as people read it")
+    elif len(value) > TITLE_MAX:
+        check.error(path, f"title is {len(value)} characters long", f"keep it to {TITLE_MAX}")
+    elif bad:
         check.error(
             path,
-            f"invalid name {value!r}: must match [a-z0-9][a-z0-9_.-]*",
-            f"use lower case letters, digits, '_', '.', '-', e.g. "
-            f"'{suggest_id(value, NAME_RE, '0')}'",
+            f"title holds the control character U+{ord(bad[0]):04X}",
+            "a title is one line of text: no line break, tab, control or bidi override "
+            "character (right-to-left text needs none)",
         )
 
 

@@ -64,6 +64,7 @@ def build_plan(
         hash=plan_hash(normal),
         graph=build_graph(index, TOP),
         specs=specs,
+        title=normal.get("title"),
         description=normal.get("description"),
         input_schema=normal.get("input"),
         timeout=normal.get("timeout"),

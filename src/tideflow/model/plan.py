@@ -278,6 +278,9 @@ class Plan:
     """sha256 of the canonical JSON of the normalised definition."""
     graph: Graph
     specs: Mapping[str, StepSpec]
+    title: str | None = None
+    """How people read the workflow's name (``title:``, any language, NFC); ``name`` stays
+    the ASCII id of URLs, queues and metrics. Shown beside or instead of the name."""
     description: str | None = None
     input_schema: Mapping[str, Any] | None = None
     timeout: float | None = None

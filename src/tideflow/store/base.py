@@ -128,6 +128,9 @@ class RunSummary:
     parent_run_id: str | None = None
     output: Any = None
     error: dict[str, Any] | None = None
+    title: str | None = None
+    """The ``title:`` of the run's definition: filled by the client that reads the run
+    (``Client.list``, ``Client.summary``), never stored with it; not in ``to_dict``."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -159,6 +162,8 @@ class DefinitionSummary:
     created_at: float
     active: bool = True
     """An inactive version starts no new run (``Store.set_definition_active``)."""
+    title: str | None = None
+    """The definition's ``title:`` (``Plan.title``), if it has one."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -478,14 +478,16 @@ def chosen_definition(
 
 
 def definition_summary(row: Sequence[Any]) -> DefinitionSummary:
-    """A ``DefinitionSummary`` of a (name, version, hash, created_at, active) row."""
-    name, version, plan_hash, created_at, active = row
+    """A ``DefinitionSummary`` of a (name, version, hash, created_at, active, title) row
+    (the title read from the plan's stored source: no column, no migration)."""
+    name, version, plan_hash, created_at, active, title = row
     return DefinitionSummary(
         name=name,
         version=version,
         hash=plan_hash,
         created_at=float(created_at),
         active=bool(active),
+        title=title if isinstance(title, str) else None,
     )
 
 

@@ -366,6 +366,43 @@ def test_the_runs_list_pages_older_and_newer_keeping_its_filter_and_live_status(
     shows(ids[:3], shown(1, 3))
 
 
+def test_a_title_is_shown_where_the_name_is(
+    browser: Any, ui: tuple[Served, str], artifacts: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    _, link = ui
+    base = link.split("/ui/", 1)[0]
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.goto(link)
+    expect(page.locator("#me")).to_contain_text("admin")
+    titled = {"name": "order-fulfillment", "title": "订单履约流程", "version": "1",
+              "steps": [{"id": "ask", "type": "wait", "signal": "go"}]}  # fmt: skip
+    post(page, base, "/definitions", titled)
+    run_id = post(page, base, "/runs", {"workflow": "order-fulfillment"})["run_id"]
+    markup = "<img src=x onerror=alert(1)> [bold]x[/bold]"  # shown as text, never as HTML
+    post(page, base, "/definitions", {**titled, "name": "markup", "title": markup})
+    markup_run = post(page, base, "/runs", {"workflow": "markup"})["run_id"]
+
+    page.goto(f"{base}/ui/#/runs")
+    row = page.locator(f"#runs tr[data-run='{run_id}'] td.workflow")
+    expect(row).to_contain_text("订单履约流程")
+    expect(row).to_contain_text("order-fulfillment")
+    expect(page.locator(f"#runs tr[data-run='{markup_run}'] td.workflow")).to_contain_text(markup)
+    expect(page.locator("#runs img")).to_have_count(0)
+    expect(page.locator("#filter-workflow option[value='order-fulfillment']")).to_have_text(
+        "订单履约流程 (order-fulfillment)"
+    )
+    page.goto(f"{base}/ui/#/runs/{run_id}")
+    expect(page.locator("#run-workflow")).to_contain_text("订单履约流程 (order-fulfillment 1)")
+    page.goto(f"{base}/ui/#/definitions/order-fulfillment/1")
+    cells = page.locator("td.workflow")
+    expect(cells.filter(has_text="order-fulfillment")).to_contain_text("订单履约流程")
+    expect(cells.filter(has_text="markup")).to_contain_text(markup)
+    expect(page.locator("h2")).to_contain_text("订单履约流程 (order-fulfillment 1)")
+    keep(page, artifacts, "titles.png")
+
+
 def test_the_doc_images_are_screenshots_the_tests_take(artifacts: Path) -> None:
     """docs/images holds two of the screenshots; `TIDEFLOW_UPDATE_DOC_IMAGES=1` copies
     the fresh ones there (after the tests above ran)."""

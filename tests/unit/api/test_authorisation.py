@@ -5,13 +5,16 @@ may do is what ``PERMISSIONS`` says, and a refused request changes nothing."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from fastapi import FastAPI
+from starlette.routing import BaseRoute, Mount
 
 from tideflow.api import create_app
 from tideflow.api.auth import issue_token
@@ -103,6 +106,45 @@ def routes_of(app: FastAPI) -> dict[tuple[str, str], Any]:
     }
 
 
+SECURITY = Path(__file__).resolve().parents[3] / "docs" / "security.md"
+ROUTE_IN_DOCS = re.compile(r"`(GET|POST|PUT|PATCH|DELETE) (/[^`]*)`")
+
+
+def every_route_of(routes: list[BaseRoute], prefix: str = "") -> dict[tuple[str, str], Any]:
+    """(method, path) of every route, those of mounted apps (the web UI) included: a mount
+    with no routes of its own (static files) is ``GET <mount>/{path}``."""
+    found: dict[tuple[str, str], Any] = {}
+    for route in routes:
+        if isinstance(route, Mount):
+            inner = route.routes
+            if inner:
+                found |= every_route_of(inner, prefix + route.path)
+            else:
+                found[("GET", f"{prefix}{route.path}/{{path}}")] = route
+            continue
+        for method in getattr(route, "methods", None) or ():
+            if method != "HEAD":
+                found[(method, prefix + getattr(route, "path", ""))] = route
+    return found
+
+
+def security_table() -> dict[tuple[str, str], list[str]]:
+    """The rows of docs/security.md's "Roles per route" table, by each route they name:
+    the cells after the first (action, viewer, operator, admin)."""
+    text = SECURITY.read_text(encoding="utf-8")
+    section = text[text.index("### Roles per route") :]
+    section = section[: section.index("\n## ")]
+    rows: dict[tuple[str, str], list[str]] = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if not line.startswith("|") or len(cells) != 5:
+            continue
+        for method, path in ROUTE_IN_DOCS.findall(cells[0]):
+            assert (method, path) not in rows, f"{method} {path} has two rows"
+            rows[(method, path)] = cells[1:]
+    return rows
+
+
 @dataclass
 class World:
     rt: Runtime
@@ -184,6 +226,23 @@ async def test_every_route_of_the_app_has_its_row_and_its_action() -> None:
     assert set(routes) == set(ROUTES), "give each route its row in ROUTES (and BODIES)"
     assert {key: action_of(route) for key, route in routes.items()} == ROUTES
     assert set(BODIES) <= set(ROUTES)
+
+
+async def test_security_md_has_one_row_per_route_and_its_action() -> None:
+    async with Runtime(workers=0) as rt:
+        routes = every_route_of(create_app(rt.client, metrics=EngineMetrics()).routes)
+    rows = security_table()
+    assert sorted(set(routes) - set(rows)) == [], "give each route its row in docs/security.md"
+    assert sorted(set(rows) - set(routes)) == [], "docs/security.md names a route that is gone"
+    for key, (action_cell, *roles) in rows.items():
+        action = action_of(routes[key])
+        written = re.match(r"`([a-z]+)`", action_cell)
+        if action is None:  # open, or checks its own credentials (the gateway, the UI)
+            assert written is None, (key, action_cell)
+            continue
+        assert written is not None and written.group(1) == action.value, (key, action_cell)
+        allowed = ["yes" if action in PERMISSIONS[role] else "403" for role in Role]
+        assert roles == allowed, (key, roles)
 
 
 @pytest.mark.parametrize("key", list(ROUTES), ids=" ".join)

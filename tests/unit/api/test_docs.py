@@ -1,11 +1,13 @@
 """The curl examples of docs/api.md run as they are against a served API on a SQLite
-store, their tokens made by the real `tideflow tokens create` on that store."""
+store, their tokens made by the real `tideflow tokens create` on that store; its route
+table has a row for every route of the app, and names none the app does not have."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import re
 import shutil
 import socket
 import sys
@@ -23,6 +25,32 @@ DOC = Path(__file__).resolve().parents[3] / "docs" / "api.md"
 
 def examples() -> str:
     return DOC.read_text().split("## Examples", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+
+
+def route_table() -> set[tuple[str, str]]:
+    """(method, path) of every route the "## Routes" table of docs/api.md names in its
+    first column (``GET /definitions?name=`` is ``GET /definitions``)."""
+    section = DOC.read_text().split("\n## Routes\n", 1)[1].split("\n## ", 1)[0]
+    first_cells = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
+    return {
+        (method, path.split("?")[0])
+        for cell in first_cells
+        for method, path in re.findall(r"`(GET|POST|PUT|PATCH|DELETE) (/[^`]*)`", cell)
+    }
+
+
+async def test_the_route_table_has_a_row_for_each_route_of_the_app() -> None:
+    async with Runtime(workers=0) as rt:
+        app = create_app(rt.client, ui=False)
+    routes = {
+        (method, route.path)
+        for route in app.routes
+        for method in getattr(route, "methods", None) or ()
+        if method != "HEAD"
+    }
+    documented = route_table()
+    assert sorted(routes - documented) == [], "give each route its row in docs/api.md"
+    assert sorted(documented - routes) == [], "docs/api.md names a route that is gone"
 
 
 def responses(output: str) -> list[dict[str, Any]]:

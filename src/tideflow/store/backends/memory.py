@@ -188,6 +188,7 @@ class MemoryStore(Store):
                 hash=plan.hash,
                 created_at=at,
                 active=(n, v) not in self._inactive,
+                title=plan.title,
             )
             for (n, v), (plan, at) in sorted(self._definitions.items())
             if name is None or n == name

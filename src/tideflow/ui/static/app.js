@@ -165,10 +165,11 @@ const PAGE_SIZES = [20, 50, 100, 200];
 async function runsPage(params) {
   const definitions = await api("/definitions");
   const names = [...new Set(definitions.definitions.map((d) => d.name))];
+  const titles = titlesOf(definitions.definitions);
   const limit = Math.min(500, Math.max(1, Math.floor(Number(params.get("limit")) || 50)));
   const pages = (params.get("pages") || "").split(",").filter(Boolean);
   const workflow = h("select", { id: "filter-workflow", "aria-label": "Definition" },
-    h("option", { value: "" }, "All definitions"), names.map((n) => h("option", { value: n, selected: params.get("workflow") === n }, n)));
+    h("option", { value: "" }, "All definitions"), names.map((n) => h("option", { value: n, selected: params.get("workflow") === n }, titles.get(n) ? `${titles.get(n)} (${n})` : n)));
   const status = h("select", { id: "filter-status", "aria-label": "Status" }, h("option", { value: "" }, "Any status"),
     [...RUN_TERMINAL, "pending", "running", "compensating"].sort().map((s) => h("option", { value: s, selected: params.get("status") === s }, s)));
   const size = h("select", { id: "page-size", "aria-label": "Runs per page" },
@@ -201,7 +202,7 @@ async function runsPage(params) {
     older.onclick = () => go([...pages, page.next_cursor]);
     body.replaceChildren(...page.runs.map((run) => h("tr", {
       class: "row", "data-run": run.run_id, onclick: () => { location.hash = `#/runs/${run.run_id}`; },
-    }, h("td", {}, h("a", { href: `#/runs/${run.run_id}` }, run.run_id)), h("td", {}, run.workflow), h("td", {}, run.version),
+    }, h("td", {}, h("a", { href: `#/runs/${run.run_id}` }, run.run_id)), h("td", { class: "workflow" }, named(run.title, run.workflow)), h("td", {}, run.version),
     h("td", {}, badge(run.status)), h("td", {}, when(run.created_at)), h("td", {}, when(run.updated_at)))));
     if (!page.runs.length) body.replaceChildren(h("tr", {}, h("td", { colspan: 6, class: "muted" }, "No runs.")));
   });
@@ -336,7 +337,7 @@ async function runPage(runId) {
     if (["failed", "timed_out"].includes(view.status) && may("retry")) actions.append(h("button", { id: "retry", onclick: () => act("retry") }, "Retry"));
     const waits = view.waiting_for.map((w) => `${w.signal} (step ${w.step_key})`).join(", ");
     head.replaceChildren(h("h1", {}, `Run ${view.run_id}`), h("span", { id: "run-status" }, badge(view.status)),
-      h("span", { class: "muted" }, `${view.workflow} ${view.version} · started ${when(view.created_at)}${view.finished_at ? ` · ended ${when(view.finished_at)}` : ""}`),
+      h("span", { class: "muted", id: "run-workflow" }, `${view.title ? `${view.title} (${view.workflow} ${view.version})` : `${view.workflow} ${view.version}`} · started ${when(view.created_at)}${view.finished_at ? ` · ended ${when(view.finished_at)}` : ""}`),
       waits ? h("span", { class: "muted", id: "waiting-for" }, `waiting for ${waits}`) : "", actions);
     if (view.error) head.append(h("div", { style: "flex-basis:100%" }, note(`${view.error.type}: ${view.error.message}`, true)));
   }
@@ -477,17 +478,29 @@ function historyList(entries) {
 
 // -- definitions and queues -----------------------------------------------------------
 
+// A definition's `title:` (any language) is shown where its name is, the name beside it:
+// the name stays the id of URLs, filters and the API.
+function named(title, name) {
+  return title ? [h("span", { class: "title" }, title), " ", h("span", { class: "muted" }, name)] : name;
+}
+
+function titlesOf(definitions) { // name -> the title of its last listed version that has one
+  const titles = new Map();
+  for (const d of definitions) if (d.title) titles.set(d.name, d.title);
+  return titles;
+}
+
 async function definitionsPage(name, version) {
   const list = await api("/definitions");
   const rows = list.definitions.map((d) => h("tr", { class: "row", onclick: () => { location.hash = `#/definitions/${encodeURIComponent(d.name)}/${encodeURIComponent(d.version)}`; } },
-    h("td", {}, d.name), h("td", {}, d.version), h("td", {}, d.active ? "active" : "inactive"), h("td", {}, when(d.created_at)),
+    h("td", { class: "workflow" }, named(d.title, d.name)), h("td", {}, d.version), h("td", {}, d.active ? "active" : "inactive"), h("td", {}, when(d.created_at)),
     h("td", {}, may("definitions") ? h("button", {
       onclick: async (e) => { e.stopPropagation(); await api(`/definitions/${encodeURIComponent(d.name)}/${encodeURIComponent(d.version)}/${d.active ? "deactivate" : "activate"}`, { method: "POST" }); route(); },
     }, d.active ? "Deactivate" : "Activate") : "")));
   const parts = [h("h1", {}, "Definitions"), h("table", {}, h("thead", {}, h("tr", {}, ["Name", "Version", "State", "Registered", ""].map((t) => h("th", {}, t)))), h("tbody", {}, rows))];
   if (name && version) {
     const graph = await api(`/definitions/${encodeURIComponent(name)}/${encodeURIComponent(version)}/graph`);
-    parts.push(h("h2", {}, `${graph.name} ${graph.version}`), h("div", { class: "panel graph-box" }, drawGraph(graph, null).svg));
+    parts.push(h("h2", {}, graph.title ? `${graph.title} (${graph.name} ${graph.version})` : `${graph.name} ${graph.version}`), h("div", { class: "panel graph-box" }, drawGraph(graph, null).svg));
   }
   show(...parts);
 }

@@ -20,9 +20,10 @@ INSERT INTO definition_triggers (event, name, version) VALUES (?, ?, ?)
 ON CONFLICT DO NOTHING;
 
 -- name: triggered_by
-SELECT d.name, d.version, d.hash, d.created_at, d.active
+SELECT d.name, d.version, d.hash, d.created_at, d.active, json_extract(p.source, '$.title')
 FROM definition_triggers AS t
 JOIN definitions AS d ON d.name = t.name AND d.version = t.version
+JOIN plans AS p ON p.hash = d.hash
 WHERE t.event = ? AND d.active
 ORDER BY d.name, d.version;
 
@@ -37,7 +38,9 @@ ORDER BY d.created_at
 LIMIT 1;
 
 -- name: list_definitions
-SELECT name, version, hash, created_at, active FROM definitions ORDER BY name, version;
+SELECT d.name, d.version, d.hash, d.created_at, d.active, json_extract(p.source, '$.title')
+FROM definitions AS d JOIN plans AS p ON p.hash = d.hash
+ORDER BY d.name, d.version;
 
 -- name: insert_run
 INSERT INTO runs (run_id, workflow, version, plan_hash, status, created_at, updated_at,
