@@ -26,7 +26,17 @@ from .conftest import Backend
 
 TOKEN = "desk-token-0123456789abcdef"
 SOURCES = EventSources.of(
-    {"sources": [{"source": "urn:desk", "auth": "bearer", "token_env": "DESK", "types": ["*"], "address_runs": True}]},
+    {
+        "sources": [
+            {
+                "source": "urn:desk",
+                "auth": "bearer",
+                "token_env": "DESK",
+                "types": ["*"],
+                "address_runs": True,
+            }
+        ]
+    },
     {"DESK": TOKEN},
 )
 ECHO = {

@@ -32,7 +32,17 @@ async def rt() -> AsyncIterator[Runtime]:
 
 TOKEN = "desk-token-0123456789abcdef"
 SOURCES = EventSources.of(
-    {"sources": [{"source": "urn:desk", "auth": "bearer", "token_env": "DESK", "types": ["*"], "address_runs": True}]},
+    {
+        "sources": [
+            {
+                "source": "urn:desk",
+                "auth": "bearer",
+                "token_env": "DESK",
+                "types": ["*"],
+                "address_runs": True,
+            }
+        ]
+    },
     {"DESK": TOKEN},
 )
 
