@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from tideflow.api.times import Time
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState, StepState
 from tideflow.model.states import StepStatus
@@ -106,14 +107,14 @@ class StepGroup(BaseModel):
     instances: int
     counts: dict[str, int] = Field(description="Instances by status")
     attempts: int = Field(description="Attempts of all its instances")
-    started_at: float | None
-    finished_at: float | None
+    started_at: Time | None
+    finished_at: Time | None
 
 
 class Waiting(BaseModel):
     step_key: str
     signal: str
-    since: float | None
+    since: Time | None
 
 
 class RunStateView(BaseModel):
@@ -124,9 +125,9 @@ class RunStateView(BaseModel):
     plan_hash: str
     output: Any
     error: dict[str, Any] | None
-    created_at: float
-    updated_at: float
-    finished_at: float | None
+    created_at: Time
+    updated_at: Time
+    finished_at: Time | None
     steps: dict[str, StepGroup] = Field(description="By plan step id (not by instance)")
     waiting_for: list[Waiting] = Field(description="The signals the run waits for now")
 
@@ -195,8 +196,8 @@ class StepInstance(BaseModel):
     input: Any
     output: Any
     error: dict[str, Any] | None
-    started_at: float | None
-    finished_at: float | None
+    started_at: Time | None
+    finished_at: Time | None
     child_run_id: str | None
 
 
@@ -248,8 +249,8 @@ class AttemptRow(BaseModel):
     round: int
     attempt: int
     compensation: bool
-    started_at: float | None
-    ended_at: float | None
+    started_at: Time | None
+    ended_at: Time | None
     outcome: str = Field(
         description="running, succeeded, failed, cancelled, lost or timed_out (the attempt "
         "ended by a clock: its timeout, the step's deadline, the run's timeout)"

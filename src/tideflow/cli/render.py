@@ -233,8 +233,9 @@ def history_json(run_id: str, entries: Sequence[HistoryEntry]) -> dict[str, Any]
 
 def _entry_json(entry: HistoryEntry) -> dict[str, Any]:
     event = dict(entry.event)
-    if isinstance(event.get("time"), int | float):
-        event["time"] = iso(event["time"])
+    for name in ("time", "started_at"):  # as the API writes them (api/models.py)
+        if isinstance(event.get(name), int | float):
+            event[name] = iso(event[name])
     return {
         "seq": entry.seq,
         "time": iso(entry.time),

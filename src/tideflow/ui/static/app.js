@@ -82,8 +82,11 @@ async function api(path, options = {}) {
 }
 
 const may = (action) => state.me && state.me.actions.includes(action);
-const when = (t) => (t ? new Date(t * 1000).toLocaleString() : "—");
-const seconds = (a, b) => (a && b ? `${(b - a).toFixed(2)} s` : "");
+// The API writes times as ISO 8601 strings (docs/api.md); epoch seconds are what the page
+// computes with (a number is taken as it is: an older server wrote them so).
+const epoch = (t) => (typeof t === "string" ? Date.parse(t) / 1000 : t);
+const when = (t) => (t ? new Date(epoch(t) * 1000).toLocaleString() : "—");
+const seconds = (a, b) => (a && b ? `${(epoch(b) - epoch(a)).toFixed(2)} s` : "");
 const json = (value) => JSON.stringify(value, null, 2);
 const badge = (status) => h("span", { class: `badge ${status}`, "data-status": status }, status.replace("_", " "));
 
@@ -364,7 +367,7 @@ async function runPage(runId) {
     for (const b of tabs.children) b.classList.toggle("on", b.dataset.tab === shown);
     let body;
     if (shown === "timeline") body = gantt(await api(`/runs/${runId}/attempts?limit=2000`));
-    else if (shown === "history") body = historyList((await api(`/runs/${runId}/history`)).entries);
+    else if (shown === "history") body = historyList((await api(`/runs/${runId}/history`)).events);
     else body = h("pre", {}, json(view.output));
     if (mine === tabAsked) tabBody.replaceChildren(body);
   }
@@ -429,8 +432,8 @@ function gantt(list) {
   const lanes = [...new Set(list.attempts.map((a) => lane(a.step_key, a.compensation)))].slice(0, MAX_LANES);
   const row = new Map(lanes.map((l, i) => [l, i]));
   const now = Date.now() / 1000;
-  const t0 = Math.min(...list.attempts.map((a) => a.started_at || now));
-  const t1 = Math.max(...list.attempts.map((a) => a.ended_at || now), t0 + 0.001);
+  const t0 = Math.min(...list.attempts.map((a) => epoch(a.started_at) || now));
+  const t1 = Math.max(...list.attempts.map((a) => epoch(a.ended_at) || now), t0 + 0.001);
   const left = 160, width = 760, rowH = 18;
   const x = (t) => left + ((t - t0) / (t1 - t0)) * width;
   // scaled to the card's width (viewBox): a bar near the end stays inside the card
@@ -443,7 +446,7 @@ function gantt(list) {
   for (const a of list.attempts) {
     const i = row.get(lane(a.step_key, a.compensation));
     if (i === undefined || !a.started_at) continue;
-    const from = x(a.started_at), to = Math.max(from + 2, x(a.ended_at || now));
+    const from = x(epoch(a.started_at)), to = Math.max(from + 2, x(epoch(a.ended_at) || now));
     const key = `${i} ${a.outcome}`;
     const open = bars.get(key) || [];
     const last = open[open.length - 1];
@@ -509,7 +512,7 @@ async function queuesPage() {
   const now = Date.now() / 1000;
   const workers = seen.workers.map((w) => h("tr", { class: w.live ? "" : "stopped" }, h("td", {}, w.worker),
     h("td", {}, w.queues === null ? "all" : w.queues.join(", ")), h("td", {}, w.live ? "live" : "stopped"),
-    h("td", {}, `${Math.max(now - w.last_beat, 0).toFixed(1)} s ago`)));
+    h("td", {}, `${Math.max(now - epoch(w.last_beat), 0).toFixed(1)} s ago`)));
   const rows = body.queues.map((q) => h("tr", {}, h("td", {}, q.queue), h("td", {}, q.priority), h("td", {}, q.depth), h("td", {}, q.held),
     h("td", {}, q.oldest_age === null ? "—" : `${q.oldest_age.toFixed(1)} s`), h("td", {}, q.consumers)));
   show(h("h1", {}, "Queues"), body.unserved.length ? note(`No worker reads: ${body.unserved.join(", ")}`, true) : null,
