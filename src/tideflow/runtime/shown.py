@@ -144,8 +144,8 @@ class _Attempts:
         new = str(transition.get("new"))
         if subject == "run":
             if new in _TERMINAL:
-                for row in self.open.values():
-                    row.end(_RUN_ENDS.get(new, "lost"), entry.time, transition.get("cause"))
+                for still_open in self.open.values():
+                    still_open.end(_RUN_ENDS.get(new, "lost"), entry.time, transition.get("cause"))
                 self.open.clear()
             return
         if transition.get("old") != "running" or new == "running":
