@@ -83,6 +83,8 @@ async def test_the_api_and_the_cli_write_the_same_json(workdir: Workdir) -> None
         cli_history = await cli(
             workdir.path, "runs", "history", run_id, "--json", "--store", workdir.store
         )
+        why = (await api.get(f"/runs/{run_id}/why")).json()
+        cli_why = await cli(workdir.path, "runs", "why", run_id, "--json", "--store", workdir.store)
 
     for name in TIMES:  # one encoding: the same text for the same time
         assert isinstance(run[name], str) and run[name].endswith("Z"), (name, run[name])
@@ -92,6 +94,10 @@ async def test_the_api_and_the_cli_write_the_same_json(workdir: Workdir) -> None
     assert history["events"][0]["time"].endswith("Z")
     assert all(t["time"].endswith("Z") for e in history["events"] for t in e["transitions"])
     assert attempts == shown["attempts"]
+    for diagnosis in (why, cli_why):  # computed apart: the same form, not the same moment
+        assert diagnosis["checked_at"].endswith("Z")
+        moments = [r[k] for r in diagnosis["reasons"] for k in ("since", "at") if r[k]]
+        assert all(m.endswith("Z") for m in moments), moments
     assert [a["outcome"] for a in attempts] == ["succeeded", "failed", "succeeded"]
 
     # the old forms, for a release
