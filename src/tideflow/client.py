@@ -40,11 +40,13 @@ from tideflow.errors import (
     BusError,
     DefinitionInactive,
     InputValidationError,
+    NotFound,
     RunNotRetryable,
     StepError,
 )
 from tideflow.model import storable
 from tideflow.model.events import CancelRequested, Event, RunRetried, RunStarted, SignalReceived
+from tideflow.model.masking import mask
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
 from tideflow.model.schedules import ScheduleRow
@@ -53,7 +55,7 @@ from tideflow.model.versions import version_key
 from tideflow.runtime import schedules
 from tideflow.runtime.catalog import started_event
 from tideflow.runtime.correlate import Correlator
-from tideflow.runtime.result import RunResult, result_of
+from tideflow.runtime.result import RunResult, plan_sensitive, result_of
 from tideflow.runtime.signals import refuse_undeclared_signal
 from tideflow.runtime.triggers import Triggered, start_triggered
 from tideflow.store.base import (
@@ -65,7 +67,6 @@ from tideflow.store.base import (
     RunSummary,
     Store,
 )
-from tideflow.worker.secrets import redact_fields
 
 Deliver = Callable[[Sequence[Event]], Awaitable[Lease | None]]
 """Gets events to their runs from a process without an engine (``Runtime.deliver``): the
@@ -141,6 +142,9 @@ class Client:
         self._new_id = new_event_id
         self._max_step_output = max_step_output
         self._correlator = Correlator(store)
+        self._sensitive: dict[tuple[str, str], builtins.list[str]] = {}
+        """(workflow, version) -> the names its definition declares sensitive (a
+        registered version never changes)."""
         self.schedules_changed: Callable[[], None] | None = None
         """Called after this client changed a schedule or a definition (a runtime that
         fires schedules looks at them again at once)."""
@@ -192,6 +196,12 @@ class Client:
         """Compile a definition without registering it (what ``register`` accepts);
         ``DefinitionError`` lists every problem."""
         return self._catalog.compile(definition)
+
+    def action_types(self) -> Mapping[str, Mapping[str, Any]]:
+        """The config schema of each step type this client's executors check (the others
+        take any config): what compiling checks action steps against, in this process or
+        another (the API's compiler pool, api/compiling.py)."""
+        return self._catalog.action_types()
 
     async def definitions(self, name: str | None = None) -> builtins.list[DefinitionSummary]:
         """Registered definitions (of workflow ``name`` only, when given), by name then
@@ -331,7 +341,7 @@ class Client:
         self, plan: Plan, input: Any, run_id: str | None, idempotency_key: str | None
     ) -> tuple[str, bool]:
         catalog = self._catalog
-        catalog.check_input(plan, input)
+        await catalog.admit_input(plan, input)
         run_id = run_id or uuid.uuid4().hex
         if self.tracing is None:
             stored_id, state = await catalog.create(plan, run_id, idempotency_key, input)
@@ -463,24 +473,44 @@ class Client:
         return result_of(state, await self._catalog.plans.get(state.plan_hash))
 
     async def summary(self, run_id: str) -> RunSummary:
-        """The run's summary row; ``NotFound``."""
-        return await self.store.get_run(run_id)
+        """The run's summary row (its output masked as ``get`` masks it); ``NotFound``."""
+        return (await self._masked([await self.store.get_run(run_id)]))[0]
 
     async def list(
         self, filter: RunFilter | None = None, *, limit: int = 100, cursor: str | None = None
     ) -> RunPage:
-        """Runs, newest first, one page at a time."""
-        return await self.store.list_runs(filter, limit=limit, cursor=cursor)
+        """Runs, newest first, one page at a time (outputs masked as ``get`` masks them)."""
+        page = await self.store.list_runs(filter, limit=limit, cursor=cursor)
+        return replace(page, runs=await self._masked(page.runs))
+
+    async def _masked(self, summaries: builtins.list[RunSummary]) -> builtins.list[RunSummary]:
+        out = []
+        for summary in summaries:
+            if summary.output is None:
+                out.append(summary)
+                continue
+            key = (summary.workflow, summary.version)
+            names = self._sensitive.get(key)
+            if names is None:
+                names = await self._sensitive_of(*key)
+            output = mask(summary.output, names)
+            out.append(summary if output is summary.output else replace(summary, output=output))
+        return out
+
+    async def _sensitive_of(self, workflow: str, version: str) -> builtins.list[str]:
+        try:
+            plan = await self.store.get_definition(workflow, version)
+        except NotFound:  # a run of a plan that is not a registered definition (yet)
+            return []
+        names = self._sensitive[(workflow, version)] = plan_sensitive(plan)
+        return names
 
     async def history(self, run_id: str) -> builtins.list[HistoryEntry]:
         """The run's history as a person may see it: sensitive step fields masked."""
         state = await self._link.state(run_id)  # first: a change being committed is waited for
         entries = await self.store.history(run_id)
-        plan = await self._catalog.plans.get(state.plan_hash)
-        names = sorted({name for spec in plan.specs.values() for name in spec.sensitive})
-        if not names:
-            return entries
-        return [replace(e, event=redact_fields(e.event, names)) for e in entries]
+        names = plan_sensitive(await self._catalog.plans.get(state.plan_hash))
+        return [replace(e, event=mask(e.event, names)) for e in entries]
 
     async def state(self, run_id: str) -> RunState:
         """The run's current state (read-only: the engine owns it)."""

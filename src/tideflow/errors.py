@@ -17,6 +17,7 @@
     ├── EngineError                a run's event could not be applied or stored: the run failed
     ├── EngineAlreadyRunning       another live engine holds the store's lease
     ├── EngineUnreachable          no engine applied a client's event in time (cluster mode)
+    ├── CompilerUnavailable        no compiler process of the API could take a definition now
     ├── UnknownSignal              a signal no wait step of the run's workflow waits for
     ├── StateFormatError           a stored run state or event cannot be read
     ├── BadCursor                  a pagination cursor this store did not hand out
@@ -160,6 +161,11 @@ class DefinitionInactive(TideflowError):
 class RunExists(TideflowError):
     """A run with this id is stored already: give the new run another id, or none (a
     fresh one is made), or an idempotency key to start it only once."""
+
+
+class CompilerUnavailable(TideflowError):
+    """No definition compiler process of the server could take the definition now (all
+    busy, or one stopped): try again shortly."""
 
 
 class UnknownSignal(TideflowError):

@@ -179,6 +179,10 @@ class HttpClient:
         params: Mapping[str, Any] | None = None,
     ) -> Any:
         where = self.url + path
+        if method not in ("GET", "HEAD") and content is None:
+            # the server refuses a request that changes something without a JSON
+            # Content-Type, even with no body (api/browsers.py)
+            headers = {"content-type": "application/json", **(headers or {})}
         if self._tracing is not None:
             headers = {**(headers or {}), **self._tracing.current_headers()}
         try:

@@ -54,6 +54,24 @@ async def test_save_definition_is_idempotent_and_immutable(store: Store) -> None
     assert (await store.get_definition("greet", "1")).hash == plan.hash
 
 
+async def test_a_saved_plan_is_read_back_without_compiling_it_again(store: Store) -> None:
+    """The API compiles a definition in another process and registers the plan it gets
+    back; reading it at once (the schedules' sync does) must not compile its source again
+    on the event loop: a 1 MB definition took seconds so."""
+    compiled: list[str] = []
+
+    def counting(source: Any) -> Plan:
+        compiled.append(source["version"])
+        return compile_definition(source)
+
+    store.compile_plan = counting
+    plan = versioned("1")
+    await store.save_definition(plan)
+    assert await store.get_definition("greet", "1") is plan
+    assert await store.get_plan(plan.hash) is plan
+    assert compiled == []
+
+
 async def test_get_definition_by_version_and_latest(store: Store) -> None:
     plans = {v: versioned(v) for v in ("1.9", "1.10", "1.2")}
     for plan in plans.values():

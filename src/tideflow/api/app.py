@@ -8,8 +8,9 @@ Routes (docs/api.md): ``/health``, ``/ready``; ``/definitions`` (validate, regis
 list, get by name and version); ``/runs`` (start, list, get, history, cancel, retry,
 signals); ``/schedules`` (list, get, pause, resume, trigger, delete:
 api/schedule_routes.py); ``/events``, the CloudEvents gateway (api/events.py, docs/events.md). Bodies
-are JSON, a definition may also be YAML (``application/yaml``); every error is a problem
-(api/problems.py). Every route but ``/health``, ``/ready`` and ``/events`` (and the OpenAPI
+are JSON, a definition may also be YAML (``application/yaml``), and a request that changes
+something says so in its Content-Type, body or no body; a request for a Host the app does
+not answer to is refused (api/browsers.py); every error is a problem (api/problems.py). Every route but ``/health``, ``/ready`` and ``/events`` (and the OpenAPI
 document) needs an API token whose role allows its action (``allow`` on the route,
 api/auth_http.py); ``auth=False`` serves without (loopback only, `--no-auth`). ``/events``
 authenticates each event's source itself (or an API token that may signal), always.
@@ -17,15 +18,19 @@ authenticates each event's source itself (or an API token that may signal), alwa
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated, Any, Protocol
 
 import orjson
 from fastapi import FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 
-from tideflow.api import auth_http, problems
+from tideflow.api import auth_http, browsers, problems
 from tideflow.api.auth_http import allow
+from tideflow.api.browsers import YAML_TYPES, AllowedHosts, MediaTypes
 from tideflow.api.changes import RunChanges
+from tideflow.api.compiling import DefinitionCompiler, InProcess
+from tideflow.api.docs_pages import docs_pages
 from tideflow.api.event_sources import EventSources
 from tideflow.api.events import event_routes
 from tideflow.api.models import (
@@ -63,6 +68,7 @@ from tideflow.api.times import TimeQuery, TimesHeader
 from tideflow.bus.base import unserved
 from tideflow.client import Client
 from tideflow.errors import NotFound
+from tideflow.model import storable
 from tideflow.model.states import RunStatus
 from tideflow.model.tokens import Action
 from tideflow.observability.tracing import joined
@@ -88,7 +94,6 @@ class Metrics(Protocol):
 
 
 DEFAULT_MAX_BODY = 1 << 20
-YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": Problem, "description": description}
@@ -98,7 +103,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         409: "Conflict with what is stored",
         413: "Body too large",
         422: "A field of the request is wrong (named in `errors`)",
-        503: "The store, bus or engine cannot be reached",
+        503: "The store, bus, engine or definition compiler cannot be reached",
     }.items()
 }
 
@@ -132,6 +137,8 @@ def create_app(
     metrics: Metrics | None = None,
     max_streams: int = DEFAULT_MAX_STREAMS,
     max_streams_per_token: int = DEFAULT_MAX_STREAMS_PER_TOKEN,
+    allowed_hosts: Iterable[str] | None = None,
+    compiler: DefinitionCompiler | None = None,
 ) -> FastAPI:
     """The API over ``client``; request bodies over ``max_body`` bytes are refused (413).
     With ``auth`` (the default) a request needs an API token of ``client.store`` whose
@@ -150,19 +157,34 @@ def create_app(
 
     The event streams (``/streams/...``) open at once are at most ``max_streams``, and
     ``max_streams_per_token`` per API token (without ``auth``, all are one holder's):
-    past either, a 429 (api/stream_slots.py). ValueError for a cap under 1."""
+    past either, a 429 (api/stream_slots.py). ValueError for a cap under 1.
+
+    Browsers (api/browsers.py): a request that changes something without a JSON (or,
+    on the definition routes, YAML) Content-Type is a 415, ``POST /events`` excepted; a
+    request whose Host header names none of ``allowed_hosts`` (any port; the loopback
+    names always count) is a 421. ``allowed_hosts`` None: any host with ``auth``, the
+    loopback names only without; ``["*"]``: any host (with ``auth`` only).
+    ``ValueError`` for a bad name.
+
+    ``compiler`` compiles the definitions requests carry: served, a `CompilerPool` of
+    processes (api/compiling.py, what `http_api` gives), so that compiling never holds
+    the event loop; without, they are compiled in this process, on the loop."""
     slots = StreamSlots(total=max_streams, per_token=max_streams_per_token)
-    app = FastAPI(title="tideflow", version="1", responses=_ERRORS)
+    hosts = browsers.allowed_hosts(allowed_hosts, auth=auth)
+    app = FastAPI(title="tideflow", version="1", responses=_ERRORS, docs_url=None, redoc_url=None)
     if sessions is None and auth:
         sessions = Sessions(store=client.store)
     auth_http.enable(app, client.store if auth else None, sessions)
     problems.install(app, max_body)
     app.add_middleware(TimesHeader)  # `Tideflow-Times: epoch`: times as before (api/times.py)
+    app.add_middleware(MediaTypes, routes=app.router.routes)
+    app.add_middleware(AllowedHosts, hosts=hosts)  # outermost: before anything else
     document = app.openapi
 
     def openapi() -> dict[str, Any]:
         schema = document()
         auth_http.document(app, schema, _PROBLEM)
+        browsers.document(schema, _PROBLEM, hosts_checked=hosts is not None)
         # /metrics answers Prometheus text only (FastAPI also lists its default JSON)
         schema["paths"]["/metrics"]["get"]["responses"]["200"]["content"] = _METRICS_TEXT[200][
             "content"
@@ -170,9 +192,10 @@ def create_app(
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+    docs_pages(app)
     _service_routes(app, client)
     _metrics_route(app, metrics)
-    _definition_routes(app, client)
+    _definition_routes(app, client, compiler or InProcess(client))
     _run_routes(app, client)
     schedule_routes(app, client)
     run_view_routes(app, client, changes or RunChanges(), slots)
@@ -251,7 +274,7 @@ async def _definition_of(request: Request) -> Any:
         # nor its line numbers).
         return text + "\n...\n"
     try:
-        data = orjson.loads(body)
+        data = storable.loads(body)  # integers exact: the loader refuses one out of range
     except orjson.JSONDecodeError as exc:
         raise RequestValidationError(
             [{"loc": ("body",), "msg": f"malformed JSON: {exc}", "type": "json_invalid"}]
@@ -263,7 +286,7 @@ async def _definition_of(request: Request) -> Any:
     return data
 
 
-def _definition_routes(app: FastAPI, client: Client) -> None:
+def _definition_routes(app: FastAPI, client: Client, compiler: DefinitionCompiler) -> None:
     @app.post(
         "/definitions/validate",
         tags=["definitions"],
@@ -272,8 +295,9 @@ def _definition_routes(app: FastAPI, client: Client) -> None:
     )
     async def validate_definition(request: Request) -> CompiledDefinition:
         """Compile a definition without registering it: its name, version, hash and
-        steps, or a 422 listing every problem with its path."""
-        return CompiledDefinition.of(client.compile(await _definition_of(request)))
+        steps, or a 422 listing every problem with its path (also when compiling takes
+        longer than the server's limit); 503 when no compiler process is free."""
+        return CompiledDefinition(**await compiler.summary(await _definition_of(request)))
 
     @app.post(
         "/definitions",
@@ -284,8 +308,9 @@ def _definition_routes(app: FastAPI, client: Client) -> None:
     )
     async def register_definition(request: Request) -> CompiledDefinition:
         """Register a definition; the same content again changes nothing, other content
-        under a registered (name, version) is a 409."""
-        return CompiledDefinition.of(await client.register(await _definition_of(request)))
+        under a registered (name, version) is a 409. Compiled as for validating."""
+        plan = await compiler.compile(await _definition_of(request))
+        return CompiledDefinition.of(await client.register(plan))
 
     @app.get("/definitions", tags=["definitions"], dependencies=[READ])
     async def list_definitions(

@@ -31,6 +31,8 @@ from urllib.parse import unquote
 
 import orjson
 
+from tideflow.model import storable
+
 __all__ = [
     "BATCH",
     "STRUCTURED",
@@ -142,7 +144,7 @@ def read_events(
 
 def _json(body: bytes) -> Any:
     try:
-        return orjson.loads(body)
+        return storable.loads(body)
     except orjson.JSONDecodeError as exc:
         raise EventRefused(
             400, "malformed JSON", [FieldProblem("body", f"malformed JSON: {exc}")]
@@ -245,7 +247,7 @@ def _binary_data(
         return None, None
     if _JSON_MEDIA.fullmatch(media_type(content_type) or "application/json"):
         try:
-            return orjson.loads(body), None
+            return storable.loads(body), None
         except orjson.JSONDecodeError as exc:
             problems.append(FieldProblem("body", f"malformed JSON (Content-Type says JSON): {exc}"))
             return None, None

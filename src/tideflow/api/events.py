@@ -303,16 +303,30 @@ def _field(event: CloudEvent, attribute: str) -> str:
 
 
 def _check_storable(events: list[CloudEvent]) -> None:
-    """Every payload can be stored, checked before the first is delivered."""
+    """Every payload can be stored, checked before the first is delivered; an integer
+    out of range (model/storable.py, the rule of every edge) is named by its field."""
     problems: list[tuple[str, str]] = []
     for event in events:
+        payload = event.payload()
+        found = storable.integer_problem(payload)
+        if found is not None:
+            problems.append((_field_of(event, found[0]), f"event {event.id!r}: {found[1]}"))
+            continue
         try:
-            storable.check(event.payload(), f"event {event.id!r}")
+            storable.check(payload, f"event {event.id!r}")
         except StepError as exc:
             problems.append((event.where, exc.message))
     if problems:
         fields = [FieldProblem(where, message) for where, message in problems]
         raise EventRefused(400, f"{fields[0].field}: {fields[0].message}", fields)
+
+
+def _field_of(event: CloudEvent, path: storable.Path) -> str:
+    """Where a value of an event's payload was sent: ``body.data.n``, ``body[2].data.n``,
+    or, in binary mode (the body is the data), ``body.n``."""
+    if event.where == "headers":  # only the data can hold a number in binary mode
+        return storable.format_path(path[1:], "body")
+    return storable.format_path(path, event.where)
 
 
 async def _deliver_all(

@@ -47,6 +47,7 @@ ERRORS: Mapping[type[TideflowError], tuple[int, str]] = {
     errors.EngineUnreachable: (503, "engine-unreachable"),
     errors.EngineAlreadyRunning: (503, "engine-busy"),
     errors.RuntimeNotStarted: (503, "engine-not-started"),
+    errors.CompilerUnavailable: (503, "compiler-unavailable"),
     errors.StoreUnavailable: (503, "store-unavailable"),
     errors.StoreError: (503, "store-unavailable"),
     errors.BusError: (503, "bus-unavailable"),

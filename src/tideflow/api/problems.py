@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from tideflow import errors
 from tideflow.api.problem_types import ERRORS, TYPE_PREFIX
 from tideflow.errors import DefinitionError, InputValidationError, TideflowError
+from tideflow.model import storable
 
 log = logging.getLogger("tideflow.api")
 
@@ -204,8 +205,14 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     phrase = HTTPStatus(exc.status_code).phrase
     kind = phrase.lower().replace(" ", "-")
     detail = None if exc.detail == phrase else str(exc.detail)
+    if exc.status_code == 400 and isinstance(exc.__cause__, RecursionError):
+        detail = (
+            "the JSON body is nested too deeply to read: send arrays and objects nested "
+            f"at most {storable.MAX_NESTING} levels deep"
+        )
     # FastAPI's own 400 is a body it could not parse (JSON nested too deep, a bad form)
-    fields = [FieldError(field="body", message=str(exc.detail))] if exc.status_code == 400 else []
+    message = detail or str(exc.detail)
+    fields = [FieldError(field="body", message=message)] if exc.status_code == 400 else []
     return problem_response(
         exc.status_code, kind, request.url.path, detail, fields, headers=exc.headers
     )
@@ -282,7 +289,7 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.max_body):
+        if declared is not None and (not declared.isdigit() or self._over(declared)):
             await self._refuse(scope, receive, send, declared.isdigit())
             return
         chunks: list[bytes] = []
@@ -301,6 +308,12 @@ class BodyLimit:
                 break
         whole: Message = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
         await self.app(scope, _replay([whole], receive), send)
+
+    def _over(self, digits: bytes) -> bool:
+        """Whether a Content-Length of ASCII ``digits`` is over the limit, compared by length
+        first: Python refuses to read an integer of more than 4,300 digits."""
+        digits = digits.lstrip(b"0") or b"0"
+        return len(digits) > len(str(self.max_body)) or int(digits) > self.max_body
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, too_large: bool) -> None:
         path = scope.get("path", "")

@@ -6,6 +6,10 @@ handling is turned off). Every request needs an API token of the server's store
 (api/auth_http.py), so the API may listen on any address. Served without
 authentication (``--no-auth``) it listens on a loopback address only (`parse_address`
 refuses any other) and says so loudly when it starts.
+
+It answers to the Host headers ``hosts_of`` gives (api/browsers.py): the bound address,
+the loopback names and ``--allowed-host``; any host on a wildcard bind with tokens and
+no ``--allowed-host``, which it logs.
 """
 
 from __future__ import annotations
@@ -14,13 +18,16 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import os
 import socket
-from collections.abc import AsyncIterator, Generator
+from collections.abc import AsyncIterator, Generator, Sequence
 
 import uvicorn
 
 from tideflow.api.app import DEFAULT_MAX_BODY, Metrics, create_app
+from tideflow.api.browsers import allowed_hosts as allowed_hosts_of
 from tideflow.api.changes import RunChanges
+from tideflow.api.compiling import CompilerPool
 from tideflow.api.event_sources import EventSources
 from tideflow.api.stream_slots import DEFAULT_MAX_STREAMS, DEFAULT_MAX_STREAMS_PER_TOKEN
 from tideflow.client import Client
@@ -61,6 +68,20 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+_WILDCARDS = frozenset({"0.0.0.0", "::"})
+
+
+def hosts_of(sock: socket.socket, allowed: Sequence[str], auth: bool) -> list[str] | None:
+    """The Host names the API on ``sock`` answers to (``create_app``'s
+    ``allowed_hosts``): ``allowed`` and the bound address (and the loopback names, which
+    ``create_app`` adds); None (any host) for a wildcard bind with ``auth`` and nothing
+    ``allowed``."""
+    bound = str(sock.getsockname()[0])
+    if bound in _WILDCARDS:
+        return None if auth and not allowed else list(allowed)
+    return [*allowed, bound]
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -114,6 +135,18 @@ async def _say_how_it_is_guarded(client: Client, where: str, auth: bool) -> None
         )
 
 
+def _say_which_hosts(where: str, hosts: frozenset[str] | None) -> None:
+    if hosts is None:
+        log.info(
+            "the HTTP API on %s answers to any Host header (API tokens, and a wildcard "
+            "address or --allowed-host *): give --allowed-host NAME, once per name, to "
+            "answer to those only",
+            where,
+        )
+        return
+    log.info("the HTTP API on %s answers to the hosts %s", where, ", ".join(sorted(hosts)))
+
+
 @contextlib.asynccontextmanager
 async def http_api(
     client: Client,
@@ -127,16 +160,29 @@ async def http_api(
     metrics: Metrics | None = None,
     max_streams: int = DEFAULT_MAX_STREAMS,
     max_streams_per_token: int = DEFAULT_MAX_STREAMS_PER_TOKEN,
+    allowed_hosts: Sequence[str] = (),
+    compilers: CompilerPool | None = None,
 ) -> AsyncIterator[None]:
     """Serve the API (and the web UI at ``/ui``, and ``metrics`` on ``/metrics``) on
     ``sock`` while the block runs, with API tokens unless ``auth`` is False; ``sessions``
     that are ``required`` (`tideflow ui`) guard it instead. ``changes``: the hub the engine
     tells of run changes; ``max_streams`` and ``max_streams_per_token`` cap the open event
-    streams (``create_app``). When uvicorn ends on its own, the server is stopped too."""
+    streams (``create_app``). When uvicorn ends on its own, the server is stopped too.
+    ``allowed_hosts``: Host names it answers to besides the bound address and the
+    loopback names (``hosts_of``; ``ValueError`` for a bad one).
+
+    The definitions requests carry compile in ``compilers`` (default: a pool of processes
+    sized by ``TIDEFLOW_COMPILE_WORKERS`` and ``TIDEFLOW_COMPILE_TIMEOUT``, started and
+    stopped with the API; api/compiling.py), never on the event loop."""
     where = address_of(sock)
     changes = changes or RunChanges()
     if sessions is None or not sessions.required:
         await _say_how_it_is_guarded(client, where, auth)
+    hosts = hosts_of(sock, allowed_hosts, auth)
+    own = compilers is None
+    compiler = compilers or CompilerPool.from_environment(client.action_types, os.environ)
+    await compiler.start()
+    await compiler.ready()  # a server that says it listens can compile at once
     app = create_app(
         client,
         auth=auth,
@@ -147,7 +193,10 @@ async def http_api(
         metrics=metrics,
         max_streams=max_streams,
         max_streams_per_token=max_streams_per_token,
+        allowed_hosts=hosts,
+        compiler=compiler,
     )
+    _say_which_hosts(where, allowed_hosts_of(hosts, auth=auth))
     config = uvicorn.Config(
         app,
         log_config=None,
@@ -176,6 +225,8 @@ async def http_api(
         server.should_exit = True
         await asyncio.wait([serving])  # how it ended is logged by `ended`
         sock.close()
+        if own:
+            await compiler.close()
 
 
-__all__ = ["AddressRefused", "address_of", "http_api", "listen", "parse_address"]
+__all__ = ["AddressRefused", "address_of", "hosts_of", "http_api", "listen", "parse_address"]

@@ -88,7 +88,10 @@ Time = Annotated[
 TimeQuery = Annotated[
     float | None,
     BeforeValidator(parse_time),
-    Query(description="An ISO 8601 time (UTC unless it says otherwise) or epoch seconds"),
+    Query(
+        allow_inf_nan=False,
+        description="An ISO 8601 time (UTC unless it says otherwise) or epoch seconds",
+    ),
 ]
 """A time a query parameter gives, in either form."""
 

@@ -11,13 +11,13 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from tideflow.api.times import Time
+from tideflow.model.masking import mask
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState, StepState
 from tideflow.model.states import StepStatus
 from tideflow.runtime import shown
 from tideflow.store.base import HistoryEntry, RunSummary
 from tideflow.ui.layout import NODE_HEIGHT, NODE_WIDTH, layout
-from tideflow.worker.secrets import redact_fields
 
 __all__ = [
     "AttemptList",
@@ -232,8 +232,8 @@ def instances_of(
                 key=s.key,
                 status=_shown(s, compensations),
                 attempts=s.attempts,
-                input=redact_fields(s.input, spec.sensitive),
-                output=redact_fields(s.output, spec.sensitive),
+                input=mask(s.input, spec.sensitive),
+                output=mask(s.output, spec.sensitive),
                 error=s.error.to_dict() if s.error else None,
                 started_at=s.started_at,
                 finished_at=s.finished_at,

@@ -9,7 +9,7 @@ import functools
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -143,6 +143,16 @@ LogLevelOption = Annotated[
 ]
 
 
+AllowedHostOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--allowed-host",
+        metavar="NAME",
+        help="A Host name the HTTP API answers to (repeat for more; any port): the bound address and localhost, 127.0.0.1, ::1 always are, any other Host header is a 421 (DNS rebinding). With API tokens on a wildcard address (0.0.0.0) and no --allowed-host, any host is answered; * answers any host (not with --no-auth).",
+    ),
+]
+
+
 def server_cmd(
     store: StoreOption = DEFAULT_STORE,
     bus: ClusterBusOption = "",
@@ -180,6 +190,7 @@ def server_cmd(
             help="Serve the REST API without API tokens: anyone who connects may do anything, so --http must be a loopback address.",
         ),
     ] = False,
+    allowed_host: AllowedHostOption = None,
     embedded: Annotated[
         bool,
         typer.Option(
@@ -251,7 +262,9 @@ def server_cmd(
     stderr. --http 127.0.0.1:8080 serves the REST API beside it, every
     request but /health and /ready with an API token (`tideflow tokens
     create`); --no-auth serves it without, on loopback only; --event-sources
-    FILE says who may send CloudEvents to its POST /events (docs/events.md).
+    FILE says who may send CloudEvents to its POST /events (docs/events.md);
+    --allowed-host NAME is a Host name it answers to besides the bound address
+    and localhost (docs/api.md).
     See docs/deployment.md, docs/api.md, docs/events.md and docs/security.md.
 
     --embedded runs the whole of tideflow in this one process instead (the
@@ -302,6 +315,8 @@ def server_cmd(
         if cap is not None and not http:
             flag = "--" + name.replace("_", "-")
             raise fail_usage(f"{flag} is about the HTTP API: give --http HOST:PORT with it")
+    if allowed_host and not http:
+        raise fail_usage("--allowed-host is about the HTTP API: give --http HOST:PORT with it")
     try:
         body_limit = parse_size(max_body, 0)  # 0: the API's default (1 MiB)
     except TideflowError as exc:
@@ -311,7 +326,9 @@ def server_cmd(
     setup_logging(verbose, log_level, log_format)
     metrics = _engine_metrics() if http else None
     services, listeners = (
-        _http_service(http, not no_auth, event_sources, body_limit, metrics, streams)
+        _http_service(
+            http, not no_auth, event_sources, body_limit, metrics, streams, allowed_host or ()
+        )
         if http
         else ((), ())
     )
@@ -371,16 +388,20 @@ def _http_service(
     max_body: int,
     metrics: EngineMetrics | None = None,
     streams: dict[str, int | None] | None = None,
+    allowed_hosts: Sequence[str] = (),
 ) -> tuple[tuple[Service], tuple[Listener]]:
     """The REST API and the web UI (and ``metrics`` on ``/metrics``) on ``address``, a
     listening socket already (a refused address, a port in use or a bad sources file is an
     exit 2 before the server starts); API tokens unless not ``auth``; ``streams``: the caps
     on open event streams given (``max_streams``, ``max_streams_per_token``; None: the
-    API's default). With it, the listener that tells the UI's event streams of the runs'
+    API's default); answering to ``allowed_hosts`` (and the bound address and loopback
+    names). With it, the listener that tells the UI's event streams of the runs'
     changes."""
     try:
         from tideflow.api.app import DEFAULT_MAX_BODY
+        from tideflow.api.browsers import allowed_hosts as check_hosts
         from tideflow.api.changes import RunChanges
+        from tideflow.api.compiling import compile_limits
         from tideflow.api.event_sources import EventSources, EventSourcesError
         from tideflow.api.serving import AddressRefused, http_api, listen, parse_address
         from tideflow.api.stream_slots import DEFAULT_MAX_STREAMS, DEFAULT_MAX_STREAMS_PER_TOKEN
@@ -393,9 +414,11 @@ def _http_service(
     except EventSourcesError as exc:
         raise fail_usage(f"--event-sources: {exc}") from None
     try:
+        check_hosts(allowed_hosts, auth=auth)
+        compile_limits(os.environ)
         host, port = parse_address(address, auth=auth)
         sock = listen(host, port)
-    except AddressRefused as exc:
+    except (AddressRefused, ValueError) as exc:
         raise fail_usage(str(exc)) from None
     except OSError as exc:
         raise fail_usage(f"--http {address}: cannot listen there: {exc.strerror or exc}") from None
@@ -412,6 +435,7 @@ def _http_service(
         max_streams_per_token=(
             (streams or {}).get("max_streams_per_token") or DEFAULT_MAX_STREAMS_PER_TOKEN
         ),
+        allowed_hosts=tuple(allowed_hosts),
     )
     return (service,), (changes.listener,)
 

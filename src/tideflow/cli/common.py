@@ -168,12 +168,17 @@ def parse_json_option(raw: str | None, option: str) -> Any:
                 f"cannot read {option} file {raw[1:]}: {exc.strerror or exc}"
             ) from None
     try:
-        return orjson.loads(text)
+        value = storable.loads(text)  # integers exact: one out of range is refused, not rounded
     except orjson.JSONDecodeError as exc:
         raise fail_usage(
             f"{option} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
             hint="pass a JSON value, or @path/to/file.json",
         ) from None
+    found = storable.integer_problem(value)
+    if found is not None:
+        where = f" at {storable.format_path(found[0])}" if found[0] else ""
+        raise fail_usage(f"{option}{where}: {found[1]}")
+    return value
 
 
 def one_line(text: str) -> str:

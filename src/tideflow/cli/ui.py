@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tideflow.cli.cluster import VerboseOption, _serve, setup_logging
+from tideflow.cli.cluster import AllowedHostOption, VerboseOption, _serve, setup_logging
 from tideflow.cli.common import (
     DEFAULT_STORE,
     Limits,
@@ -48,6 +48,7 @@ def ui_cmd(
     workers: Annotated[
         int, typer.Option("--workers", min=1, help="Concurrent step executions.")
     ] = 8,
+    allowed_host: AllowedHostOption = None,
     verbose: VerboseOption = False,
 ) -> None:
     """Serve the web UI for a local store, running its engine and workers here.
@@ -57,7 +58,9 @@ def ui_cmd(
     timeline of attempts, each step's input, output and error, the history,
     cancel / retry / signal; definitions and queues. Ctrl-C stops it. Another
     engine on the store (`tideflow run`, `tideflow server`) must stop first.
-    See docs/observability.md (Web UI).
+    It answers to the Host names localhost, 127.0.0.1, ::1 and the bound
+    address only, and to those --allowed-host NAME adds (DNS rebinding). See
+    docs/observability.md (Web UI).
 
     Examples:
       tideflow ui
@@ -68,7 +71,9 @@ def ui_cmd(
     from tideflow.runtime.server import ServerOptions, serve
 
     try:
+        from tideflow.api.browsers import allowed_hosts as check_hosts
         from tideflow.api.changes import RunChanges
+        from tideflow.api.compiling import compile_limits
         from tideflow.api.serving import AddressRefused, address_of, http_api, listen, parse_address
         from tideflow.ui.sessions import Sessions
     except ImportError as exc:
@@ -80,6 +85,9 @@ def ui_cmd(
         clock = clock_from_environment(os.environ)
         ttl = ttl_from_environment(os.environ)
         limits = Limits.from_env(os.environ)
+        allowed = tuple(allowed_host or ())
+        check_hosts(allowed, auth=False)
+        compile_limits(os.environ)
         host, port = parse_address(http)
         parse_address(http, auth=False)
         sock = listen(host, port)
@@ -99,7 +107,15 @@ def ui_cmd(
 
     @contextlib.asynccontextmanager
     async def service(client: Client, stop: Stop) -> AsyncIterator[None]:
-        served = http_api(client, stop, sock, auth=False, changes=changes, sessions=sessions)
+        served = http_api(
+            client,
+            stop,
+            sock,
+            auth=False,
+            changes=changes,
+            sessions=sessions,
+            allowed_hosts=allowed,
+        )
         async with served:
             link = f"{address_of(sock)}/ui/login?code={sessions.code}"
             print(f"tideflow ui: open {link}", file=sys.stdout, flush=True)

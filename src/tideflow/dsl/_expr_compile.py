@@ -32,6 +32,7 @@ from tideflow.dsl._expr_functions import (
     numeric,
 )
 from tideflow.dsl._expr_random import literal_bounds_problem, random, random_int, uuid
+from tideflow.model.storable import integer_problem
 
 Scope = Mapping[str, Any]
 Evaluator = Callable[[Scope], Any]
@@ -245,6 +246,9 @@ def _constant(node: ast.Constant) -> Evaluator:
     if type(value) not in _CONSTANT_TYPES:
         message = f"`{_text(node)}` is not a supported literal"
         raise Rejected(message, "literals are numbers, strings, true, false and null", node)
+    found = integer_problem(value)
+    if found is not None:  # the rule of every edge (model/storable.py)
+        raise Rejected(found[1], 'write it as a string: "12345678901234567890123"', node)
     return lambda _scope: value
 
 

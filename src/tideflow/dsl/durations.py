@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from tideflow.model.durations import DURATION_HINT, parse_duration
+from tideflow.model.durations import DURATION_HINT, DurationTooLong, parse_duration
 
-__all__ = ["DURATION_HINT", "parse_duration"]
+__all__ = ["DURATION_HINT", "DurationTooLong", "parse_duration"]

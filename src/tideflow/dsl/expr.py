@@ -50,6 +50,12 @@ Path = tuple[str | int, ...]
 _SECRET_NAME = re.compile("[A-Za-z_][A-Za-z0-9_]*")  # what model.secrets markers can carry
 _PASS_THROUGH_CALLS = frozenset({"default", "str"})
 _QUOTED = 200
+MAX_LENGTH = 10_000
+"""Characters of one expression (between ``{{`` and ``}}``): longer ones are refused
+before Python's parser reads them."""
+MAX_DEPTH = 100
+"""Levels of one expression's syntax tree (``a + b + c`` is two, ``-(-x)`` two):
+compiling, evaluating and printing an expression all recurse once per level."""
 
 
 def is_template_string(s: str) -> bool:
@@ -123,6 +129,23 @@ class CompiledExpression:
     def __repr__(self) -> str:
         return f"CompiledExpression({self.source!r})"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A plan compiled in another process (the API's compiler pool) comes back pickled;
+        # closures do not pickle, so the evaluator is rebuilt from the source on first use.
+        return _unpickled_expression, (self.source, self._references, self._where)
+
+
+def _unpickled_expression(source: str, refs: References, where: str) -> CompiledExpression:
+    expression = CompiledExpression.__new__(CompiledExpression)
+    expression.source, expression._references, expression._where = source, refs, where
+
+    def first_use(scope: Scope) -> Any:
+        expression._evaluate = _compile(source, 0, ())._evaluate
+        return expression._evaluate(scope)
+
+    expression._evaluate = first_use
+    return expression
+
 
 class CompiledTemplate:
     """A JSON-like value with its ``{{ }}`` expressions compiled; ``source`` is the value."""
@@ -178,6 +201,26 @@ class CompiledTemplate:
 
     def __repr__(self) -> str:
         return f"CompiledTemplate({self.source!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # as CompiledExpression's: the renderer is rebuilt from the source on first use
+        return _unpickled_template, (self.source, self._render is None, self._expressions)
+
+
+def _unpickled_template(
+    source: Any, constant: bool, exprs: tuple[CompiledExpression, ...]
+) -> CompiledTemplate:
+    template = CompiledTemplate(source, None, list(exprs))
+    if not constant:
+
+        def first_use(scope: Scope) -> Any:
+            render = _compile_value(source, (), [])
+            assert render is not None  # it had templates when it was compiled
+            template._render = render
+            return render(scope)
+
+        template._render = first_use
+    return template
 
 
 # --- entry points -------------------------------------------------------------------------
@@ -389,8 +432,21 @@ def _compile(text: str, offset: int, path: Path) -> CompiledExpression:
         column = start + original_column(column, inserts)
         return _error(f"{message} in expression `{_cut(body)}`", hint, column, path)
 
+    if len(body) > MAX_LENGTH:
+        raise fail(
+            f"too long: {len(body)} characters, over the limit of {MAX_LENGTH}",
+            "split the expression into steps, or pass large values as inputs",
+            0,
+        )
     try:
         tree = ast.parse(translated, mode="eval")
+        deep = _too_deep(tree.body)
+        if deep is not None:
+            raise Rejected(
+                f"nested too deeply: more than {MAX_DEPTH} levels",
+                "split the expression into steps",
+                deep,
+            )
         evaluate = compile_node(tree.body)
         refs = _references(tree)
         normalised = ast.unparse(tree)
@@ -400,9 +456,29 @@ def _compile(text: str, offset: int, path: Path) -> CompiledExpression:
         raise fail(reason, "check operators, quotes and brackets", column) from None
     except Rejected as exc:
         raise fail(exc.message, exc.hint, _char_column(translated, exc.byte_offset)) from None
-    except RecursionError:
-        raise fail("nesting too deep", "split the expression into steps", 0) from None
+    except (RecursionError, MemoryError):
+        # CPython's parser reports its own stack overflowing as a MemoryError (an
+        # expression of 10,000 '-' or 'not'): the text is bounded, the nesting is not.
+        raise fail(
+            f"nested too deeply: more than {MAX_DEPTH} levels", "split the expression into steps", 0
+        ) from None
     return CompiledExpression(body, evaluate, refs, normalised)
+
+
+def _too_deep(root: ast.AST) -> ast.AST | None:
+    """The first node more than ``MAX_DEPTH`` levels below ``root`` (contexts such as
+    ``Load`` and operators not counted), found without recursing."""
+    stack: list[tuple[ast.AST, int]] = [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return node
+        stack.extend(
+            (child, depth + 1)
+            for child in ast.iter_child_nodes(node)
+            if isinstance(child, ast.expr | ast.keyword | ast.comprehension)
+        )
+    return None
 
 
 def _error(message: str, hint: str, column: int, path: Path = ()) -> ExpressionError:

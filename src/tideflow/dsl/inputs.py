@@ -1,8 +1,9 @@
 """JSON Schema in the DSL: the run input, the `input:` schema itself, and action config.
 
 - `validate_input` checks a run's input against the definition's ``input`` schema
-  (draft 2020-12) and reports every error, best first.
-- `input_schema_errors` checks at compile time that ``input`` is a valid schema.
+  (draft 2020-12) and reports its errors (up to 50), best first.
+- `input_schema_errors` checks at compile time that ``input`` is a valid schema whose
+  patterns RE2 takes (they run on RE2, in linear time: dsl/regexes.py).
 - `check_action_config` checks an action step's ``config`` against its type's
   schema (`BUILTIN_ACTION_TYPES`, from `tideflow.model.action_schemas`, for the
   executors tideflow ships; the runtime passes its executor registry's schemas).
@@ -14,14 +15,17 @@
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
 from jsonschema import Draft202012Validator, ValidationError
+from jsonschema.protocols import Validator
 
 from tideflow.dsl.durations import DURATION_HINT, parse_duration
 from tideflow.dsl.loader import DataPath, did_you_mean, format_path
+from tideflow.dsl.regexes import INPUT_FORMATS, InputValidator, input_schema_problems
 from tideflow.errors import InputValidationError
 from tideflow.model.action_schemas import BUILTIN_ACTION_TYPES
 from tideflow.model.plan import Plan
@@ -44,25 +48,32 @@ ConfigProblem = tuple[DataPath, str, str | None, bool]
 # --- run input --------------------------------------------------------------------
 
 
+MAX_INPUT_ERRORS = 50
+"""Errors of a run input listed at most: finding (and sending) every one of a large input's
+could take seconds and megabytes."""
+
+
 def validate_input(plan: Plan, value: Any) -> None:
-    """Raise InputValidationError listing every way ``value`` breaks the input schema."""
+    """Raise InputValidationError listing the ways ``value`` breaks the input schema (the
+    first `MAX_INPUT_ERRORS`)."""
     if plan.input_schema is None:
         return
-    errors = sorted(_input_validator(plan).iter_errors(value), key=_relevance)
+    found = list(itertools.islice(_input_validator(plan).iter_errors(value), MAX_INPUT_ERRORS + 1))
+    errors = sorted(found[:MAX_INPUT_ERRORS], key=_relevance)
     if errors:
         fields = [(_json_path(error.absolute_path), error.message) for error in errors]
+        more = len(found) > MAX_INPUT_ERRORS
         raise InputValidationError(
             f"run input of {plan.name} {plan.version} does not match its input schema:\n"
-            + "\n".join(f"  {path}: {message}" for path, message in fields),
+            + "\n".join(f"  {path}: {message}" for path, message in fields)
+            + (f"\n  (and more: the first {MAX_INPUT_ERRORS} are listed)" if more else ""),
             fields=fields,
         )
 
 
 @functools.lru_cache(maxsize=64)
-def _input_validator(plan: Plan) -> Draft202012Validator:
-    return Draft202012Validator(
-        plan.input_schema or {}, format_checker=Draft202012Validator.FORMAT_CHECKER
-    )
+def _input_validator(plan: Plan) -> Validator:
+    return InputValidator(plan.input_schema or {}, format_checker=INPUT_FORMATS)
 
 
 def _relevance(error: ValidationError) -> tuple[int, bool, str]:
@@ -74,11 +85,10 @@ def _json_path(path: Iterable[Any]) -> str:
     return "$" + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in path)
 
 
-def input_schema_errors(schema: Mapping[str, Any]) -> list[tuple[DataPath, str]]:
-    """Where (inside the schema) and why ``schema`` is not a valid draft 2020-12 schema."""
-    meta = Draft202012Validator(Draft202012Validator.META_SCHEMA)
-    errors = sorted(meta.iter_errors(schema), key=_relevance)
-    return [(tuple(error.absolute_path), error.message) for error in errors]
+def input_schema_errors(schema: Mapping[str, Any]) -> list[tuple[DataPath, str, str]]:
+    """Where (inside the schema), why and what to do: ``schema`` is not a valid draft
+    2020-12 schema, or holds a pattern RE2 does not take (dsl/regexes.py)."""
+    return input_schema_problems(schema)
 
 
 # --- action config ----------------------------------------------------------------

@@ -22,6 +22,7 @@ import orjson
 
 from tideflow.dsl.positions import DataPath, Positions, format_path
 from tideflow.errors import DefinitionError, Diagnostic
+from tideflow.model import storable
 
 __all__ = ["load_json"]
 
@@ -32,7 +33,7 @@ _TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]:,]|[^\s{}\[\]:,"]+')
 def load_json(text: str, file: str | None) -> tuple[Any, Positions, list[Diagnostic]]:
     """The data of a JSON definition, its (deferred) positions, and its duplicate keys."""
     try:
-        data = orjson.loads(text)
+        data = storable.loads(text)  # integers exact: the loader refuses one out of range
     except orjson.JSONDecodeError as exc:
         raise DefinitionError([_syntax_error(exc, text, file)]) from None
     positions = Positions.deferred(lambda target: scan_positions(text, target))

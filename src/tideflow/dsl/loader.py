@@ -25,6 +25,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from tideflow.dsl.json_source import line_column, load_json
 from tideflow.dsl.positions import DataPath, Positions, format_path
 from tideflow.errors import DefinitionError, DefinitionUnreadable, Diagnostic
+from tideflow.model import storable
 
 __all__ = [
     "MAX_DEFINITION_BYTES",
@@ -40,6 +41,11 @@ __all__ = [
 MAX_NODES = 200_000
 """Alias expansion beyond this many values (or one per two bytes of a larger file) is
 refused: a "billion laughs" guard."""
+
+MAX_DEPTH = 64
+"""Lists and mappings nested deeper than this are refused: every later phase walks the
+definition recursively, and no workflow needs more (steps nested in loops and branches
+take two levels each)."""
 
 MAX_DEFINITION_BYTES = 32 * 1024 * 1024
 """The largest definition loaded (32 MiB; ``TIDEFLOW_MAX_DEFINITION_BYTES`` overrides).
@@ -149,7 +155,7 @@ def load(
     `Loaded.problems`; syntax errors always raise.
     """
     if isinstance(source, Mapping):
-        return Loaded(_plain(source, (), file), Positions(), file)
+        return _checked(Loaded(_plain(source, (), file), Positions(), file))
     if isinstance(source, str) and _names_file(source):
         source = Path(source)
     if isinstance(source, Path):
@@ -158,10 +164,69 @@ def load(
     else:
         _check_size(len(source), file)
         text = source
-    loaded = _load_text(text, file)
+    loaded = _checked(_load_text(text, file))
     if loaded.problems and not keep_going:
         raise DefinitionError(list(loaded.problems))
     return loaded
+
+
+def _checked(loaded: Loaded) -> Loaded:
+    """``loaded``, unless it is nested too deeply or holds an integer out of the range a
+    run may hold (model/storable.py: the one rule of every edge)."""
+    deep = _too_deep(loaded.data)
+    if deep is not None:
+        raise DefinitionError([_too_deep_diagnostic(deep, loaded.positions, loaded.file)])
+    found = storable.integer_problem(loaded.data)
+    if found is not None:
+        path, message = found
+        line, column = loaded.positions.find(path) or (None, None)
+        diagnostic = Diagnostic(
+            message=message,
+            file=loaded.file,
+            line=line,
+            column=column,
+            path=format_path(path) or None,
+            hint='write it as a string ("12345678901234567890123")',
+        )
+        raise DefinitionError([diagnostic])
+    return loaded
+
+
+def _too_deep(data: Any) -> DataPath | None:
+    """The path of a value nested deeper than ``MAX_DEPTH``, if there is one. Walked level
+    by level over the containers only (a 100,000-step definition costs milliseconds);
+    the path is looked for only when there is one."""
+    level = [data] if isinstance(data, dict | list) else []
+    for _ in range(MAX_DEPTH):
+        below: list[Any] = []
+        for value in level:
+            items = value.values() if isinstance(value, dict) else value
+            below.extend([item for item in items if isinstance(item, dict | list)])
+        level = below
+    if not any(level):  # no container MAX_DEPTH down holds anything
+        return None
+    stack: list[tuple[DataPath, Any]] = [((), data)]
+    while stack:
+        path, value = stack.pop()
+        if len(path) > MAX_DEPTH:
+            return path
+        if isinstance(value, dict):
+            stack.extend(((*path, k), v) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend(((*path, i), v) for i, v in enumerate(value))
+    return None  # pragma: no cover -- the first walk found one
+
+
+def _too_deep_diagnostic(path: DataPath, positions: Positions, file: str | None) -> Diagnostic:
+    line, column = positions.find(path) or (None, None)
+    return Diagnostic(
+        message=f"nested too deeply: more than {MAX_DEPTH} levels of lists and mappings",
+        file=file,
+        line=line,
+        column=column,
+        path=format_path(path[: MAX_DEPTH + 1]) or None,
+        hint="flatten the data, or keep large nested data outside the definition",
+    )
 
 
 def max_definition_bytes() -> int:
@@ -242,6 +307,8 @@ def _load_text(text: str, file: str | None) -> Loaded:
             loader.dispose()
     except yaml.reader.ReaderError as exc:
         raise DefinitionError([_reader_diagnostic(exc, text, file)]) from None
+    except RecursionError:  # PyYAML's own composer, where libyaml is not installed
+        raise DefinitionError([_too_deep_diagnostic((), Positions(), file)]) from None
     except yaml.YAMLError as exc:
         raise DefinitionError([_syntax_diagnostic(exc, file)]) from None
     return Loaded(data, walker.positions, file, tuple(walker.errors))
@@ -300,6 +367,8 @@ class _Walker:
 
     def walk(self, node: Node, path: DataPath, key: Node | None = None) -> Any:
         self._record(path, node, key)
+        if len(path) > MAX_DEPTH:  # refused before the recursion goes deeper
+            raise DefinitionError([_too_deep_diagnostic(path, self.positions, self.file)])
         self.count += 1
         if self.count > self.max_nodes:
             raise _TooLarge(
@@ -389,6 +458,8 @@ class _Walker:
 
 def _plain(value: Any, path: DataPath, file: str | None) -> Any:
     """A JSON-compatible deep copy of a mapping given from code."""
+    if len(path) > MAX_DEPTH:
+        raise DefinitionError([_too_deep_diagnostic(path, Positions(), file)])
     if isinstance(value, Mapping):
         out: dict[str, Any] = {}
         for key, item in value.items():

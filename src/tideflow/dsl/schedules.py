@@ -18,14 +18,14 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from croniter import croniter
 
-from tideflow.dsl.durations import parse_duration
+from tideflow.dsl.durations import DURATION_HINT, parse_duration
 from tideflow.dsl.loader import DataPath, Reporter, did_you_mean
 from tideflow.dsl.positions import Positions
 from tideflow.dsl.schema_values import (
@@ -163,28 +163,42 @@ def _zones() -> frozenset[str]:
 
 
 def _moment(check: Check, value: Any, path: DataPath) -> None:
-    if _time_or_none(value) is None:
+    seconds = _time_or_none(value)
+    if seconds is None or (path[-1] == "start_at" and seconds >= _LAST_START):
         check.error(
             path,
             f"{path[-1]} must be an ISO 8601 date-time or seconds since the epoch, "
-            f"got {describe(value)}",
+            f"from the year 2 to 9000 (start_at) or 9999 (end_at), got {describe(value)}",
             'write such as "2027-01-04T06:00:00+01:00" (without an offset: UTC)',
         )
 
 
+_FIRST_MOMENT = datetime(2, 1, 1, tzinfo=UTC).timestamp()
+_LAST_MOMENT = datetime.max.replace(tzinfo=UTC).timestamp()
+_LAST_START = datetime(9000, 1, 1, tzinfo=UTC).timestamp()
+"""Slots are written as dates: they start well before the calendar ends."""
+MIN_EVERY = 0.001
+"""The shortest ``every`` (1ms): a shorter one has more slots than a float can count."""
+
+
 def _time_or_none(value: Any) -> float | None:
-    """An ISO 8601 date-time (UTC without an offset) or epoch seconds, as epoch seconds."""
+    """An ISO 8601 date-time (UTC without an offset) or epoch seconds, as epoch seconds;
+    None for anything else, a time outside the calendar a date can hold included."""
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value) if math.isfinite(value) else None
-    if not isinstance(value, str):
+        seconds = float(value) if math.isfinite(value) else None
+    elif isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=ZoneInfo("UTC"))
+        seconds = moment.timestamp()
+    else:
         return None
-    try:
-        moment = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except ValueError:
+    if seconds is None or not _FIRST_MOMENT <= seconds <= _LAST_MOMENT:
         return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=ZoneInfo("UTC"))
-    return moment.timestamp()
+    return seconds
 
 
 def _input(check: Check, value: Any, path: DataPath) -> None:
@@ -200,10 +214,20 @@ def _input(check: Check, value: Any, path: DataPath) -> None:
         )
 
 
+def _every(check: Check, value: Any, path: DataPath) -> None:
+    positive_duration(check, value, path)
+    try:
+        seconds = parse_duration(value)
+    except ValueError:
+        return  # reported above
+    if 0 < seconds < MIN_EVERY:
+        check.error(path, f"every must be at least 1ms, got {value!r}", DURATION_HINT)
+
+
 _FIELDS: Mapping[str, Validator] = {
     "id": _schedule_id,
     "cron": _cron,
-    "every": positive_duration,
+    "every": _every,
     "timezone": _timezone,
     "overlap": enum(*(str(o) for o in Overlap)),
     "catchup": enum(*(str(c) for c in Catchup)),

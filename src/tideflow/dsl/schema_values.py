@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tideflow.dsl.durations import DURATION_HINT, parse_duration
+from tideflow.dsl.durations import DURATION_HINT, DurationTooLong, parse_duration
 from tideflow.dsl.inputs import ActionTypes, input_schema_errors
 from tideflow.dsl.loader import DataPath, Reporter, did_you_mean
 
@@ -157,6 +157,9 @@ def duration(*, allow_zero: bool) -> Validator:
     def validate(check: Check, value: Any, path: DataPath) -> None:
         try:
             seconds = parse_duration(value)
+        except DurationTooLong as exc:
+            check.error(path, f"{label(path)}: {exc}", "write a shorter duration")
+            return
         except ValueError:
             check.error(path, f"{label(path)} is not a valid duration: {value!r}", DURATION_HINT)
             return
@@ -278,6 +281,5 @@ def version_string(check: Check, value: Any, path: DataPath) -> None:
 def input_schema(check: Check, value: Any, path: DataPath) -> None:
     if not expect(check, value, path, dict, "a JSON Schema mapping"):
         return
-    for where, message in input_schema_errors(value):
-        hint = "fix the JSON Schema (draft 2020-12)"
+    for where, message, hint in input_schema_errors(value):
         check.error((*path, *where), f"invalid input schema: {message}", hint)

@@ -11,7 +11,9 @@ Accepted forms:
 - ISO-8601 durations without years or months (their length varies): ``PT5M``,
   ``P1DT2H``, ``PT0.5S``, ``P2W``.
 
-Whether zero or a negative number makes sense is the caller's decision.
+Whether zero or a negative number makes sense is the caller's decision; a duration
+longer than ``MAX_DURATION`` (100 years) is refused: added to a time it would leave the
+calendar a date can hold (2**70 seconds is a 500 from every ``datetime`` it reaches).
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ import math
 import re
 from datetime import timedelta
 
-__all__ = ["DURATION_HINT", "parse_duration"]
+__all__ = ["DURATION_HINT", "MAX_DURATION", "DurationTooLong", "parse_duration"]
+
+MAX_DURATION = 100 * 365.25 * 86400.0
+"""The longest duration, either way (100 years, 3,155,760,000 seconds)."""
 
 DURATION_HINT = (
     "write a duration such as 500ms, 30s, 5m, 2h, 3d, 1h30m, a number of seconds, "
@@ -60,10 +65,24 @@ def parse_duration(value: object) -> float:
     return _finite(seconds, value)
 
 
+class DurationTooLong(ValueError):
+    """A duration longer than ``MAX_DURATION``."""
+
+
 def _finite(seconds: float, original: object) -> float:
     if not math.isfinite(seconds):
         raise ValueError(f"invalid duration {original!r} (not finite): {DURATION_HINT}")
+    if abs(seconds) > MAX_DURATION:
+        raise DurationTooLong(
+            f"invalid duration {_cut(original)}: longer than 100 years "
+            f"({MAX_DURATION:.0f} seconds), the longest a workflow may wait"
+        )
     return seconds
+
+
+def _cut(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _parse_number(text: str) -> float | None:

@@ -14,8 +14,10 @@ while it carries out an effect, a worker for the whole of an attempt; tracing se
 trace). Anything given as ``extra={...}`` is a field of its own.
 
 Redaction (``redact_text``, ``redact_value``), on the message, the traceback and every
-field: values of keys that name a credential (password, token, secret, authorization,
-api key, cookie, credential, private key), ``Bearer …`` credentials, API tokens
+field: values of keys that name a credential or that a definition declares sensitive
+(the rules of ``tideflow.model.masking``, which every view of run data uses: password,
+token, secret, authorization, api key, cookie, credential, private key ...), and in
+free text ``key=value`` credentials, ``Bearer …`` credentials, API tokens
 (``tf_…``), the values of ``TIDEFLOW_SECRET_*`` environment variables (the env secret
 provider's) and the secret values the attempt being logged resolved.
 """
@@ -34,6 +36,7 @@ from typing import Any, Literal, TextIO
 import orjson
 
 from tideflow import logcontext
+from tideflow.model.masking import is_credential_key, mask
 from tideflow.worker.secrets import ENV_PREFIX, Redactor
 
 LogFormat = Literal["json", "console", "auto"]
@@ -42,12 +45,6 @@ LEVELS: tuple[str, ...] = ("debug", "info", "warning", "error", "critical")
 REDACTED = "[redacted]"
 CONSOLE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
-SENSITIVE_KEY = re.compile(
-    r"pass(word|wd)?|pwd|secret|token|authori[sz]ation|api[_-]?key|cookie|credential"
-    r"|private[_-]?key|access[_-]?key",
-    re.IGNORECASE,
-)
-"""A field or ``key=value`` whose key matches this holds a credential."""
 _KEY_VALUE = re.compile(
     r"""(?ix)
     (?P<key>["']?[\w-]*(?:pass(?:word|wd)?|pwd|secret|token|authori[sz]ation|api[_-]?key|cookie
@@ -93,17 +90,11 @@ class Redaction:
         return text
 
     def value(self, value: Any, key: str | None = None) -> Any:
-        if key is not None and SENSITIVE_KEY.search(key):
+        """A field's value as the line shows it: the masking rules every view of run
+        data uses (``tideflow.model.masking``), and credentials in its text masked."""
+        if key is not None and is_credential_key(key):
             return REDACTED
-        if isinstance(value, str):
-            return self.text(value)
-        if isinstance(value, Mapping):
-            return {str(k): self.value(v, str(k)) for k, v in value.items()}
-        if isinstance(value, list | tuple | set | frozenset):
-            return [self.value(v) for v in value]
-        if value is None or isinstance(value, bool | int | float):
-            return value
-        return self.text(str(value))
+        return mask(value, placeholder=REDACTED, text=self.text)
 
 
 def _mask_value(match: re.Match[str]) -> str:

@@ -8,9 +8,13 @@ the engine (``started_event``), so a run is never started before it is durable.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import orjson
+
+from tideflow.dsl.regexes import stored_definitions
 from tideflow.errors import InputValidationError, NotFound, StepError
 from tideflow.model import storable
 from tideflow.model.events import RunStarted
@@ -22,6 +26,17 @@ from tideflow.runtime.runs import Plans
 from tideflow.store.base import Store
 from tideflow.store.sqlbase import inactive_version
 from tideflow.worker.executors.registry import ExecutorRegistry
+
+INLINE_INPUT_CHECK = 64 * 1024
+"""Bytes (as JSON) of a run input checked against its schema on the caller's loop; a
+larger one is checked in a thread (`Catalog.admit_input`)."""
+
+
+def _json_size(value: Any) -> int:
+    try:
+        return len(orjson.dumps(value))
+    except TypeError:  # not storable: check_input says so, at once
+        return 0
 
 
 class Catalog:
@@ -42,7 +57,15 @@ class Catalog:
         self.plans = Plans(store)
 
     def compile_stored(self, source: Any) -> Plan:
-        return coerce_plan(dict(source), self._executors)
+        """A plan from its stored source (registered once, by whatever rules held then:
+        an input pattern RE2 refuses does not keep its runs from loading)."""
+        with stored_definitions():
+            return coerce_plan(dict(source), self._executors)
+
+    def action_types(self) -> Mapping[str, Mapping[str, Any]]:
+        """The config schema of each step type the executors check (the others take any
+        config): what a definition's action steps are checked against when it compiles."""
+        return self._executors.schemas()
 
     def compile(self, definition: Any) -> Plan:
         """Compile a definition without registering it; ``DefinitionError`` lists every
@@ -88,6 +111,17 @@ class Catalog:
         summaries = await self._store.list_definitions(name)
         return any(s.version == version and s.active for s in summaries)
 
+    async def admit_input(self, plan: Plan, input: Any) -> None:
+        """`check_input`, in a thread when the input is large and the plan has a schema:
+        checking a megabyte against a JSON Schema takes seconds of Python, which must not
+        hold the event loop (the thread gives it the GIL back every few milliseconds).
+        The patterns of the schema run on RE2 (dsl/regexes.py), so the time is linear in
+        the input, which the request body limit bounds."""
+        if plan.input_schema is not None and _json_size(input) > INLINE_INPUT_CHECK:
+            await asyncio.to_thread(self.check_input, plan, input)
+        else:
+            self.check_input(plan, input)
+
     def check_input(self, plan: Plan, input: Any) -> None:
         """Refuse an input that does not fit the plan or cannot be stored (no run is made)."""
         from tideflow.dsl.inputs import validate_input
@@ -96,7 +130,9 @@ class Catalog:
         try:
             storable.check(input, "the run input", self._max_run_input)
         except StepError as exc:
-            raise InputValidationError(exc.message) from None
+            found = storable.integer_problem(input)  # named as a field: body.input.order.n
+            fields = [] if found is None else [(storable.format_path(found[0], "$"), found[1])]
+            raise InputValidationError(exc.message, fields=fields) from None
 
     async def create(
         self,

@@ -239,7 +239,7 @@ class Engine(EngineLink, Runs):
         catalog = self._catalog
         # by name only: a subflow's `workflow:` never names a file (docs/dsl.md)
         plan = await catalog.registered(command.workflow, command.version)
-        catalog.check_input(plan, command.input)
+        await catalog.admit_input(plan, command.input)
         parent = command.run_id if command.wait else None
         step = command.step_key if command.wait else None
         key = f"child:{command.child_run_id}"

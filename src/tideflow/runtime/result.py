@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tideflow.model.masking import mask
 from tideflow.model.plan import Plan
 from tideflow.model.quick import quick_init
 from tideflow.model.run import RunState
 from tideflow.model.states import RunStatus
-from tideflow.worker.secrets import redact_fields
 
 
 @quick_init  # a result has one per step
@@ -64,22 +64,37 @@ class RunResult:
 
 
 def result_of(state: RunState, plan: Plan | None = None) -> RunResult:
-    """The caller's view of a run state; with the plan, fields a step marks `sensitive`
-    are masked in its input and output (the run state itself keeps them)."""
+    """The caller's view of a run state, masked by the one set of rules
+    (``tideflow.model.masking``): keys that name a credential everywhere, and with the
+    plan the fields a step marks `sensitive` in its output (the run's output: those of
+    every step). The run state itself keeps the values."""
     result = _result(state)
-    if plan is None or not any(spec.sensitive for spec in plan.specs.values()):
-        return result
-    steps = dict(result.steps)
+    specs = plan.specs if plan is not None else {}
     for key, step in result.steps.items():
-        spec = plan.specs.get(state.steps[key].step_id)
-        if spec is not None and spec.sensitive:
-            steps[key] = replace(step, output=redact_fields(step.output, spec.sensitive))
-    return replace(result, steps=steps, output=_redact_output(result.output, plan))
+        spec = specs.get(state.steps[key].step_id)
+        masked = mask(step.output, spec.sensitive if spec is not None else ())
+        if masked is not step.output:
+            result.steps[key] = replace(step, output=masked)  # a dict of this result's own
+    output = mask(result.output, plan_sensitive(plan))
+    return result if output is result.output else replace(result, output=output)
 
 
-def _redact_output(output: Any, plan: Plan) -> Any:
-    names = sorted({name for spec in plan.specs.values() for name in spec.sensitive})
-    return redact_fields(output, names)
+def plan_sensitive(plan: Plan | None) -> list[str]:
+    """Every field name the plan's steps declare sensitive (what a run-wide value, such
+    as the run's output or a history event, is masked by)."""
+    if plan is None:
+        return []
+    names = _PLAN_SENSITIVE.get(plan.hash)
+    if names is None:
+        if len(_PLAN_SENSITIVE) >= 1024:  # plans are few; a bound all the same
+            _PLAN_SENSITIVE.clear()
+        names = sorted({name for spec in plan.specs.values() for name in spec.sensitive})
+        _PLAN_SENSITIVE[plan.hash] = names
+    return names
+
+
+_PLAN_SENSITIVE: dict[str, list[str]] = {}
+"""Plan hash -> ``plan_sensitive`` (every run's result asks for it)."""
 
 
 def _result(state: RunState) -> RunResult:

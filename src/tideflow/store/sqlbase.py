@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
@@ -38,6 +38,7 @@ from tideflow.store.base import (
     UnstorableData,
 )
 from tideflow.store.paging import decode_cursor, encode_cursor
+from tideflow.store.sealing import Sealer, SensitiveNames
 
 PlanCompiler = Callable[[Mapping[str, Any]], Plan]
 
@@ -60,7 +61,11 @@ def dumps(value: Any) -> str:
         raise UnstorableData(f"a value cannot be stored as JSON: {exc}") from None
 
 
-def loads(text: str | bytes | None, what: str) -> Any:
+def loads(text: str | bytes | None, what: str, sealer: Sealer | None = None) -> Any:
+    """Parse a stored JSON text; with the store's ``sealer``, sensitive values come back
+    opened (see ``tideflow.store.sealing``)."""
+    if sealer is not None:
+        return sealer.loads(text, what)
     if text is None:
         return None
     try:
@@ -98,7 +103,9 @@ class BatchRows:
     outbox: list[tuple[str, str, float, str]]
 
 
-def batch_rows(batch: Sequence[AppliedEvent]) -> BatchRows:
+def batch_rows(batch: Sequence[AppliedEvent], sealer: Sealer | None = None) -> BatchRows:
+    """The rows of a batch; with a ``sealer``, the values of the fields a run's plan
+    declares sensitive are sealed in every one of them (a run without: one lookup)."""
     history = []
     first_seq: dict[str, int] = {}
     last: dict[str, AppliedEvent] = {}
@@ -108,7 +115,8 @@ def batch_rows(batch: Sequence[AppliedEvent]) -> BatchRows:
     for applied in batch:
         event = applied.event
         run_id = event.run_id
-        history.append(_history_row(applied))
+        sealing = _sealing(sealer, applied)
+        history.append(_history_row(applied, sealing))
         first_seq.setdefault(run_id, applied.seq)
         last[run_id] = applied
         if "run" in map(_SUBJECT, applied.transitions):  # no generator per event
@@ -116,37 +124,75 @@ def batch_rows(batch: Sequence[AppliedEvent]) -> BatchRows:
         if applied.snapshot:
             snapshots.add(run_id)
         for outbox_id, command in applied.outbox:
-            outbox.append((outbox_id, run_id, event.time, dumps(codec.command_to_data(command))))
-    runs = [_run_update(a, first_seq[run_id] - 1, run_id in moved) for run_id, a in last.items()]
+            data = codec.command_to_data(command)
+            if sealing is not None:
+                data = sealing.seal(data)
+            outbox.append((outbox_id, run_id, event.time, dumps(data)))
+    runs = [
+        _run_update(a, first_seq[run_id] - 1, run_id in moved, _sealing(sealer, a))
+        for run_id, a in last.items()
+    ]
     # The runtime hands every event of a run the same live state object, so a snapshot
     # asked for mid-batch already holds the later events: store it under the run's last
     # seq of the batch, or a reload would replay those events a second time.
     snaps = [
-        (run_id, last[run_id].seq, dumps(codec.state_to_data(last[run_id].state)))
+        (run_id, last[run_id].seq, _state_text(last[run_id].state, _sealing(sealer, last[run_id])))
         for run_id in snapshots
     ]
     return BatchRows(history=history, runs=runs, snapshots=snaps, outbox=outbox)
 
 
-def _history_row(applied: AppliedEvent) -> tuple[str, int, str, str, float, str, str]:
+@dataclass(frozen=True, slots=True)
+class Sealing:
+    """How one run's sensitive values are sealed (only runs whose plan declares some)."""
+
+    sealer: Sealer
+    names: SensitiveNames
+    run_id: str
+
+    def seal(self, data: Any, *, eager: bool = False) -> Any:
+        return self.sealer.seal(data, self.names, f"run {self.run_id}", eager=eager)
+
+
+def _sealing(sealer: Sealer | None, applied: AppliedEvent) -> Sealing | None:
+    if sealer is None:
+        return None
+    names = sealer.names(applied.state.plan_hash)
+    return None if names is None else Sealing(sealer, names, applied.state.run_id)
+
+
+def _state_text(state: RunState, sealing: Sealing | None, *, eager: bool = False) -> str:
+    data = codec.state_to_data(state)
+    return dumps(data if sealing is None else sealing.seal(data, eager=eager))
+
+
+def _history_row(
+    applied: AppliedEvent, sealing: Sealing | None = None
+) -> tuple[str, int, str, str, float, str, str]:
     event = applied.event
     kind = codec.event_kind(event)
     try:
-        data = dumps(codec.event_to_data(event))
+        fields = codec.event_to_data(event)
+        data = dumps(fields if sealing is None else sealing.seal(fields))
         transitions = dumps([codec.transition_to_data(t) for t in applied.transitions])
     except UnstorableData as exc:
         raise UnstorableData(f"event {kind} of run {event.run_id}: {exc.message}") from None
     return (event.run_id, applied.seq, event.event_id, kind, event.time, data, transitions)
 
 
-def _run_update(applied: AppliedEvent, expected: int, status_changed: bool) -> RunUpdate:
+def _run_update(
+    applied: AppliedEvent, expected: int, status_changed: bool, sealing: Sealing | None
+) -> RunUpdate:
     state = applied.state
+    output = state.output
+    if output is not None and sealing is not None:
+        output = sealing.seal(output)
     return RunUpdate(
         run_id=state.run_id,
         status=state.status._value_,  # not the enum property: once per run and commit
         updated_at=applied.event.time,
         finished_at=state.finished_at,
-        output=dumps(state.output) if state.output is not None else None,
+        output=dumps(output) if output is not None else None,
         error=dumps(codec.error_to_data(state.error)) if state.error is not None else None,
         last_seq=applied.seq,
         expected_seq=expected,
@@ -154,7 +200,11 @@ def _run_update(applied: AppliedEvent, expected: int, status_changed: bool) -> R
     )
 
 
-def new_run_row(state: RunState, idempotency_key: str | None) -> tuple[Any, ...]:
+def new_run_row(
+    state: RunState, idempotency_key: str | None, sealer: Sealer | None = None
+) -> tuple[Any, ...]:
+    names = None if sealer is None else sealer.names(state.plan_hash)
+    sealing = None if sealer is None or names is None else Sealing(sealer, names, state.run_id)
     return (
         state.run_id,
         state.workflow,
@@ -165,37 +215,50 @@ def new_run_row(state: RunState, idempotency_key: str | None) -> tuple[Any, ...]
         state.created_at,
         state.parent_run_id,
         idempotency_key,
-        dumps(codec.state_to_data(state)),
+        _state_text(state, sealing, eager=True),  # refused before it is written
     )
 
 
-def snapshot_from_row(run_id: str, text: str) -> RunState:
-    data = loads(text, f"the stored state of run {run_id!r}")
+async def learn_plans(
+    read_plan: Callable[[str], Awaitable[Plan]], sealer: Sealer, plan_hashes: Iterable[str]
+) -> None:
+    """Make ``sealer`` know the sensitive names of these plans before their runs' rows are
+    written (a plan this process never read yet: another engine started the run). A
+    plan that cannot be read seals nothing: its run cannot be loaded either."""
+    for plan_hash in sealer.unknown(plan_hashes):
+        try:
+            sealer.learn(await read_plan(plan_hash))
+        except TideflowError:
+            sealer.seal_nothing_for(plan_hash)
+
+
+def snapshot_from_row(run_id: str, text: str, sealer: Sealer | None = None) -> RunState:
+    data = loads(text, f"the stored state of run {run_id!r}", sealer)
     if not isinstance(data, dict):
         raise codec.StateFormatError(f"the stored state of run {run_id!r} is not a JSON object")
     return codec.state_from_data(data)
 
 
-def event_from_row(run_id: str, seq: int, text: str) -> Any:
-    data = loads(text, f"history row {seq} of run {run_id!r}")
+def event_from_row(run_id: str, seq: int, text: str, sealer: Sealer | None = None) -> Any:
+    data = loads(text, f"history row {seq} of run {run_id!r}", sealer)
     if not isinstance(data, dict):
         raise codec.StateFormatError(f"history row {seq} of run {run_id!r} is not a JSON object")
     return codec.event_from_data(data, run_id=run_id)
 
 
-def history_entry(run_id: str, row: Sequence[Any]) -> HistoryEntry:
+def history_entry(run_id: str, row: Sequence[Any], sealer: Sealer | None = None) -> HistoryEntry:
     seq, time, kind, data, transitions = row
     return HistoryEntry(
         run_id=run_id,
         seq=int(seq),
         time=float(time),
         kind=str(kind),
-        event=loads(data, f"history row {seq} of run {run_id!r}"),
+        event=loads(data, f"history row {seq} of run {run_id!r}", sealer),
         transitions=loads(transitions, f"history row {seq} of run {run_id!r}") or [],
     )
 
 
-def summary_from_row(row: Sequence[Any]) -> RunSummary:
+def summary_from_row(row: Sequence[Any], sealer: Sealer | None = None) -> RunSummary:
     run_id, workflow, version, status, created, updated, finished, parent, output, error = row
     return RunSummary(
         run_id=run_id,
@@ -206,22 +269,22 @@ def summary_from_row(row: Sequence[Any]) -> RunSummary:
         updated_at=float(updated),
         finished_at=None if finished is None else float(finished),
         parent_run_id=parent,
-        output=loads(output, f"the output of run {run_id!r}"),
+        output=loads(output, f"the output of run {run_id!r}", sealer),
         error=loads(error, f"the error of run {run_id!r}"),
     )
 
 
-def run_page(rows: Sequence[Sequence[Any]], limit: int) -> RunPage:
+def run_page(rows: Sequence[Sequence[Any]], limit: int, sealer: Sealer | None = None) -> RunPage:
     """A page of a listing queried with ``limit + 1`` rows (the extra row says there is more)."""
-    runs = [summary_from_row(row) for row in rows[:limit]]
+    runs = [summary_from_row(row, sealer) for row in rows[:limit]]
     more = len(rows) > limit
     next_cursor = encode_cursor(runs[-1].created_at, runs[-1].run_id) if more else None
     return RunPage(runs=runs, next_cursor=next_cursor)
 
 
-def outbox_item(row: Sequence[Any]) -> OutboxItem:
+def outbox_item(row: Sequence[Any], sealer: Sealer | None = None) -> OutboxItem:
     outbox_id, run_id, command = row
-    data = loads(command, f"outbox entry {outbox_id!r}")
+    data = loads(command, f"outbox entry {outbox_id!r}", sealer)
     return OutboxItem(id=outbox_id, run_id=run_id, command=codec.command_from_data(data))
 
 
@@ -271,13 +334,25 @@ def leases_from_rows(rows: Sequence[Sequence[Any]]) -> list[Lease]:
     return [lease for lease in map(lease_from_row, rows) if lease is not None]
 
 
-def inbox_rows(events: Sequence[Event]) -> list[tuple[str, str, float, str]]:
-    return [(e.event_id, e.run_id, time.time(), dumps(codec.event_to_data(e))) for e in events]
+def inbox_rows(
+    events: Sequence[Event], sealer: Sealer | None = None, plans: Mapping[str, str] | None = None
+) -> list[tuple[str, str, float, str]]:
+    """Inbox rows; ``plans`` (run id -> plan hash) says which runs' sensitive values
+    ``sealer`` seals (a start from another process carries the run's input)."""
+    rows = []
+    for e in events:
+        data = codec.event_to_data(e)
+        plan_hash = None if plans is None else plans.get(e.run_id)
+        names = None if sealer is None or plan_hash is None else sealer.names(plan_hash)
+        if sealer is not None and names is not None:
+            data = sealer.seal(data, names, f"run {e.run_id}")
+        rows.append((e.event_id, e.run_id, time.time(), dumps(data)))
+    return rows
 
 
-def inbox_event(row: Sequence[Any]) -> Event:
+def inbox_event(row: Sequence[Any], sealer: Sealer | None = None) -> Event:
     event_id, run_id, text = row
-    data = loads(text, f"inbox event {event_id!r}")
+    data = loads(text, f"inbox event {event_id!r}", sealer)
     if not isinstance(data, dict):
         raise codec.StateFormatError(f"inbox event {event_id!r} is not a JSON object")
     return codec.event_from_data(data, run_id=run_id)

@@ -61,7 +61,7 @@ def ui_app(sessions: Sessions | None) -> Starlette:
             if not isinstance(token, str):
                 raise ValueError("no token")
             session_id, principal = await sessions.login(token)
-        except (ValueError, KeyError):
+        except (ValueError, KeyError, RecursionError):  # RecursionError: JSON nested too deep
             return _refused('send {"token": "tf_…"}: an API token (tideflow tokens create)')
         except Unauthenticated:
             return _refused("that is not a live API token")

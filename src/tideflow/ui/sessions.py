@@ -15,6 +15,13 @@ A request authenticated by the cookie must also carry the ``X-Tideflow-UI`` head
 any method that changes something: a form or image on another site cannot add a header,
 so the cookie alone cannot be used to act (SameSite=Strict already keeps it off
 cross-site requests; the header is the second lock).
+
+Sessions are bounded per token and in total, so that no token can end another's
+sessions by logging in again and again: a token holds at most ``MAX_PER_TOKEN``
+(its own least recently used goes when it logs in once more), and when the process
+holds ``MAX_SESSIONS`` a login ends the least recently used session of the token that
+holds the most (one token alone never reaches the total; only as many tokens as an
+admin issued could, and then the heaviest holder pays first).
 """
 
 from __future__ import annotations
@@ -36,7 +43,10 @@ CSRF_HEADER = "x-tideflow-ui"
 LIFETIME = 12 * 3600.0
 """Seconds a session lasts without use."""
 MAX_SESSIONS = 10_000
-"""Sessions kept at once (in memory): past that, a login ends the least recently used."""
+"""Sessions kept at once (in memory): past that, a login ends the least recently used
+session of the token that holds the most."""
+MAX_PER_TOKEN = 20
+"""Sessions one API token holds at once: past that, its own least recently used ends."""
 LOCAL = Principal(token_id="local", name="tideflow ui (local user)", role=Role.ADMIN)
 
 
@@ -44,6 +54,8 @@ LOCAL = Principal(token_id="local", name="tideflow ui (local user)", role=Role.A
 class _Session:
     token: str | None
     """The API token it authenticates with (None: the local user's session)."""
+    owner: str
+    """Whose it is: the token's id (``local`` for the local user)."""
     used_at: float
 
 
@@ -54,6 +66,9 @@ class Sessions:
     code: str | None = None
     """The one-time code of `tideflow ui` (None once redeemed, or on a server)."""
     _sessions: dict[str, _Session] = field(default_factory=dict)
+    """Every session, least recently used first."""
+    _owned: dict[str, dict[str, None]] = field(default_factory=dict)
+    """Each owner's session ids, least recently used first."""
 
     @classmethod
     def local(cls) -> Sessions:
@@ -69,40 +84,59 @@ class Sessions:
         if self.store is None:
             raise ValueError("this UI is opened with its one-time link, not with API tokens")
         principal = await authenticate(self.store, f"Bearer {token.strip()}")
-        return self._new(token.strip()), principal
+        return self._new(token.strip(), principal.token_id), principal
 
     def redeem(self, code: str) -> str | None:
         """A session for the one-time code (None when it is wrong or was used)."""
         if self.code is None or not hmac.compare_digest(self.code.encode(), code.encode()):
             return None
         self.code = None
-        return self._new(None)
+        return self._new(None, LOCAL.token_id)
 
     async def principal(self, session_id: str | None) -> Principal | None:
         """Who the session is; None for no session, an unknown or an expired one.
         ``Unauthenticated`` when its token is no longer live (and the session ends)."""
-        session = self._sessions.get(session_id or "")
+        key = session_id or ""
+        session = self._sessions.get(key)
         now = time.monotonic()
         if session is None or now - session.used_at > LIFETIME:
-            self._sessions.pop(session_id or "", None)
+            self.end(key)
             return None
         session.used_at = now
-        self._sessions[session_id or ""] = self._sessions.pop(session_id or "")  # last: newest
+        self._sessions[key] = self._sessions.pop(key)  # last: the most recently used
+        owned = self._owned[session.owner]
+        owned[key] = owned.pop(key)
         if session.token is None:
             return LOCAL
         assert self.store is not None
         try:
             return await authenticate(self.store, f"Bearer {session.token}")
         except Unauthenticated:  # revoked since: the session ends with its token
-            self._sessions.pop(session_id or "", None)
+            self.end(key)
             raise
 
     def end(self, session_id: str | None) -> None:
-        self._sessions.pop(session_id or "", None)
+        session = self._sessions.pop(session_id or "", None)
+        if session is None:
+            return
+        owned = self._owned[session.owner]
+        del owned[session_id or ""]
+        if not owned:
+            del self._owned[session.owner]
 
-    def _new(self, token: str | None) -> str:
-        if len(self._sessions) >= MAX_SESSIONS:  # the one used longest ago goes (the
-            del self._sessions[next(iter(self._sessions))]  # first: used moves it last)
+    def _new(self, token: str | None, owner: str) -> str:
+        owned = self._owned.get(owner, {})
+        if len(owned) >= MAX_PER_TOKEN:
+            self.end(next(iter(owned)))  # the owner's own least recently used
+        elif len(self._sessions) >= MAX_SESSIONS:
+            self.end(self._heaviest_oldest())
         session_id = secrets.token_urlsafe(32)
-        self._sessions[session_id] = _Session(token=token, used_at=time.monotonic())
+        self._sessions[session_id] = _Session(token=token, owner=owner, used_at=time.monotonic())
+        self._owned.setdefault(owner, {})[session_id] = None
         return session_id
+
+    def _heaviest_oldest(self) -> str:
+        """The least recently used session of the owner that holds the most (scanned
+        only when every slot is taken, which takes many tokens)."""
+        most = max(len(owned) for owned in self._owned.values())
+        return next(key for key, s in self._sessions.items() if len(self._owned[s.owner]) == most)

@@ -5,7 +5,8 @@ Just before an executor runs, the worker calls :func:`resolve_markers` with the
 names the step's templates reference (``DispatchTask.secrets``) and a
 :class:`SecretProvider`; the values it used feed a :class:`Redactor` that masks
 them in the step's output, error, and log lines before anything is stored.
-Fields a definition marks ``sensitive`` are masked with :func:`redact_fields`.
+Fields a definition marks ``sensitive`` are masked with :func:`redact_fields` (the one
+set of rules: ``tideflow.model.masking``).
 
 Providers: :class:`EnvSecretProvider` (``TIDEFLOW_SECRET_<NAME>``),
 :class:`FileSecretProvider` (a JSON object or ``.env`` file of ``NAME=value``),
@@ -28,6 +29,7 @@ from urllib.parse import quote, quote_plus
 import orjson
 
 from tideflow.model.events import ErrorInfo
+from tideflow.model.masking import PLACEHOLDER, mask
 from tideflow.model.secrets import MARKER_PREFIX, MARKER_RE
 from tideflow.worker.executors.errors import SecretNotFound
 
@@ -45,7 +47,6 @@ __all__ = [
 
 ENV_PREFIX = "TIDEFLOW_SECRET_"
 SECRETS_FILE_VARIABLE = "TIDEFLOW_SECRETS_FILE"
-PLACEHOLDER = "***"
 MIN_REDACTED_LENGTH = 4
 
 
@@ -269,35 +270,14 @@ def _encoded_forms(value: str) -> set[str]:
 
 
 def redact_fields(obj: Any, field_names: Iterable[str], placeholder: str = PLACEHOLDER) -> Any:
-    """``obj`` with the values of the named fields replaced by the placeholder.
+    """``obj`` as a person may see it: the values of the named fields, and of keys that
+    name a credential, replaced by the placeholder (``tideflow.model.masking.mask``).
 
     A plain name (``card_number``) matches that key at any depth; a dotted name
     (``payment.card.number``) matches that path from the top, lists being
     transparent (``items.secret`` matches the key in every item of ``items``).
     """
-    names = set(field_names)
-    if not names:
-        return obj
-    plain = {n for n in names if "." not in n}
-    dotted = names - plain
-    return _redact_fields(obj, (), plain, dotted, placeholder)
-
-
-def _redact_fields(
-    obj: Any, path: tuple[str, ...], plain: set[str], dotted: set[str], placeholder: str
-) -> Any:
-    if isinstance(obj, Mapping):
-        out: dict[Any, Any] = {}
-        for key, value in obj.items():
-            here = (*path, str(key))
-            if key in plain or ".".join(here) in dotted:
-                out[key] = placeholder
-            else:
-                out[key] = _redact_fields(value, here, plain, dotted, placeholder)
-        return out
-    if isinstance(obj, list | tuple):
-        return [_redact_fields(item, path, plain, dotted, placeholder) for item in obj]
-    return obj
+    return mask(obj, field_names, placeholder=placeholder)
 
 
 def _map_strings(obj: Any, fn: Callable[[str], str]) -> Any:

@@ -42,6 +42,8 @@ BREAKING = {
     "steps": [{"id": "boom", "type": "python", "function": "api_test.boom"}],
 }
 MAX_BODY = 4096
+JSON_TYPE = {"content-type": "application/json"}
+"""What a request that changes something sends without a body (api/browsers.py)."""
 
 
 @pytest.fixture(autouse=True)
@@ -196,7 +198,7 @@ async def test_a_deactivated_version_starts_no_run_until_it_is_activated(
     api: httpx.AsyncClient,
 ) -> None:
     await register_waiting(api)
-    off = await api.post("/definitions/waiting/1/deactivate")
+    off = await api.post("/definitions/waiting/1/deactivate", headers=JSON_TYPE)
     assert off.status_code == 200, off.text
     assert off.json() == {"name": "waiting", "version": "1", "active": False, "changed": True}
     assert (await api.get("/definitions")).json()["definitions"][0]["active"] is False
@@ -207,12 +209,14 @@ async def test_a_deactivated_version_starts_no_run_until_it_is_activated(
     assert "every version of 'waiting' is deactivated" in by_name["detail"]
     assert (await api.get("/runs")).json()["runs"] == []
     assert (await api.get("/definitions/waiting/1")).status_code == 200  # still readable
-    on = await api.post("/definitions/waiting/1/activate")
+    on = await api.post("/definitions/waiting/1/activate", headers=JSON_TYPE)
     assert on.json()["changed"] is True
-    assert (await api.post("/definitions/waiting/1/activate")).json()["changed"] is False
+    assert (await api.post("/definitions/waiting/1/activate", headers=JSON_TYPE)).json()[
+        "changed"
+    ] is False
     started = await api.post("/runs", json={"workflow": "waiting", "input": {"order_id": "A1"}})
     assert started.status_code == 201, started.text
-    problem(await api.post("/definitions/waiting/9/deactivate"), 404)
+    problem(await api.post("/definitions/waiting/9/deactivate", headers=JSON_TYPE), 404)
 
 
 async def test_start_a_run_signal_it_and_read_it(rt: Runtime, api: httpx.AsyncClient) -> None:
@@ -320,8 +324,8 @@ async def test_unknown_runs_are_404(api: httpx.AsyncClient) -> None:
     for response in (
         await api.get("/runs/nope"),
         await api.get("/runs/nope/history"),
-        await api.post("/runs/nope/cancel"),
-        await api.post("/runs/nope/retry"),
+        await api.post("/runs/nope/cancel", headers=JSON_TYPE),
+        await api.post("/runs/nope/retry", headers=JSON_TYPE),
         await api.post("/runs/nope/signals", json={"name": "go"}),
         await api.post("/runs", json={"workflow": "nope"}),
     ):
@@ -350,9 +354,9 @@ async def test_cancel_a_waiting_run(rt: Runtime, api: httpx.AsyncClient) -> None
     assert cancelled.status_code == 202
     assert cancelled.json() == {"run_id": run_id, "status": "running"}
     assert (await rt.client.wait(run_id, 10)).status == "cancelled"
-    again = await api.post(f"/runs/{run_id}/cancel")
+    again = await api.post(f"/runs/{run_id}/cancel", headers=JSON_TYPE)
     assert again.json()["status"] == "cancelled"
-    problem(await api.post(f"/runs/{run_id}/retry"), 409)
+    problem(await api.post(f"/runs/{run_id}/retry", headers=JSON_TYPE), 409)
 
 
 async def test_retry_a_failed_run(rt: Runtime, api: httpx.AsyncClient) -> None:
@@ -421,7 +425,7 @@ async def test_queues_show_what_waits_on_the_bus() -> None:
         await rt.client.register(TASKS)
         run_id = await rt.client.start("tasks", {})
         transport = httpx.ASGITransport(app=create_app(rt.client, auth=False))
-        async with httpx.AsyncClient(transport=transport, base_url="http://api") as api:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as api:
             await wait_until(rt, run_id, step_is("a", "running"))
             body: dict[str, Any] = (await api.get("/queues")).json()
         rows = {(q["queue"], q["priority"]): q for q in body["queues"]}
@@ -433,7 +437,7 @@ async def test_queues_show_what_waits_on_the_bus() -> None:
 async def test_workers_are_listed_with_their_heartbeat() -> None:
     async with Runtime(workers=2) as rt:
         transport = httpx.ASGITransport(app=create_app(rt.client, auth=False))
-        async with httpx.AsyncClient(transport=transport, base_url="http://api") as api:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as api:
             for _ in range(1000):  # the pool's readers open as its tasks start
                 body: dict[str, Any] = (await api.get("/workers")).json()
                 if body["workers"]:

@@ -121,9 +121,10 @@ class World:
             schedule_id="default",
         )
         body, params = BODIES.get(key), QUERIES.get(key)
-        return await self.api.request(
-            method, url, json=body, params=params, headers=self.headers[credentials]
-        )
+        headers = dict(self.headers[credentials])
+        if method != "GET":  # with a body or without (api/browsers.py)
+            headers["content-type"] = "application/json"
+        return await self.api.request(method, url, json=body, params=params, headers=headers)
 
     async def state(self) -> tuple[object, ...]:
         """What a request could change: runs, their history, definitions, tokens."""

@@ -76,7 +76,9 @@ async def test_the_curl_examples_run(tmp_path: Path) -> None:
         "urn:tideflow:problem:run-not-retryable",
         "urn:tideflow:problem:input-invalid",
         "urn:tideflow:problem:forbidden",
+        "urn:tideflow:problem:unsupported-media-type",  # a cancel with no Content-Type
     ]
-    assert bodies[-2]["errors"][0]["field"] == "body.input"
-    assert "needs role operator" in bodies[-1]["detail"]
+    assert bodies[-3]["errors"][0]["field"] == "body.input"
+    assert "needs role operator" in bodies[-2]["detail"]
+    assert "Content-Type: application/json" in bodies[-1]["detail"]
     assert sorted(t.role for t in tokens) == ["admin", "viewer"]

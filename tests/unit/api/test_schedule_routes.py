@@ -95,7 +95,10 @@ async def test_schedules_over_http(served: Served) -> None:
 
 async def test_a_viewer_reads_schedules_and_steers_none(served: Served) -> None:
     async with httpx.AsyncClient(base_url=served.url) as http:
-        headers = {"authorization": f"Bearer {served.tokens[Role.VIEWER]}"}
+        headers = {
+            "authorization": f"Bearer {served.tokens[Role.VIEWER]}",
+            "content-type": "application/json",
+        }
         one = await http.get("/schedules/nightly/early", headers=headers)
         assert one.status_code == 200 and one.json()["id"] == "early"
         pause = await http.post("/schedules/nightly/early/pause", headers=headers)

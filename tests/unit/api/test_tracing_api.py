@@ -22,6 +22,7 @@ from .conftest import APPROVALS, BEARER, PAID, SOURCES, binary, event, structure
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
 TRACEPARENT = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"
+JSON_TYPE = {"content-type": "application/json"}
 
 TRIGGERED = {
     "name": "fulfil",
@@ -58,7 +59,7 @@ async def rt(exporter: InMemorySpanExporter) -> AsyncIterator[Runtime]:
 async def api(rt: Runtime) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(rt.client, auth=False, event_sources=SOURCES)
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://tideflow") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
         yield client
 
 
@@ -190,14 +191,18 @@ async def test_a_cancel_and_a_retry_over_http_join_the_callers_trace(
 ) -> None:
     run_id = await rt.client.start("waits", {})
     await wait_until(rt, run_id, step_is("approval", "waiting"))
-    answer = await api.post(f"/runs/{run_id}/cancel", headers={"traceparent": TRACEPARENT})
+    answer = await api.post(
+        f"/runs/{run_id}/cancel", headers={"traceparent": TRACEPARENT, **JSON_TYPE}
+    )
     assert answer.status_code == 202, answer.text
     assert (await rt.wait(run_id, timeout=10)).status == "cancelled"
     cancel = named(exporter, "cancel waits")
     assert ids(cancel) == (CALLER_TRACE, CALLER_SPAN)
     (applied,) = applying(exporter, "waits", "CancelRequested")
     assert span_of(cancel) in linked_to(applied)
-    answer = await api.post(f"/runs/{run_id}/retry", headers={"traceparent": TRACEPARENT})
+    answer = await api.post(
+        f"/runs/{run_id}/retry", headers={"traceparent": TRACEPARENT, **JSON_TYPE}
+    )
     assert answer.status_code == 409  # a cancelled run is not retried: no span, no event
     assert [s for s in exporter.get_finished_spans() if s.name.startswith("retry")] == []
 
@@ -239,7 +244,7 @@ async def test_an_http_client_in_a_callers_span_sends_its_context(
     app = create_app(rt.client, auth=False)
     provider = TracerProvider()  # the caller's process (nothing exported)
     async with HttpClient(
-        "http://tideflow", transport=httpx.ASGITransport(app=app), tracer_provider=provider
+        "http://localhost", transport=httpx.ASGITransport(app=app), tracer_provider=provider
     ) as remote:
         untraced = await remote.start("fulfil", {})
         with provider.get_tracer("caller").start_as_current_span("caller") as caller:

@@ -3,6 +3,7 @@ from datetime import timedelta
 import pytest
 
 from tideflow.dsl import parse_duration
+from tideflow.model.durations import MAX_DURATION, DurationTooLong
 
 
 @pytest.mark.parametrize(
@@ -64,3 +65,10 @@ def test_the_dsl_reexports_the_model_parser() -> None:
 
     assert durations.parse_duration is model_durations.parse_duration
     assert durations.DURATION_HINT is model_durations.DURATION_HINT
+
+
+@pytest.mark.parametrize("value", [1e300, -1e300, 2**62, "99999999999999999999d", "P9999999999W"])
+def test_a_duration_longer_than_100_years_is_refused_saying_so(value: object) -> None:
+    with pytest.raises(DurationTooLong, match="longer than 100 years"):
+        parse_duration(value)
+    assert parse_duration(MAX_DURATION) == MAX_DURATION

@@ -24,7 +24,7 @@ FOR_OTHERS = {
     "sniffio",
 }
 """Dependencies declared for another dependency's sake: tideflow does not import them."""
-IMPORT_NAMES = {"pyyaml": "yaml"}
+IMPORT_NAMES = {"pyyaml": "yaml", "google_re2": "re2"}
 """Distributions whose import name differs from their name."""
 
 

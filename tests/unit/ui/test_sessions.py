@@ -13,7 +13,8 @@ from tideflow.api import create_app
 from tideflow.api.auth import issue_token
 from tideflow.model.tokens import Role
 from tideflow.runtime.runtime import Runtime
-from tideflow.ui.sessions import COOKIE, Sessions
+from tideflow.store.backends.memory import MemoryStore
+from tideflow.ui.sessions import COOKIE, MAX_PER_TOKEN, Sessions
 
 HELLO = {"name": "hello", "version": "1", "steps": [{"id": "a", "type": "noop"}]}
 UI = {"X-Tideflow-UI": "1"}
@@ -28,7 +29,7 @@ async def rt() -> AsyncIterator[Runtime]:
 
 def client_of(app: object) -> httpx.AsyncClient:
     transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
-    return httpx.AsyncClient(transport=transport, base_url="http://ui")
+    return httpx.AsyncClient(transport=transport, base_url="http://localhost")
 
 
 async def test_the_one_time_link_opens_one_session_and_nothing_else_gets_in(rt: Runtime) -> None:
@@ -49,7 +50,8 @@ async def test_the_one_time_link_opens_one_session_and_nothing_else_gets_in(rt: 
         without = await api.post("/runs", json={"workflow": "hello"})
         assert without.status_code == 401  # a cookie alone cannot act: the UI's header too
         assert (await api.post("/runs", json={"workflow": "hello"}, headers=UI)).status_code == 201
-        assert (await api.post("/ui/logout")).status_code == 204
+        logout = await api.post("/ui/logout", headers={"content-type": "application/json"})
+        assert logout.status_code == 204
         api.cookies.clear()
         assert (await api.get("/runs")).status_code == 401
         assert (await api.get("/ui/whoami")).json()["login"] == "link"
@@ -105,3 +107,57 @@ async def test_sessions_are_bounded_the_least_recently_used_goes(
     assert await sessions.principal(second) is None
     assert await sessions.principal(first) is not None
     assert await sessions.principal(third) is not None
+
+
+async def test_ten_thousand_logins_with_one_token_leave_another_tokens_session_alive() -> None:
+    store = MemoryStore()
+    await store.open()
+    viewer = await issue_token(store, name="flood", role=Role.VIEWER, now=0.0)
+    other = await issue_token(store, name="ann", role=Role.OPERATOR, now=0.0)
+    sessions = Sessions(store=store)
+    kept, _ = await sessions.login(other.value)
+    flood = [(await sessions.login(viewer.value))[0] for _ in range(10_000)]
+    ann = await sessions.principal(kept)
+    assert ann is not None and ann.name == "ann"
+    alive = [s for s in flood if await sessions.principal(s) is not None]
+    assert alive == flood[-MAX_PER_TOKEN:]  # the flood ended only its own sessions
+    await store.close()
+
+
+async def test_a_tokens_own_least_recently_used_session_goes_past_its_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import tideflow.ui.sessions as module
+
+    monkeypatch.setattr(module, "MAX_PER_TOKEN", 3)
+    store = MemoryStore()
+    await store.open()
+    token = await issue_token(store, name="many", role=Role.VIEWER, now=0.0)
+    sessions = Sessions(store=store)
+    first, second, third = [(await sessions.login(token.value))[0] for _ in range(3)]
+    assert await sessions.principal(first) is not None  # used now: second is its oldest
+    fourth, _ = await sessions.login(token.value)
+    assert await sessions.principal(second) is None
+    assert all([await sessions.principal(s) is not None for s in (first, third, fourth)])
+    await store.close()
+
+
+async def test_when_every_slot_is_taken_the_heaviest_holder_pays(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import tideflow.ui.sessions as module
+
+    monkeypatch.setattr(module, "MAX_SESSIONS", 4)
+    store = MemoryStore()
+    await store.open()
+    a, b, c, d = [await issue_token(store, name=name, role=Role.VIEWER, now=0.0) for name in "abcd"]
+    sessions = Sessions(store=store)
+    b_only, _ = await sessions.login(b.value)  # the least recently used of all
+    a_old, _ = await sessions.login(a.value)
+    a_new, _ = await sessions.login(a.value)
+    c_only, _ = await sessions.login(c.value)
+    d_only, _ = await sessions.login(d.value)  # full: a holds the most, its oldest goes
+    assert await sessions.principal(a_old) is None
+    for kept in (b_only, a_new, c_only, d_only):
+        assert await sessions.principal(kept) is not None
+    await store.close()

@@ -50,3 +50,15 @@ def test_malformed_json_body() -> None:
     out = decode_body("application/json", b"[1, 2")
     assert out["body"] == "[1, 2"
     assert isinstance(out["body_parse_error"], str)
+
+
+@pytest.mark.parametrize("n", [2**70, -(2**70), 2**64])
+def test_a_json_body_with_an_integer_past_64_bits_is_kept_as_text_not_rounded(n: int) -> None:
+    raw = b'{"id": [1, %d]}' % n
+    out = decode_body("application/json", raw)
+    assert out["body"] == raw.decode()
+    assert str(out["body_parse_error"]).startswith(f"body.id[1]: the integer {n} is out of range")
+
+
+def test_a_json_body_with_two_to_the_63_is_exact() -> None:
+    assert decode_body("application/json", b'{"id": %d}' % 2**63) == {"body": {"id": 2**63}}

@@ -60,6 +60,7 @@ from tideflow.store.base import (
     UnstorableData,
 )
 from tideflow.store.indexrows import IndexRows, index_rows, state_rows
+from tideflow.store.sealing import Sealer
 from tideflow.store.sqlfiles import latest_version, migrations, queries
 
 Q = queries("postgres")
@@ -124,6 +125,8 @@ class PostgresStore(LeaseAndInbox, Store):
         self._plans: dict[str, Plan] = {}
         self._definitions: dict[tuple[str, str], str] = {}
         """(name, version) -> plan hash of definitions known to exist: they never change."""
+        self.sealer = Sealer(where=f"the PostgreSQL store at {self.where}")
+        """Seals the fields a run's plan declares sensitive (``tideflow.store.sealing``)."""
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -173,6 +176,7 @@ class PostgresStore(LeaseAndInbox, Store):
     async def open(self) -> None:
         if self._pool is not None:
             return
+        self.sealer.keyring()  # a malformed key variable stops the store here, not a commit
         await self._connect()
         try:
             await self._check_schema()
@@ -269,6 +273,7 @@ class PostgresStore(LeaseAndInbox, Store):
     # -- definitions ------------------------------------------------------------
 
     async def save_definition(self, plan: Plan) -> bool:
+        self.sealer.learn(plan)
         key = (plan.name, plan.version)
         known = self._definitions.get(key)
         if known is None:
@@ -278,6 +283,8 @@ class PostgresStore(LeaseAndInbox, Store):
                     known = await self._insert_definition(conn, plan)
                     if known is None:
                         self._definitions[key] = plan.hash
+                        # as SQLite's: read back at once, it is not compiled again
+                        self._plans.setdefault(plan.hash, plan)
                         return True
             self._definitions[key] = known
         if known != plan.hash:
@@ -339,6 +346,7 @@ class PostgresStore(LeaseAndInbox, Store):
             plan = self._plans[plan_hash] = sb.plan_from_source(
                 self.compile_plan, source, sb.plan_label(plan_hash, name, version), plan_hash
             )
+            self.sealer.learn(plan)
         return plan
 
     async def list_definitions(self, name: str | None = None) -> list[DefinitionSummary]:
@@ -351,8 +359,11 @@ class PostgresStore(LeaseAndInbox, Store):
     async def create_run(
         self, state: RunState, idempotency_key: str | None = None
     ) -> tuple[str, bool]:
+        if not self.sealer.knows(state.plan_hash):
+            await sb.learn_plans(self.get_plan, self.sealer, [state.plan_hash])
+        row = sb.new_run_row(state, idempotency_key, self.sealer)
         async with self._connection() as conn:
-            if await conn.fetchval(Q["insert_run"], *sb.new_run_row(state, idempotency_key)):
+            if await conn.fetchval(Q["insert_run"], *row):
                 return state.run_id, True
             existing = await conn.fetchval(Q["run_by_idempotency_key"], idempotency_key)
         if existing is None:
@@ -365,8 +376,11 @@ class PostgresStore(LeaseAndInbox, Store):
         if row is None:
             raise sb.no_run(run_id)
         snapshot, last_seq, seqs, events = row
-        state = sb.snapshot_from_row(run_id, snapshot)
-        tail = [sb.event_from_row(run_id, s, data) for s, data in zip(seqs, events, strict=True)]
+        state = sb.snapshot_from_row(run_id, snapshot, self.sealer)
+        tail = [
+            sb.event_from_row(run_id, s, data, self.sealer)
+            for s, data in zip(seqs, events, strict=True)
+        ]
         return StoredRun(snapshot=state, tail=tail, last_seq=int(last_seq))
 
     async def commit(self, batch: Sequence[AppliedEvent], relayed: Sequence[str] = ()) -> None:
@@ -375,7 +389,11 @@ class PostgresStore(LeaseAndInbox, Store):
                 async with self._connection() as conn:
                     await conn.execute(Q["delete_outbox"], list(relayed))
             return
-        document = commit_document(sb.batch_rows(batch), index_rows(batch), relayed)
+        knows = self.sealer.knows
+        unknown = [a.state.plan_hash for a in batch if not knows(a.state.plan_hash)]
+        if unknown:
+            await sb.learn_plans(self.get_plan, self.sealer, unknown)
+        document = commit_document(sb.batch_rows(batch, self.sealer), index_rows(batch), relayed)
         async with self._connection() as conn:
             try:
                 await conn.execute(Q["commit_batch"], document)
@@ -389,14 +407,14 @@ class PostgresStore(LeaseAndInbox, Store):
             rows = await conn.fetch(Q["history"], run_id)
             if not rows and await conn.fetchval(Q["run_exists"], run_id) is None:
                 raise sb.no_run(run_id)
-        return [sb.history_entry(run_id, row) for row in rows]
+        return [sb.history_entry(run_id, row, self.sealer) for row in rows]
 
     async def get_run(self, run_id: str) -> RunSummary:
         async with self._connection() as conn:
             row = await conn.fetchrow(Q["get_run"], run_id)
         if row is None:
             raise sb.no_run(run_id)
-        return sb.summary_from_row(row)
+        return sb.summary_from_row(row, self.sealer)
 
     async def list_runs(
         self, filter: RunFilter | None = None, *, limit: int = 100, cursor: str | None = None
@@ -404,7 +422,7 @@ class PostgresStore(LeaseAndInbox, Store):
         sql, params = sb.list_runs_query(filter or RunFilter(), limit, cursor, lambda n: f"${n}")
         async with self._connection() as conn:
             rows = await conn.fetch(sql, *params)
-        return sb.run_page(rows, limit)
+        return sb.run_page(rows, limit, self.sealer)
 
     async def unfinished_runs(self) -> list[str]:
         async with self._connection() as conn:
@@ -414,7 +432,7 @@ class PostgresStore(LeaseAndInbox, Store):
     async def pending_outbox(self, limit: int = 1000) -> list[OutboxItem]:
         async with self._connection() as conn:
             rows = await conn.fetch(Q["pending_outbox"], limit)
-        return [sb.outbox_item(row) for row in rows]
+        return [sb.outbox_item(row, self.sealer) for row in rows]
 
     async def unindexed_runs(self, limit: int = 1000) -> list[str]:
         async with self._connection() as conn:
@@ -525,7 +543,7 @@ class PostgresStore(LeaseAndInbox, Store):
                 if not ids:
                     return total
                 if archive is not None:
-                    await archive_runs(conn, ids, archive)
+                    await archive_runs(conn, ids, archive, self.sealer)
                 async with conn.transaction():
                     await conn.execute(Q["delete_history"], ids)
                     await conn.execute(Q["delete_run_outbox"], ids)

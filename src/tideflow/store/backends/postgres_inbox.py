@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, Any
 import asyncpg  # type: ignore[import-untyped]
 
 from tideflow.model.events import Event
+from tideflow.model.plan import Plan
 from tideflow.store import sqlbase as sb
 from tideflow.store.base import ENGINE_LEASE, InboxListener, Lease, StoreError
+from tideflow.store.sealing import Sealer
 from tideflow.store.sqlfiles import queries
 
 Q = queries("postgres")
@@ -32,8 +34,11 @@ class LeaseAndInbox:
     _listener: Any
     """The connection that LISTENs for inbox notifications (not pooled: it holds a LISTEN)."""
     _relistening: asyncio.Task[None] | None
+    sealer: Sealer
 
     if TYPE_CHECKING:
+
+        async def get_plan(self, plan_hash: str) -> Plan: ...
 
         def _connection(self) -> contextlib.AbstractAsyncContextManager[Any]: ...
         def _settings(self) -> dict[str, str]: ...
@@ -69,7 +74,13 @@ class LeaseAndInbox:
         return sb.leases_from_rows([tuple(row) for row in rows])
 
     async def add_to_inbox(self, events: Sequence[Event]) -> Lease | None:
-        rows = sb.inbox_rows(events)
+        async with self._connection() as conn:
+            plans = {
+                r: await conn.fetchval(Q["run_plan_hash"], r) for r in {e.run_id for e in events}
+            }
+        known = {run_id: str(h) for run_id, h in plans.items() if h is not None}
+        await sb.learn_plans(self.get_plan, self.sealer, known.values())
+        rows = sb.inbox_rows(events, self.sealer, known)
         async with self._connection() as conn, conn.transaction():
             await conn.executemany(Q["insert_inbox"], rows)
             await conn.execute(Q["notify_inbox"])
@@ -78,7 +89,7 @@ class LeaseAndInbox:
     async def inbox(self, limit: int = 1000) -> list[Event]:
         async with self._connection() as conn:
             rows = await conn.fetch(Q["inbox"], limit)
-        return [sb.inbox_event(tuple(row)) for row in rows]
+        return [sb.inbox_event(tuple(row), self.sealer) for row in rows]
 
     async def remove_from_inbox(self, event_ids: Sequence[str]) -> None:
         async with self._connection() as conn:

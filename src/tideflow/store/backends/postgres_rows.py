@@ -10,6 +10,7 @@ from typing import Any
 from tideflow.store import sqlbase as sb
 from tideflow.store.base import Archive, HistoryEntry
 from tideflow.store.indexrows import IndexRows
+from tideflow.store.sealing import Sealer
 from tideflow.store.sqlfiles import queries
 
 Q = queries("postgres")
@@ -86,11 +87,12 @@ def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
     return [[row[i] for row in rows] for i in range(width)]
 
 
-async def archive_runs(conn: Any, ids: list[str], archive: Archive) -> None:
-    summaries = {row[0]: sb.summary_from_row(row) for row in await conn.fetch(Q["get_runs"], ids)}
+async def archive_runs(conn: Any, ids: list[str], archive: Archive, sealer: Sealer) -> None:
+    rows = await conn.fetch(Q["get_runs"], ids)
+    summaries = {row[0]: sb.summary_from_row(row, sealer) for row in rows}
     entries: dict[str, list[HistoryEntry]] = {run_id: [] for run_id in ids}
     for row in await conn.fetch(Q["histories"], ids):
-        entries[row[0]].append(sb.history_entry(row[0], tuple(row)[1:]))
+        entries[row[0]].append(sb.history_entry(row[0], tuple(row)[1:], sealer))
     for run_id in ids:
         archive(
             {

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import enum
 import math
+import os
 import queue
 import sqlite3
 import threading
@@ -64,6 +65,7 @@ from tideflow.store.base import (
     UnstorableData,
 )
 from tideflow.store.indexrows import IndexRows, index_rows, state_rows
+from tideflow.store.sealing import Sealer, warn_if_exposed
 from tideflow.store.sqlfiles import latest_version, migrations, queries, statements
 
 T = TypeVar("T")
@@ -116,6 +118,13 @@ class SqliteStore(Store):
         self._definitions: dict[tuple[str, str], str] = {}
         """(name, version) -> plan hash of definitions known to be stored: they never change,
         so registering one again (every ``start_run`` with a Plan does) costs no transaction."""
+        in_memory = self.path == ":memory:"
+        self.sealer = Sealer(
+            where=f"the SQLite file {self.path}",
+            key_file=None if in_memory else Path(self.path + ".key"),
+            ephemeral=in_memory,
+        )
+        """Seals the fields a run's plan declares sensitive (``tideflow.store.sealing``)."""
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -202,6 +211,7 @@ class SqliteStore(Store):
         await self._run(self._open)
 
     def _open(self) -> None:
+        self.sealer.keyring()  # a malformed key variable stops the store here, not a commit
         self._connect()
         try:
             self._check_schema()
@@ -218,8 +228,7 @@ class SqliteStore(Store):
             self._checkpointer.start()
 
     def _connect(self) -> None:
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        existed = self.path != ":memory:" and not _private_file(Path(self.path))
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
             self._set_busy_timeout(conn, BUSY_TIMEOUT_MS)
@@ -230,6 +239,8 @@ class SqliteStore(Store):
             conn.close()
             raise
         self._conn = conn
+        if existed:  # after the checks: a file that is no database gets its error alone
+            warn_if_exposed(Path(self.path), "database file")
 
     def _check_schema(self) -> None:
         current = self._version()
@@ -334,11 +345,15 @@ class SqliteStore(Store):
     # -- definitions ------------------------------------------------------------
 
     async def save_definition(self, plan: Plan) -> bool:
+        self.sealer.learn(plan)
         key = (plan.name, plan.version)
         known = self._definitions.get(key)
         if known is None:
             created: bool = await self._run(self._transaction, lambda c: _save_definition(c, plan))
             self._definitions[key] = plan.hash
+            # the plan in hand is the one its source compiles to: reading it back (the
+            # schedules' sync does at once) must not compile it again, on the loop
+            self._plans.setdefault(plan.hash, plan)
             return created
         if known != plan.hash:
             raise sb.definition_conflict(plan.name, plan.version)
@@ -370,6 +385,7 @@ class SqliteStore(Store):
             plan = self._plans[plan_hash] = sb.plan_from_source(
                 self.compile_plan, source, sb.plan_label(plan_hash, name, version), plan_hash
             )
+            self.sealer.learn(plan)
         return plan
 
     async def list_definitions(self, name: str | None = None) -> list[DefinitionSummary]:
@@ -399,7 +415,9 @@ class SqliteStore(Store):
     async def create_run(
         self, state: RunState, idempotency_key: str | None = None
     ) -> tuple[str, bool]:
-        row = sb.new_run_row(state, idempotency_key)
+        if not self.sealer.knows(state.plan_hash):
+            await sb.learn_plans(self.get_plan, self.sealer, [state.plan_hash])
+        row = sb.new_run_row(state, idempotency_key, self.sealer)
 
         def insert(conn: sqlite3.Connection) -> tuple[str, bool]:
             if conn.execute(Q["insert_run"], row).rowcount:
@@ -422,12 +440,16 @@ class SqliteStore(Store):
             return head, tail
 
         (snapshot, _, last_seq), tail = await self._run(lambda: read(self.conn))
-        state = sb.snapshot_from_row(run_id, snapshot)
-        events = [sb.event_from_row(run_id, seq, data) for seq, data in tail]
+        state = sb.snapshot_from_row(run_id, snapshot, self.sealer)
+        events = [sb.event_from_row(run_id, seq, data, self.sealer) for seq, data in tail]
         return StoredRun(snapshot=state, tail=events, last_seq=int(last_seq))
 
     async def commit(self, batch: Sequence[AppliedEvent], relayed: Sequence[str] = ()) -> None:
-        rows = sb.batch_rows(batch)
+        knows = self.sealer.knows
+        unknown = [a.state.plan_hash for a in batch if not knows(a.state.plan_hash)]
+        if unknown:
+            await sb.learn_plans(self.get_plan, self.sealer, unknown)
+        rows = sb.batch_rows(batch, self.sealer)
         index = index_rows(batch)
         relayed_rows = [(outbox_id,) for outbox_id in relayed]
 
@@ -455,20 +477,21 @@ class SqliteStore(Store):
                 raise sb.no_run(run_id)
             return conn.execute(Q["history"], (run_id,)).fetchall()
 
-        return [sb.history_entry(run_id, row) for row in await self._run(lambda: read(self.conn))]
+        rows = await self._run(lambda: read(self.conn))
+        return [sb.history_entry(run_id, row, self.sealer) for row in rows]
 
     async def get_run(self, run_id: str) -> RunSummary:
         row = await self._run(lambda: self.conn.execute(Q["get_run"], (run_id,)).fetchone())
         if row is None:
             raise sb.no_run(run_id)
-        return sb.summary_from_row(row)
+        return sb.summary_from_row(row, self.sealer)
 
     async def list_runs(
         self, filter: RunFilter | None = None, *, limit: int = 100, cursor: str | None = None
     ) -> RunPage:
         sql, params = _list_query(filter or RunFilter(), limit, cursor)
         rows = await self._run(lambda: self.conn.execute(sql, params).fetchall())
-        return sb.run_page(rows, limit)
+        return sb.run_page(rows, limit, self.sealer)
 
     async def unfinished_runs(self) -> list[str]:
         rows = await self._run(lambda: self.conn.execute(Q["unfinished_runs"]).fetchall())
@@ -476,7 +499,7 @@ class SqliteStore(Store):
 
     async def pending_outbox(self, limit: int = 1000) -> list[OutboxItem]:
         rows = await self._run(lambda: self.conn.execute(Q["pending_outbox"], (limit,)).fetchall())
-        return [sb.outbox_item(row) for row in rows]
+        return [sb.outbox_item(row, self.sealer) for row in rows]
 
     async def unindexed_runs(self, limit: int = 1000) -> list[str]:
         rows = await self._run(lambda: self.conn.execute(Q["unindexed_runs"], (limit,)).fetchall())
@@ -589,7 +612,14 @@ class SqliteStore(Store):
         return sb.leases_from_rows(rows)
 
     async def add_to_inbox(self, events: Sequence[Event]) -> Lease | None:
-        rows = sb.inbox_rows(events)
+        def plan_hashes(conn: sqlite3.Connection) -> dict[str, str]:
+            found = {r: conn.execute(Q["run_plan_hash"], (r,)).fetchone() for r in runs}
+            return {r: str(row[0]) for r, row in found.items() if row is not None}
+
+        runs = {event.run_id for event in events}
+        plans = await self._run(lambda: plan_hashes(self.conn))
+        await sb.learn_plans(self.get_plan, self.sealer, plans.values())
+        rows = sb.inbox_rows(events, self.sealer, plans)
 
         def write(conn: sqlite3.Connection) -> Any:
             conn.executemany(Q["insert_inbox"], rows)
@@ -599,7 +629,7 @@ class SqliteStore(Store):
 
     async def inbox(self, limit: int = 1000) -> list[Event]:
         rows = await self._run(lambda: self.conn.execute(Q["inbox"], (limit,)).fetchall())
-        return [sb.inbox_event(row) for row in rows]
+        return [sb.inbox_event(row, self.sealer) for row in rows]
 
     async def remove_from_inbox(self, event_ids: Sequence[str]) -> None:
         params = [(event_id,) for event_id in event_ids]
@@ -692,6 +722,23 @@ def _settle(
 
     with contextlib.suppress(RuntimeError):  # a closed loop: nobody is left to tell
         loop.call_soon_threadsafe(settle)
+
+
+def _private_file(path: Path) -> bool:
+    """Make the database file, when it is missing, readable by its owner only (0600; the
+    directories made for it 0700): whether it made it. SQLite gives the ``-wal`` and
+    ``-shm`` files the mode of the database file, so they are private too. A file that
+    exists keeps the mode its operator gave it (``_connect`` warns when others may read
+    it)."""
+    missing = [parent for parent in (path.parent, *path.parent.parents) if not parent.exists()]
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another process made it meanwhile
+            directory.mkdir(mode=0o700)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        return False
+    return True
 
 
 def _enable_wal(conn: sqlite3.Connection, attempts: int = 50) -> None:

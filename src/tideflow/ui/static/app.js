@@ -64,10 +64,13 @@ class HttpError extends Error {
 }
 
 async function api(path, options = {}) {
+  const method = options.method || "GET";
   const headers = { "X-Tideflow-UI": "1", Accept: "application/json" };
-  if (options.body !== undefined) headers["Content-Type"] = "application/json";
+  // the server refuses a request that changes something without a JSON Content-Type,
+  // body or no body (docs/security.md: Browsers)
+  if (method !== "GET" || options.body !== undefined) headers["Content-Type"] = "application/json";
   const response = await fetch(path, {
-    method: options.method || "GET",
+    method,
     credentials: "same-origin",
     headers,
     body: options.body === undefined ? undefined : JSON.stringify(options.body),

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import orjson
 
 from tideflow.errors import StepTimeout
+from tideflow.model import storable
 from tideflow.model.action_schemas import HTTP_CONFIG_SCHEMA
 from tideflow.worker.executors.base import OUTGOING_HEADERS, Executor, StepContext
 from tideflow.worker.executors.config import check_config, seconds
@@ -307,7 +308,9 @@ def decode_body(content_type: str, raw: bytes) -> dict[str, Any]:
     """``{"body": …}``: parsed JSON for JSON media types, else text.
 
     A JSON media type with a malformed body keeps the text as ``body`` and adds
-    ``body_parse_error`` rather than failing the step.
+    ``body_parse_error`` rather than failing the step; so does a body holding an integer
+    a run cannot hold (model/storable.py: the rule of every edge), which a JSON parser
+    bound to 64 bits would silently turn into a float.
     """
     media_type, _, params = content_type.partition(";")
     charset = _charset_param(params)
@@ -316,9 +319,14 @@ def decode_body(content_type: str, raw: bytes) -> dict[str, Any]:
     if not raw.strip():
         return {"body": None}
     try:
-        return {"body": orjson.loads(raw)}
+        body = storable.loads(raw)
     except orjson.JSONDecodeError as exc:
         return {"body": _decode_text(raw, charset), "body_parse_error": str(exc)}
+    found = storable.integer_problem(body)
+    if found is not None:
+        where = storable.format_path(found[0], "body")
+        return {"body": _decode_text(raw, charset), "body_parse_error": f"{where}: {found[1]}"}
+    return {"body": body}
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:

@@ -98,6 +98,9 @@ SELECT seq, time, kind, data, transitions FROM history WHERE run_id = $1 ORDER B
 -- name: run_exists
 SELECT 1 FROM runs WHERE run_id = $1;
 
+-- name: run_plan_hash
+SELECT plan_hash FROM runs WHERE run_id = $1;
+
 -- name: get_run
 SELECT run_id, workflow, version, status, created_at, updated_at, finished_at, parent_run_id, output, error
 FROM runs WHERE run_id = $1;

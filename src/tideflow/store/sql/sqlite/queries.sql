@@ -83,6 +83,9 @@ SELECT id, run_id, command FROM outbox ORDER BY created_at, id LIMIT ?;
 -- name: history
 SELECT seq, time, kind, data, transitions FROM history WHERE run_id = ? ORDER BY seq;
 
+-- name: run_plan_hash
+SELECT plan_hash FROM runs WHERE run_id = ?;
+
 -- name: get_run
 SELECT run_id, workflow, version, status, created_at, updated_at, finished_at, parent_run_id, output, error
 FROM runs WHERE run_id = ?;
