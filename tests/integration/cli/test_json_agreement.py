@@ -78,6 +78,7 @@ async def test_the_api_and_the_cli_write_the_same_json(workdir: Workdir) -> None
             "iso": await api.get("/runs", params={"created_after": run["created_at"]}),
             "epoch": await api.get("/runs", params={"created_after": epoch["created_at"] - 1}),
             "bad": await api.get("/runs", params={"created_after": "yesterday"}),
+            "inf": await api.get("/runs", params={"created_after": "inf"}),
         }
         shown = await cli(workdir.path, "runs", "show", run_id, "--json", "--store", workdir.store)
         cli_history = await cli(
@@ -109,4 +110,4 @@ async def test_the_api_and_the_cli_write_the_same_json(workdir: Workdir) -> None
     assert isinstance(old["events"][0]["event"]["time"], float)
     assert [r["run_id"] for r in listed["iso"].json()["runs"]] == [run_id]
     assert [r["run_id"] for r in listed["epoch"].json()["runs"]] == [run_id]
-    assert listed["bad"].status_code == 422
+    assert listed["bad"].status_code == 422 and listed["inf"].status_code == 422
