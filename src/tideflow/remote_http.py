@@ -147,7 +147,11 @@ class HttpClient:
         self.url = url.rstrip("/")
         self.poll_min = poll_min
         self.poll_max = poll_max
-        headers = {"authorization": f"Bearer {token}"} if token else {}
+        # times as epoch seconds, what this client computes with (api/times.py); a server
+        # from before ISO 8601 times ignores the header and writes them so anyway
+        headers = {"tideflow-times": "epoch"}
+        if token:
+            headers["authorization"] = f"Bearer {token}"
         self._http = httpx.AsyncClient(
             base_url=self.url, headers=headers, timeout=timeout, transport=transport
         )
@@ -426,7 +430,8 @@ class HttpClient:
 
     async def history(self, run_id: str) -> builtins.list[HistoryEntry]:
         body = await self._call("GET", f"/runs/{_seg(run_id)}/history")
-        return [HistoryEntry(run_id=body["run_id"], **row) for row in body["entries"]]
+        rows = body["events"] if "events" in body else body["entries"]  # before: `entries`
+        return [HistoryEntry(run_id=body["run_id"], **row) for row in rows]
 
     async def wait(self, run_id: str, timeout: float | None = None) -> RunResult:
         """Poll the run until it is terminal (module docstring); ``TimeoutError``."""

@@ -64,6 +64,7 @@ from tideflow.api.stream_slots import (
     DEFAULT_MAX_STREAMS_PER_TOKEN,
     StreamSlots,
 )
+from tideflow.api.times import TimeQuery, TimesHeader
 from tideflow.bus.base import unserved
 from tideflow.client import Client
 from tideflow.errors import NotFound
@@ -175,6 +176,7 @@ def create_app(
         sessions = Sessions(store=client.store)
     auth_http.enable(app, client.store if auth else None, sessions)
     problems.install(app, max_body)
+    app.add_middleware(TimesHeader)  # `Tideflow-Times: epoch`: times as before (api/times.py)
     app.add_middleware(MediaTypes, routes=app.router.routes)
     app.add_middleware(AllowedHosts, hosts=hosts)  # outermost: before anything else
     document = app.openapi
@@ -365,8 +367,8 @@ def _run_routes(app: FastAPI, client: Client) -> None:
     async def list_runs(
         status: RunStatus | None = None,
         workflow: Annotated[str | None, Query(min_length=1)] = None,
-        created_after: Annotated[float | None, Query(allow_inf_nan=False)] = None,
-        created_before: Annotated[float | None, Query(allow_inf_nan=False)] = None,
+        created_after: TimeQuery = None,
+        created_before: TimeQuery = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
         cursor: Annotated[str | None, Query(min_length=1)] = None,
     ) -> RunList:

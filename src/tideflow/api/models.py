@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_serializer
 from pydantic_core import PydanticCustomError
 
+from tideflow.api.times import Time, shown_time
 from tideflow.bus.base import QueueStats, WorkerBeat
 from tideflow.dsl.schema_values import NAME_RE
 from tideflow.model.plan import Plan
@@ -70,7 +71,7 @@ class DefinitionRow(BaseModel):
     title: Title = None
     version: str
     hash: str
-    created_at: float
+    created_at: Time
     active: bool = Field(description="Whether the version starts new runs")
 
     @classmethod
@@ -151,9 +152,9 @@ class RunRow(BaseModel):
     title: Title = None
     version: str
     status: str
-    created_at: float
-    updated_at: float
-    finished_at: float | None
+    created_at: Time
+    updated_at: Time
+    finished_at: Time | None
     parent_run_id: str | None
     output: Any
     error: dict[str, Any] | None
@@ -191,9 +192,9 @@ class RunView(BaseModel):
     steps: dict[str, StepView]
     """By step key: the step id, or ``loop@2/inner`` / ``map[3]`` for nested instances."""
     compensation: dict[str, Any] | None
-    created_at: float
-    updated_at: float
-    finished_at: float | None
+    created_at: Time
+    updated_at: Time
+    finished_at: Time | None
     parent_run_id: str | None
 
     @classmethod
@@ -217,25 +218,48 @@ class RunView(BaseModel):
 
 class HistoryRow(BaseModel):
     seq: int
-    time: float
+    time: Time
     kind: str
-    event: dict[str, Any]
-    transitions: list[dict[str, Any]]
+    event: dict[str, Any] = Field(description="The event's fields; its `time` as every time")
+    transitions: list[dict[str, Any]] = Field(
+        description="`{subject, old, new, time, cause, attempt}`: the state changes it caused"
+    )
+
+    @field_serializer("event", when_used="json")
+    def _event_times(self, event: dict[str, Any]) -> dict[str, Any]:
+        return _with_times(event, _EVENT_TIMES)
+
+    @field_serializer("transitions", when_used="json")
+    def _transition_times(self, transitions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [_with_times(t, ("time",)) for t in transitions]
+
+
+_EVENT_TIMES = ("time", "started_at")
+"""The fields of a stored event that hold a time."""
+
+
+def _with_times(fields: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    out = dict(fields)
+    for name in names:
+        value = out.get(name)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out[name] = shown_time(value)
+    return out
 
 
 class WhyReason(BaseModel):
     kind: WhyKind = Field(description="What the run (or one of its steps) waits on.")
     text: str = Field(description="One sentence for a person, with what to do if anything.")
     step: str | None = Field(None, description="The step instance's key, for a step's reason.")
-    since: float | None = None
-    at: float | None = Field(None, description="When it is due (a timer, a timeout).")
+    since: Time | None = None
+    at: Time | None = Field(None, description="When it is due (a timer, a timeout).")
     data: dict[str, Any] = Field(default_factory=dict)
 
 
 class WhyView(BaseModel):
     run_id: str
     status: str
-    checked_at: float
+    checked_at: Time
     reasons: list[WhyReason]
 
     @classmethod
@@ -245,11 +269,17 @@ class WhyView(BaseModel):
 
 class History(BaseModel):
     run_id: str
-    entries: list[HistoryRow]
+    events: list[HistoryRow] = Field(description="Everything that happened, in order")
+    entries: list[HistoryRow] = Field(
+        json_schema_extra={"deprecated": True},
+        description="The same list as `events`, under the name before it; removed in the "
+        "next release",
+    )
 
     @classmethod
     def of(cls, run_id: str, entries: list[HistoryEntry]) -> History:
-        return cls(run_id=run_id, entries=[HistoryRow(**e.to_dict()) for e in entries])
+        rows = [HistoryRow(**e.to_dict()) for e in entries]
+        return cls(run_id=run_id, events=rows, entries=rows)
 
 
 class Reason(Request):
@@ -308,7 +338,7 @@ class QueueList(BaseModel):
 class WorkerRow(BaseModel):
     worker: str = Field(description="The worker's name: host/pid, as its attempts record it")
     queues: list[str] | None = Field(description="The queues it reads (null: every queue)")
-    last_beat: float = Field(description="Epoch seconds of its last heartbeat")
+    last_beat: Time = Field(description="Its last heartbeat")
     live: bool = Field(
         description="Still reading; false: it stopped without closing (its process died)"
     )

@@ -11,10 +11,12 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from tideflow.api.models import Title
+from tideflow.api.times import Time
 from tideflow.model.masking import mask
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState, StepState
 from tideflow.model.states import StepStatus
+from tideflow.runtime import shown
 from tideflow.store.base import HistoryEntry, RunSummary
 from tideflow.ui.layout import NODE_HEIGHT, NODE_WIDTH, layout
 
@@ -28,18 +30,22 @@ __all__ = [
 ]
 
 ACTIVE_FIRST = (
-    StepStatus.RUNNING,
-    StepStatus.RETRYING,
-    StepStatus.WAITING,
-    StepStatus.READY,
-    StepStatus.FAILED,
-    StepStatus.PENDING,
-    StepStatus.CANCELLED,
-    StepStatus.SUCCEEDED,
-    StepStatus.SKIPPED,
+    StepStatus.RUNNING.value,
+    "compensating",
+    StepStatus.RETRYING.value,
+    StepStatus.WAITING.value,
+    StepStatus.READY.value,
+    "compensation_failed",
+    StepStatus.FAILED.value,
+    StepStatus.PENDING.value,
+    StepStatus.CANCELLED.value,
+    "compensated",
+    StepStatus.SUCCEEDED.value,
+    StepStatus.SKIPPED.value,
 )
-"""Which status a plan step with instances in several shows: the most pressing one."""
-_SETTLED = {StepStatus.SUCCEEDED, StepStatus.SKIPPED, StepStatus.CANCELLED, StepStatus.FAILED}
+"""Which status a plan step with instances in several shows: the most pressing one (a
+step's shown state, ``runtime/shown.py``: a compensated step shows ``compensated``)."""
+_SETTLED = {"succeeded", "skipped", "cancelled", "compensated"}
 
 
 class GraphNode(BaseModel):
@@ -97,18 +103,21 @@ def _fields(obj: Any) -> dict[str, Any]:
 class StepGroup(BaseModel):
     """One plan step: all its instances (loop iterations, map items) together."""
 
-    status: str = Field(description="The most pressing status among its instances")
+    status: str = Field(
+        description="The most pressing shown state among its instances (a step state, or "
+        "compensating, compensated, compensation_failed: runtime/shown.py)"
+    )
     instances: int
     counts: dict[str, int] = Field(description="Instances by status")
     attempts: int = Field(description="Attempts of all its instances")
-    started_at: float | None
-    finished_at: float | None
+    started_at: Time | None
+    finished_at: Time | None
 
 
 class Waiting(BaseModel):
     step_key: str
     signal: str
-    since: float | None
+    since: Time | None
 
 
 class RunStateView(BaseModel):
@@ -120,9 +129,9 @@ class RunStateView(BaseModel):
     plan_hash: str
     output: Any
     error: dict[str, Any] | None
-    created_at: float
-    updated_at: float
-    finished_at: float | None
+    created_at: Time
+    updated_at: Time
+    finished_at: Time | None
     steps: dict[str, StepGroup] = Field(description="By plan step id (not by instance)")
     waiting_for: list[Waiting] = Field(description="The signals the run waits for now")
 
@@ -130,6 +139,7 @@ class RunStateView(BaseModel):
     def of(cls, state: RunState, plan: Plan, summary: RunSummary, output: Any) -> RunStateView:
         """``output``: the run's output as a person may see it (``result_of``)."""
         by_step: dict[str, list[StepState]] = {}
+        compensations = _compensations(state)
         for step in state.steps.values():
             by_step.setdefault(step.step_id, []).append(step)
         return cls(
@@ -144,26 +154,35 @@ class RunStateView(BaseModel):
             created_at=summary.created_at,
             updated_at=summary.updated_at,
             finished_at=summary.finished_at,
-            steps={step_id: _group(steps) for step_id, steps in by_step.items()},
+            steps={step_id: _group(steps, compensations) for step_id, steps in by_step.items()},
             waiting_for=_waiting(state, plan),
         )
 
 
-def _group(steps: list[StepState]) -> StepGroup:
-    counts = Counter(s.status for s in steps)
+def _group(steps: list[StepState], compensations: dict[str, str]) -> StepGroup:
+    counts = Counter(_shown(s, compensations) for s in steps)
     starts = [s.started_at for s in steps if s.started_at is not None]
     ends = [s.finished_at for s in steps if s.finished_at is not None]
     status = next(s for s in ACTIVE_FIRST if s in counts)
-    if status in _SETTLED - {StepStatus.FAILED} and StepStatus.PENDING in counts:
-        status = StepStatus.RUNNING  # some done, some to come: in progress
+    if status in _SETTLED and StepStatus.PENDING.value in counts:
+        status = StepStatus.RUNNING.value  # some done, some to come: in progress
     return StepGroup(
-        status=status.value,
+        status=status,
         instances=len(steps),
-        counts={s.value: n for s, n in counts.items()},
+        counts=dict(counts),
         attempts=sum(s.attempts for s in steps),
         started_at=min(starts, default=None),
         finished_at=max(ends, default=None) if len(ends) == len(steps) else None,
     )
+
+
+def _shown(step: StepState, compensations: dict[str, str]) -> str:
+    return shown.step_shown(step.status.value, compensations.get(step.key))
+
+
+def _compensations(state: RunState) -> dict[str, str]:
+    comp = state.compensation
+    return shown.compensation_of(comp.results) if comp is not None else {}
 
 
 def _waiting(state: RunState, plan: Plan) -> list[Waiting]:
@@ -182,8 +201,8 @@ class StepInstance(BaseModel):
     input: Any
     output: Any
     error: dict[str, Any] | None
-    started_at: float | None
-    finished_at: float | None
+    started_at: Time | None
+    finished_at: Time | None
     child_run_id: str | None
 
 
@@ -205,6 +224,7 @@ def instances_of(
     spec = plan.specs[step_id]
     keys = [s for s in state.steps.values() if s.step_id == step_id]
     page = keys[offset : offset + limit]
+    compensations = _compensations(state)
     return StepInstances(
         run_id=state.run_id,
         step=step_id,
@@ -215,7 +235,7 @@ def instances_of(
         instances=[
             StepInstance(
                 key=s.key,
-                status=s.status.value,
+                status=_shown(s, compensations),
                 attempts=s.attempts,
                 input=mask(s.input, spec.sensitive),
                 output=mask(s.output, spec.sensitive),
@@ -234,9 +254,12 @@ class AttemptRow(BaseModel):
     round: int
     attempt: int
     compensation: bool
-    started_at: float | None
-    ended_at: float | None
-    outcome: str = Field(description="running, succeeded, failed or lost")
+    started_at: Time | None
+    ended_at: Time | None
+    outcome: str = Field(
+        description="running, succeeded, failed, cancelled, lost or timed_out (the attempt "
+        "ended by a clock: its timeout, the step's deadline, the run's timeout)"
+    )
     worker: str
     error: str | None
 
@@ -247,43 +270,8 @@ class AttemptList(BaseModel):
     attempts: list[AttemptRow] = Field(description="In the order they started, `limit` at most")
 
 
-_OUTCOMES = {"task_completed": "succeeded", "task_failed": "failed", "task_lost": "lost"}
-_ATTEMPT_KINDS = {"task_started", *_OUTCOMES}
-
-
 def attempts_of(run_id: str, history: list[HistoryEntry], limit: int) -> AttemptList:
-    """Every attempt of the run's history, with its start, end and outcome."""
-    rows: dict[tuple[str, int, int, bool], dict[str, Any]] = {}
-    for entry in history:
-        if entry.kind not in _ATTEMPT_KINDS:
-            continue
-        event = entry.event
-        key = (
-            str(event.get("step_key", "")),
-            int(event.get("round") or 0),
-            int(event.get("attempt", 0)),
-            bool(event.get("compensation", False)),
-        )
-        row = rows.setdefault(
-            key, {"started_at": None, "ended_at": None, "outcome": "running", "worker": ""}
-        )
-        row["worker"] = event.get("worker") or row["worker"]
-        if entry.kind == "task_started":
-            row["started_at"] = row["started_at"] or entry.time
-            continue
-        row["started_at"] = row["started_at"] or event.get("started_at") or entry.time
-        row["ended_at"], row["outcome"] = entry.time, _OUTCOMES[entry.kind]
-        error = event.get("error")
-        row["error"] = error.get("message") if isinstance(error, dict) else event.get("reason")
-    listed = [
-        AttemptRow(
-            step_key=k[0],
-            round=k[1],
-            attempt=k[2],
-            compensation=k[3],
-            error=row.pop("error", None),
-            **row,
-        )
-        for k, row in rows.items()
-    ]
+    """Every attempt of the run's history, with its start, end and outcome
+    (``runtime/shown.py`` decides them, for every view)."""
+    listed = [AttemptRow(**_fields(row)) for row in shown.attempts_of(history)]
     return AttemptList(run_id=run_id, total=len(listed), attempts=listed[:limit])

@@ -17,7 +17,7 @@ import os
 import re
 import signal
 import sys
-from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -442,18 +442,54 @@ async def opened_runtime(
         rt.add_listener(listener)
     for sink in configured_event_sinks(os.environ):
         rt.add_event_sink(sink)
-    try:
-        await rt.start()
-    except Exception as exc:
-        with contextlib.suppress(Exception):
+    with steps_write_to_stderr() if workers else contextlib.nullcontext():
+        try:
+            await rt.start()
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                await rt.close()
+            if isinstance(exc, EngineAlreadyRunning):
+                raise EngineAlreadyRunning(f"{display_url(url)}: {exc.message}") from None
+            raise store_unavailable(url, exc) from None
+        try:
+            yield rt
+        finally:
             await rt.close()
-        if isinstance(exc, EngineAlreadyRunning):
-            raise EngineAlreadyRunning(f"{display_url(url)}: {exc.message}") from None
-        raise store_unavailable(url, exc) from None
+
+
+@contextlib.contextmanager
+def steps_write_to_stderr() -> Iterator[None]:
+    """While steps run in this process, what they write to stdout goes to stderr: a
+    ``print()`` (``sys.stdout``), and a C library or an ``isolation: process`` child
+    writing to file descriptor 1. The command's own output (``--json``) is written after,
+    so stdout carries it alone."""
+    sys.stdout.flush()
+    stream = sys.stdout
+    saved = _point_fd(1, 2)
+    sys.stdout = sys.stderr
     try:
-        yield rt
+        yield
     finally:
-        await rt.close()
+        sys.stdout = stream
+        if saved is not None:
+            sys.stderr.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+def _point_fd(fd: int, to: int) -> int | None:
+    """Point ``fd`` where ``to`` points; a copy of where it pointed (None: it could not be
+    done, such as without a file descriptor ``to``)."""
+    try:
+        saved = os.dup(fd)
+    except OSError:
+        return None
+    try:
+        os.dup2(to, fd)
+    except OSError:
+        os.close(saved)
+        return None
+    return saved
 
 
 @contextlib.asynccontextmanager

@@ -14,7 +14,15 @@ from rich.markup import escape
 from rich.table import Table
 
 from tideflow.cli.cluster import ClusterBusOption
-from tideflow.cli.common import JsonOption, err, fail_usage, run_async, table_console, write_json
+from tideflow.cli.common import (
+    JsonOption,
+    err,
+    fail_usage,
+    iso,
+    run_async,
+    table_console,
+    write_json,
+)
 from tideflow.cli.remote import ServerOption, TokenOption, check_server, http_client
 
 if TYPE_CHECKING:
@@ -148,7 +156,7 @@ def beat_json(beat: WorkerBeat) -> dict[str, Any]:
     return {
         "worker": beat.worker,
         "queues": None if beat.queues is None else list(beat.queues),
-        "last_beat": beat.last_beat,
+        "last_beat": iso(beat.last_beat),
         "live": beat.live,
     }
 

@@ -19,6 +19,7 @@ from tideflow.cli.waits import wait_text
 
 if TYPE_CHECKING:
     from tideflow.runtime.result import RunResult
+    from tideflow.runtime.shown import Attempt
     from tideflow.store.base import HistoryEntry, RunSummary
 
 STATUS_STYLE = {
@@ -35,6 +36,7 @@ STATUS_STYLE = {
     "compensating": "magenta",
     "compensated": "yellow",
     "compensation_failed": "bold red",
+    "lost": "magenta",
 }
 EVENT_FIELDS = ("step_key", "attempt", "name", "timer_id", "child_run_id", "status", "reason")
 """Event fields worth a glance in `runs history` (the rest is in --json)."""
@@ -122,18 +124,54 @@ def runs_table(runs: Sequence[RunSummary]) -> None:
 
 
 def run_json(
-    summary: RunSummary, result: RunResult, waits: dict[str, dict[str, Any]]
+    summary: RunSummary,
+    result: RunResult,
+    waits: dict[str, dict[str, Any]],
+    attempts: Sequence[Attempt] = (),
 ) -> dict[str, Any]:
-    """`runs show --json`: the stored summary plus every step instance; a waiting step
-    has ``waiting_for`` (cli/waits.py)."""
+    """`runs show --json`: the stored summary plus every step instance in its shown state
+    (runtime/shown.py); a waiting step has ``waiting_for`` (cli/waits.py); ``attempts``
+    with their outcomes."""
     data = {**summary_json(summary), **result.to_dict(), "status": summary.status}
+    for key, state in _shown_steps(result).items():
+        data["steps"][key]["status"] = state
     for key, wait in waits.items():
         if key in data["steps"]:
             data["steps"][key]["waiting_for"] = wait
+    data["attempts"] = [attempt_json(attempt) for attempt in attempts]
     return data
 
 
-def print_run(summary: RunSummary, result: RunResult, waits: dict[str, dict[str, Any]]) -> None:
+def attempt_json(attempt: Attempt) -> dict[str, Any]:
+    return {
+        "step_key": attempt.step_key,
+        "round": attempt.round,
+        "attempt": attempt.attempt,
+        "compensation": attempt.compensation,
+        "started_at": iso(attempt.started_at),
+        "ended_at": iso(attempt.ended_at),
+        "outcome": attempt.outcome,
+        "worker": attempt.worker,
+        "error": attempt.error,
+    }
+
+
+def _shown_steps(result: RunResult) -> dict[str, str]:
+    """Step key -> its shown state (a compensated step shows ``compensated``)."""
+    from tideflow.runtime.shown import compensation_of, step_shown
+
+    compensations = compensation_of((result.compensation or {}).get("steps"))
+    return {
+        key: step_shown(step.status, compensations.get(key)) for key, step in result.steps.items()
+    }
+
+
+def print_run(
+    summary: RunSummary,
+    result: RunResult,
+    waits: dict[str, dict[str, Any]],
+    attempts: Sequence[Attempt] = (),
+) -> None:
     console = table_console()
     console.print(f"run      {summary.run_id}", markup=False)
     console.print(f"workflow {summary.workflow} {summary.version}", markup=False)
@@ -152,6 +190,8 @@ def print_run(summary: RunSummary, result: RunResult, waits: dict[str, dict[str,
         output = orjson.dumps(summary.output, default=str).decode()
         console.print(f"output   {output}", markup=False)
     console.print(_steps_table(result, waits))
+    if attempts:
+        console.print(_attempts_table(attempts))
 
 
 def _steps_table(result: RunResult, waits: dict[str, dict[str, Any]]) -> Table:
@@ -162,9 +202,34 @@ def _steps_table(result: RunResult, waits: dict[str, dict[str, Any]]) -> Table:
         table.add_column(
             name, no_wrap=name != last, justify="right" if name == "attempts" else "left"
         )
+    states = _shown_steps(result)
     for key, step in result.steps.items():
         detail = wait_text(waits[key]) if key in waits else error_text(step.error)
-        table.add_row(escape(key), styled(step.status), str(step.attempts), escape(detail))
+        table.add_row(escape(key), styled(states[key]), str(step.attempts), escape(detail))
+    return table
+
+
+ATTEMPTS_SHOWN = 50
+"""`runs show` lists the last so many attempts (--json: all of them)."""
+
+
+def _attempts_table(attempts: Sequence[Attempt]) -> Table:
+    """The last ``ATTEMPTS_SHOWN`` attempts, each with its outcome."""
+    skipped = max(len(attempts) - ATTEMPTS_SHOWN, 0)
+    title = "attempts" + (f" (the last {ATTEMPTS_SHOWN} of {len(attempts)})" if skipped else "")
+    table = Table(title=title, title_justify="left")
+    for name in ("step", "attempt", "outcome", "started", "ended", "error"):
+        table.add_column(name, no_wrap=name != "error")
+    for attempt in attempts[skipped:]:
+        step = attempt.step_key + (" (compensation)" if attempt.compensation else "")
+        table.add_row(
+            escape(step),
+            str(attempt.attempt),
+            styled(attempt.outcome),
+            iso(attempt.started_at) or "",
+            iso(attempt.ended_at) or "",
+            escape(attempt.error or ""),
+        )
     return table
 
 
@@ -177,8 +242,9 @@ def history_json(run_id: str, entries: Sequence[HistoryEntry]) -> dict[str, Any]
 
 def _entry_json(entry: HistoryEntry) -> dict[str, Any]:
     event = dict(entry.event)
-    if isinstance(event.get("time"), int | float):
-        event["time"] = iso(event["time"])
+    for name in ("time", "started_at"):  # as the API writes them (api/models.py)
+        if isinstance(event.get(name), int | float):
+            event[name] = iso(event[name])
     return {
         "seq": entry.seq,
         "time": iso(entry.time),

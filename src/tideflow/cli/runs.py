@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from tideflow.client import Client
     from tideflow.remote_http import HttpClient
     from tideflow.runtime.result import RunResult
+    from tideflow.runtime.shown import Attempt
     from tideflow.store.base import HistoryEntry, Lease, RunFilter, RunPage, RunSummary
 
 runs_app = typer.Typer(
@@ -158,7 +159,14 @@ def show_cmd(
     server: ServerOption = None,
     token: TokenOption = None,
 ) -> None:
-    """Show a run: its summary and every step instance (status, attempts, error).
+    """Show a run: its summary, every step instance (status, attempts, error) and its
+    attempts, each with its outcome.
+
+    A step whose compensation ran shows it: `compensating`, `compensated` or
+    `compensation_failed`. An attempt shows `running`, or how it ended:
+    succeeded, failed, cancelled, lost or timed_out. --json adds "attempts":
+    [{"step_key", "round", "attempt", "compensation", "started_at", "ended_at",
+    "outcome", "worker", "error"}].
 
     A waiting step shows what it waits for: a `wait` its signal name, `match` and
     when its timeout fires (and whether the step then fails or continues); a
@@ -170,17 +178,18 @@ def show_cmd(
       tideflow runs show 3f2a9c... --json
     """
     check_server(ctx, server)
-    summary, result, waits = run_async(_show(store, bus, server, token, run_id))
+    summary, result, waits, attempts = run_async(_show(store, bus, server, token, run_id))
     if as_json:
-        write_json(run_json(summary, result, waits))
+        write_json(run_json(summary, result, waits, attempts))
     else:
-        print_run(summary, result, waits)
+        print_run(summary, result, waits, attempts)
 
 
 async def _show(
     url: str, bus: str | None, server: str | None, token: str | None, run_id: str
-) -> tuple[RunSummary, RunResult, dict[str, dict[str, Any]]]:
+) -> tuple[RunSummary, RunResult, dict[str, dict[str, Any]], list[Attempt]]:
     from tideflow.remote_http import HttpClient
+    from tideflow.runtime.shown import attempts_of
 
     async with reached(url, bus, server, token) as client:
         summary = await known_run(client, run_id, server or url)
@@ -188,7 +197,8 @@ async def _show(
             waits = waits_of_reasons(await client.why(run_id))
         else:
             waits = waits_of(await client.state(run_id), await client.plan(run_id))
-        return summary, await client.get(run_id), waits
+        attempts = attempts_of(await client.history(run_id))
+        return summary, await client.get(run_id), waits, attempts
 
 
 # -- runs history -------------------------------------------------------------------------

@@ -3,7 +3,7 @@ store and, with --bus, the bus's queues and workers' heartbeats; or over --serve
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.markup import escape
@@ -15,6 +15,7 @@ from tideflow.cli.common import (
     JsonOption,
     RunArgument,
     StoreOption,
+    iso,
     known_run,
     out,
     run_async,
@@ -56,7 +57,7 @@ def why_cmd(
     check_server(ctx, server)
     diagnosis = run_async(_why(store, bus, server, token, run_id))
     if as_json:
-        write_json(diagnosis.to_dict())
+        write_json(why_json(diagnosis))
     else:
         out.print(f"run {escape(run_id)}: {diagnosis.status}")
         for reason in diagnosis.reasons:
@@ -74,3 +75,13 @@ async def _why(
 
 
 __all__ = ["why_cmd"]
+
+
+def why_json(diagnosis: Diagnosis) -> dict[str, Any]:
+    """`runs why --json`: the diagnosis with its times in ISO 8601, as the API writes them
+    (a reason's ``data`` keeps its facts as they are)."""
+    data = diagnosis.to_dict()
+    data["checked_at"] = iso(data["checked_at"])
+    for reason in data["reasons"]:
+        reason["since"], reason["at"] = iso(reason["since"]), iso(reason["at"])
+    return data

@@ -4,7 +4,9 @@ After the scheduler commits a batch it hands the batch here. Each command become
 *effect* (publish these tasks, tell the parent its child finished, start a child run,
 publish a fired timer, cancel an attempt, …). An effect is done only when it succeeded:
 then, if it came from the outbox, its outbox id is *acknowledged* and the next commit
-forgets it (``relayed`` / ``forgotten``). An effect that fails stays pending and is tried
+forgets it (``relayed`` / ``forgotten``), or, when no commit comes (a quiet engine), one
+of its own soon after (``on_relayed``, runtime/scheduler.py): the outbox of a quiet store
+holds only what is really unrelayed. An effect that fails stays pending and is tried
 again after a backoff (50 ms doubling to 5 s), as often as it takes; ``pending`` counts
 them. Nothing is dropped: an effect still pending when the engine stops is either in the
 outbox (relayed again by recovery) or re-derived from the run state on recovery (tasks,
@@ -138,6 +140,9 @@ class Relay:
         self._listeners = listeners
         self._sinks = sinks
         self._relayed: list[str] = []
+        self.on_relayed: Callable[[], None] | None = None
+        """Called when an effect from the outbox was relayed (the scheduler has the store
+        forget it soon, should no commit come to do it)."""
         self._pending: set[Effect] = set()
         self._busy: Counter[str] = Counter()
         """Keys of the effects not done yet (first try running, or waiting to try again)."""
@@ -456,6 +461,8 @@ class Relay:
                 del self._busy[effect.key]
         if effect.outbox_id is not None:
             self._relayed.append(effect.outbox_id)
+            if self.on_relayed is not None:
+                self.on_relayed()
         return True
 
     def _failed(self, effect: Effect, exc: Exception) -> None:

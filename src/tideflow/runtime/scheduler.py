@@ -48,6 +48,9 @@ from tideflow.store.base import AppliedEvent, Store
 log = logging.getLogger("tideflow.scheduler")
 
 CONSUME_RETRY_FIRST = 0.05
+FORGET_AFTER = 0.2
+"""Seconds after an outbox row was relayed before a scheduler that committed nothing since
+has the store forget it, alone (a busy one's next commit forgets it first)."""
 CONSUME_RETRY_MAX = 5.0
 """Seconds before an event stream that failed is opened again (doubling up to the max)."""
 BatchSpans = Callable[[int, Sequence[AppliedEvent], Mapping[str, Headers]], None]
@@ -95,15 +98,20 @@ class Scheduler:
         self._doubt: dict[str, list[AppliedEvent]] = {}
         """Events of runs whose commit failed, until the run is loaded again (see
         ``_settle_doubt``)."""
+        self._forgetting: asyncio.Task[None] | None = None
+        self._stopping = False
+        relay.on_relayed = self._forget_soon
         self.spans: BatchSpans | None = None
         """Told of every committed batch with its events' trace headers (tracing on:
         ``ApplySpans``, a span per run per batch); None: nothing, and no header is read."""
 
     def start(self) -> None:
+        self._stopping = False
         self._task = asyncio.create_task(self._loop(), name="tideflow-scheduler")
 
     async def stop(self) -> None:
         """Stop after the batch in progress (if any) is committed and relayed."""
+        self._stopping = True
         async with self._lock:
             if self._task is not None:
                 await cancel_and_wait(self._task)
@@ -115,6 +123,29 @@ class Scheduler:
                 with contextlib.suppress(Exception):
                     await self._store.commit([], relayed)
                     self._relay.forgotten(len(relayed))
+
+    def _forget_soon(self) -> None:
+        """Have the store forget the relayed outbox rows in ``FORGET_AFTER`` seconds, unless
+        a commit took them by then: on a quiet engine they would otherwise stay, and be
+        counted as waiting (`tideflow db status`) until its next commit."""
+        if self._forgetting is None and not self._stopping:
+            self._forgetting = asyncio.get_running_loop().create_task(self._forget())
+            self._later.add(self._forgetting)
+            self._forgetting.add_done_callback(self._later.discard)
+
+    async def _forget(self) -> None:
+        try:
+            await asyncio.sleep(FORGET_AFTER)
+            async with self._lock:
+                relayed = self._relay.relayed
+                count = len(relayed)
+                if count:
+                    await self._store.commit([], relayed[:count])
+                    self._relay.forgotten(count)
+        except Exception as exc:  # the rows stay: the next commit (or the stop) forgets them
+            log.warning("relayed outbox rows not forgotten yet (%s: %s)", type(exc).__name__, exc)
+        finally:
+            self._forgetting = None
 
     def uncommitted(self, run_id: str) -> bool:
         """Whether the run's latest change is still being committed."""

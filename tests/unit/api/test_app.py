@@ -9,6 +9,7 @@ import os
 import textwrap
 import time
 from collections.abc import AsyncIterator, Iterator
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -445,4 +446,5 @@ async def test_workers_are_listed_with_their_heartbeat() -> None:
     (worker,) = {w["worker"] for w in body["workers"]}
     assert worker.endswith(f"/{os.getpid()}")
     assert all(w["live"] and w["queues"] is None for w in body["workers"])
-    assert all(w["last_beat"] <= time.time() for w in body["workers"])
+    beats = [datetime.fromisoformat(w["last_beat"]).timestamp() for w in body["workers"]]
+    assert all(beat <= time.time() for beat in beats)  # ISO 8601, as every time

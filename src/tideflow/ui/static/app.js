@@ -3,7 +3,10 @@
 // API's server-sent event streams (/streams/...): the page never polls.
 
 const SVG = "http://www.w3.org/2000/svg";
-const STATUSES = ["pending", "ready", "running", "retrying", "waiting", "succeeded", "failed", "skipped", "cancelled"];
+// A step's shown states (runtime/shown.py): the core's, and what its compensation made it.
+const STATUSES = ["pending", "ready", "running", "retrying", "waiting", "succeeded", "failed", "skipped", "cancelled", "compensating", "compensated", "compensation_failed"];
+// How an attempt ends (runtime/shown.py): `running` only while it runs.
+const OUTCOMES = ["running", "succeeded", "failed", "cancelled", "lost", "timed_out"];
 const RUN_TERMINAL = new Set(["succeeded", "failed", "cancelled", "timed_out", "compensated", "compensation_failed"]);
 const HISTORY_ROW = 22;
 const MAX_LANES = 200;
@@ -82,8 +85,11 @@ async function api(path, options = {}) {
 }
 
 const may = (action) => state.me && state.me.actions.includes(action);
-const when = (t) => (t ? new Date(t * 1000).toLocaleString() : "—");
-const seconds = (a, b) => (a && b ? `${(b - a).toFixed(2)} s` : "");
+// The API writes times as ISO 8601 strings (docs/api.md); epoch seconds are what the page
+// computes with (a number is taken as it is: an older server wrote them so).
+const epoch = (t) => (typeof t === "string" ? Date.parse(t) / 1000 : t);
+const when = (t) => (t ? new Date(epoch(t) * 1000).toLocaleString() : "—");
+const seconds = (a, b) => (a && b ? `${(epoch(b) - epoch(a)).toFixed(2)} s` : "");
 const json = (value) => JSON.stringify(value, null, 2);
 const badge = (status) => h("span", { class: `badge ${status}`, "data-status": status }, status.replace("_", " "));
 
@@ -256,7 +262,7 @@ function paintGraph(drawn, view) {
     g.setAttribute("class", `node status-${status}${g.classList.contains("selected") ? " selected" : ""}`);
     g.setAttribute("data-status", status);
     if (step && step.instances > 1) {
-      const done = (step.counts.succeeded || 0) + (step.counts.skipped || 0);
+      const done = (step.counts.succeeded || 0) + (step.counts.skipped || 0) + (step.counts.compensated || 0);
       sub.textContent = `${type} · ${done}/${step.instances} done${step.counts.failed ? ` · ${step.counts.failed} failed` : ""}`;
     } else {
       sub.textContent = step && step.attempts > 1 ? `${type} · ${step.attempts} attempts` : type;
@@ -265,7 +271,14 @@ function paintGraph(drawn, view) {
 }
 
 function legend() {
-  return h("div", { class: "legend" }, STATUSES.map((s) => badge(s)));
+  return h("div", { class: "legend", id: "legend" }, STATUSES.map((s) => badge(s)));
+}
+
+function outcomeLegend() {
+  return h("div", { class: "legend outcomes" }, OUTCOMES.map((o) => h("span", { class: "outcome", "data-outcome": o },
+    h("svg:svg", { width: 14, height: 10 }, h("svg:rect", { class: `bar ${o}`, width: 14, height: 10, rx: 2 })), ` ${o.replace("_", " ")}`)),
+  h("span", { class: "outcome", "data-outcome": "compensation" },
+    h("svg:svg", { width: 14, height: 10 }, h("svg:rect", { class: "bar succeeded compensation", width: 14, height: 10, rx: 2 })), " compensation"));
 }
 
 // -- run page ----------------------------------------------------------------------
@@ -358,7 +371,7 @@ async function runPage(runId) {
     for (const b of tabs.children) b.classList.toggle("on", b.dataset.tab === shown);
     let body;
     if (shown === "timeline") body = gantt(await api(`/runs/${runId}/attempts?limit=2000`));
-    else if (shown === "history") body = historyList((await api(`/runs/${runId}/history`)).entries);
+    else if (shown === "history") body = historyList((await api(`/runs/${runId}/history`)).events);
     else body = h("pre", {}, json(view.output));
     if (mine === tabAsked) tabBody.replaceChildren(body);
   }
@@ -413,28 +426,31 @@ function throttled(fn, ms) {
   return schedule;
 }
 
-function lane(stepKey) {
-  return stepKey.replace(/\[\d+\]/g, "[*]").replace(/@\d+\//g, "@*/");
+function lane(stepKey, compensation = false) {
+  // a compensation's attempts have a lane of their own, under the step they undo
+  return stepKey.replace(/\[\d+\]/g, "[*]").replace(/@\d+\//g, "@*/") + (compensation ? " ↺ compensate" : "");
 }
 
 function gantt(list) {
   if (!list.attempts.length) return h("p", { class: "muted" }, "No attempt yet (engine steps such as switch, set and wait run none).");
-  const lanes = [...new Set(list.attempts.map((a) => lane(a.step_key)))].slice(0, MAX_LANES);
+  const lanes = [...new Set(list.attempts.map((a) => lane(a.step_key, a.compensation)))].slice(0, MAX_LANES);
   const row = new Map(lanes.map((l, i) => [l, i]));
   const now = Date.now() / 1000;
-  const t0 = Math.min(...list.attempts.map((a) => a.started_at || now));
-  const t1 = Math.max(...list.attempts.map((a) => a.ended_at || now), t0 + 0.001);
+  const t0 = Math.min(...list.attempts.map((a) => epoch(a.started_at) || now));
+  const t1 = Math.max(...list.attempts.map((a) => epoch(a.ended_at) || now), t0 + 0.001);
   const left = 160, width = 760, rowH = 18;
   const x = (t) => left + ((t - t0) / (t1 - t0)) * width;
-  const svg = h("svg:svg", { class: "gantt", width: left + width + 10, height: lanes.length * rowH + 24 });
+  // scaled to the card's width (viewBox): a bar near the end stays inside the card
+  const W = left + width + 10, H = lanes.length * rowH + 24;
+  const svg = h("svg:svg", { class: "gantt", viewBox: `0 0 ${W} ${H}`, width: W, height: H, preserveAspectRatio: "xMinYMin meet" });
   lanes.forEach((l, i) => svg.append(h("svg:text", { class: "lane-label", x: 4, y: i * rowH + 13 }, l.length > 24 ? `${l.slice(0, 23)}…` : l)));
   // Bars closer than a pixel in one lane and of one outcome are drawn as one: a lane of
   // 10,000 attempts is a few rectangles, not 10,000.
   const bars = new Map();
   for (const a of list.attempts) {
-    const i = row.get(lane(a.step_key));
+    const i = row.get(lane(a.step_key, a.compensation));
     if (i === undefined || !a.started_at) continue;
-    const from = x(a.started_at), to = Math.max(from + 2, x(a.ended_at || now));
+    const from = x(epoch(a.started_at)), to = Math.max(from + 2, x(epoch(a.ended_at) || now));
     const key = `${i} ${a.outcome}`;
     const open = bars.get(key) || [];
     const last = open[open.length - 1];
@@ -445,14 +461,16 @@ function gantt(list) {
   for (const [, open] of bars) {
     for (const bar of open) {
       const a = bar.a;
-      const title = bar.n > 1 ? `${bar.n} attempts of ${lane(a.step_key)}: ${a.outcome}`
-        : `${a.step_key} attempt ${a.attempt}: ${a.outcome} ${seconds(a.started_at, a.ended_at)}${a.error ? ` — ${a.error}` : ""}${a.worker ? ` on ${a.worker}` : ""}`;
-      svg.append(h("svg:rect", { class: `bar ${a.outcome}`, x: bar.from, y: bar.i * rowH + 3, width: bar.to - bar.from, height: rowH - 6, rx: 2, "data-attempts": bar.n }, h("svg:title", {}, title)));
+      const what = a.compensation ? "compensation attempt" : "attempt";
+      const title = bar.n > 1 ? `${bar.n} attempts of ${lane(a.step_key, a.compensation)}: ${a.outcome}`
+        : `${a.step_key} ${what} ${a.attempt}: ${a.outcome.replace("_", " ")} ${seconds(a.started_at, a.ended_at)}${a.error ? ` — ${a.error}` : ""}${a.worker ? ` on ${a.worker}` : ""}`;
+      svg.append(h("svg:rect", { class: `bar ${a.outcome}${a.compensation ? " compensation" : ""}`, x: bar.from, y: bar.i * rowH + 3, width: bar.to - bar.from, height: rowH - 6, rx: 2,
+        "data-attempts": bar.n, "data-step": a.step_key, "data-outcome": a.outcome, "data-compensation": a.compensation ? "true" : "false" }, h("svg:title", {}, title)));
     }
   }
   svg.append(h("svg:text", { class: "lane-label", x: left, y: lanes.length * rowH + 18 }, `0 s … ${(t1 - t0).toFixed(2)} s`));
   const shown = list.total > list.attempts.length ? ` (the first ${list.attempts.length} of ${list.total})` : "";
-  return h("div", {}, h("div", { class: "muted" }, `${list.total} attempt(s)${shown}, one lane per step`), svg);
+  return h("div", {}, h("div", { class: "muted" }, `${list.total} attempt(s)${shown}, one lane per step (and per compensation)`), svg, outcomeLegend());
 }
 
 function historyList(entries) {
@@ -510,7 +528,7 @@ async function queuesPage() {
   const now = Date.now() / 1000;
   const workers = seen.workers.map((w) => h("tr", { class: w.live ? "" : "stopped" }, h("td", {}, w.worker),
     h("td", {}, w.queues === null ? "all" : w.queues.join(", ")), h("td", {}, w.live ? "live" : "stopped"),
-    h("td", {}, `${Math.max(now - w.last_beat, 0).toFixed(1)} s ago`)));
+    h("td", {}, `${Math.max(now - epoch(w.last_beat), 0).toFixed(1)} s ago`)));
   const rows = body.queues.map((q) => h("tr", {}, h("td", {}, q.queue), h("td", {}, q.priority), h("td", {}, q.depth), h("td", {}, q.held),
     h("td", {}, q.oldest_age === null ? "—" : `${q.oldest_age.toFixed(1)} s`), h("td", {}, q.consumers)));
   show(h("h1", {}, "Queues"), body.unserved.length ? note(`No worker reads: ${body.unserved.join(", ")}`, true) : null,
