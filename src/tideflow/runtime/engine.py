@@ -22,6 +22,7 @@ from tideflow.model.run import RunState
 from tideflow.runtime.catalog import Catalog
 from tideflow.runtime.clock import Clock
 from tideflow.runtime.correlate import Correlator
+from tideflow.runtime.intake import hand_buffered
 from tideflow.runtime.observers import Observers
 from tideflow.runtime.partitions import Ownership
 from tideflow.runtime.recovery import Owns, every_run, recover
@@ -99,6 +100,7 @@ class Engine(EngineLink, Runs):
             listeners=self.listeners,
             sinks=self.sinks,
             observers=self.observers,
+            early=lambda run_id, rows: hand_buffered(store, bus, run_id, rows, clock.now()),
         )
         self.scheduler = Scheduler(
             store=store,
