@@ -1,0 +1,86 @@
+"""The gateway's intake (runtime/intake.py): the buffer's bounds, a wait that keeps no
+early events, and the buffer's expiry by the clock it is given."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from tideflow.errors import NotFound
+from tideflow.runtime.intake import Inbound, Intake
+from tideflow.runtime.runtime import Runtime
+
+PAID = "paid"
+
+
+def order(buffer: Any = None) -> dict[str, Any]:
+    wait: dict[str, Any] = {
+        "id": "paid",
+        "type": "wait",
+        "signal": PAID,
+        "match": "{{ signal.data.order_id == inputs.order_id }}",
+    }
+    if buffer is not None:
+        wait["buffer"] = buffer
+    return {"name": "order", "version": "1", "input": {"type": "object"}, "steps": [wait]}
+
+
+def paid(n: int, order_id: str) -> Inbound:
+    return Inbound(
+        key=f"k{n}", source="urn:t", id=str(n), type=PAID, payload={"data": {"order_id": order_id}}
+    )
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+async def rt() -> AsyncIterator[Runtime]:
+    async with Runtime(workers=0) as runtime:
+        yield runtime
+
+
+async def test_the_buffer_is_bounded_per_run_and_in_all(rt: Runtime) -> None:
+    await rt.client.register(order())
+    intake = Intake(rt.client, now=Clock(), max_buffered=3, max_per_run=2)
+    statuses = [(await intake.take(paid(n, "o-1"))).status for n in range(3)]
+    assert statuses == ["buffered", "buffered", "unmatched"]  # two for o-1's run at most
+    third = await intake.take(paid(2, "o-1"))
+    assert third.status == "duplicate"
+    assert (await intake.take(paid(3, "o-2"))).status == "buffered"
+    over = await intake.take(paid(4, "o-3"))
+    assert over.status == "unmatched" and "holds 3 events" in (over.reason or "")
+    kept = await rt.client.store.unmatched_events(1_000.0)
+    assert [e.key for e in kept] == ["k2", "k4"]
+
+
+async def test_a_wait_that_keeps_no_early_events_dead_letters_them_at_once(rt: Runtime) -> None:
+    await rt.client.register(order(buffer=False))
+    outcome = await Intake(rt.client, now=Clock()).take(paid(1, "o-1"))
+    assert outcome.status == "unmatched"
+    assert "buffer" in (outcome.reason or "")
+    assert [e.key for e in await rt.client.store.unmatched_events(1_000.0)] == ["k1"]
+
+
+async def test_an_event_is_buffered_for_its_wait_s_buffer_then_unmatched(rt: Runtime) -> None:
+    await rt.client.register(order(buffer="10m"))
+    clock = Clock()
+    intake = Intake(rt.client, now=clock)
+    assert (await intake.take(paid(1, "o-1"))).status == "buffered"
+    store = rt.client.store
+    assert await store.unmatched_events(clock.now + 599) == []
+    (late,) = await store.unmatched_events(clock.now + 600)
+    assert (late.key, late.buffer_until) == ("k1", clock.now + 600)
+    with pytest.raises(NotFound):
+        await intake.replay("k1")  # still buffered at the intake's now
+    clock.now += 600
+    replayed = await intake.replay("k1")  # no run waits: it stays in the dead letter
+    assert replayed.status == "unmatched"
+    assert [e.key for e in await store.unmatched_events(clock.now)] == ["k1"]
