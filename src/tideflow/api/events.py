@@ -11,7 +11,10 @@ whose policy allows its type and its naming a run), then each event becomes a si
   `wait` yet keeps the signal for it), else to every run whose `wait` for that signal
   matches it (``Client.deliver_event``, correlation);
 - its id in each run is derived from (``source``, ``id``) (`signal_id`), so a
-  redelivery, even one that arrives at the same time as the first, is applied once.
+  redelivery, even one that arrives at the same time as the first, is applied once;
+- what became of it is recorded (runtime/intake.py): delivered, buffered for a run whose
+  `wait` starts later, or unmatched (the dead letter, api/unmatched.py); a redelivery is
+  answered ``duplicate``.
 
 A refused request (400 malformed, 401 not authorised, 403 a role that may not signal or
 an event its source may not send, 413 too large, 415 a format not read) changes
@@ -222,8 +225,9 @@ def event_routes(
     async def receive_events(request: Request) -> EventsAccepted:
         """Take CloudEvents (structured, batched or binary mode) and signal the runs they
         are for: the one their ``tideflowrunid`` names, else every run whose `wait` for
-        the event's type matches it. 202 with what became of each event; a redelivery
-        is acknowledged and applied once."""
+        the event's type matches it (or, none yet, the run whose wait starts within its
+        buffer). 202 with what became of each event: delivered, buffered, unmatched
+        (kept: GET /events/unmatched) or duplicate (a redelivery: applied once)."""
         try:
             accepted = await _receive(request)
         except (EventRefused, SourceRefused, EventNotAllowed, Forbidden):
