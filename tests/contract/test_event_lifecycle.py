@@ -202,3 +202,17 @@ async def test_past_its_buffer_an_event_is_unmatched_listed_and_a_replay_deliver
     assert await listed() == []
     missing = await api.post(f"/events/unmatched/{kept['key']}/replay", headers=sender.headers)
     assert missing.status_code == 404
+
+
+async def test_an_event_by_run_id_before_its_wait_is_answered_buffered_and_taken(
+    rt: Runtime, sender: Sender
+) -> None:
+    run_id = await rt.client.start("order", {"order_id": "o-5"})
+    await wait_until(rt, run_id, step_is("gate", "waiting"))
+    early = await sender.send(PAID, {"order_id": "o-5"}, id="pay-5", tideflowrunid=run_id)
+    assert (early["status"], early["delivered_to"]) == ("buffered", [run_id])
+    again = await sender.send(PAID, {"order_id": "o-5"}, id="pay-5", tideflowrunid=run_id)
+    assert (again["status"], again["delivered_to"]) == ("duplicate", [run_id])
+    await rt.client.signal(run_id, GO, None)
+    assert (await rt.client.wait(run_id, 30)).output == {"order_id": "o-5"}
+    assert await sender.unmatched() == []

@@ -200,7 +200,10 @@ class Intake:
             await client.signal(run_id, record.type, record.payload, signal_id=record.key)
         except UnknownSignal as exc:
             return replace(record, reason=exc.message)
-        return replace(record, status="delivered", delivered_to=(run_id,))
+        early = None
+        if record.type not in state.waiting:  # the run keeps it (answered `buffered`)
+            early = f"run {run_id} is not at a wait for it yet: it keeps it for one (buffer)"
+        return replace(record, status="delivered", delivered_to=(run_id,), reason=early)
 
     async def _offer(self, record: GatewayEvent) -> GatewayEvent:
         run_ids = await self._client.deliver_event(record.type, record.payload, event_id=record.key)
@@ -216,9 +219,15 @@ def _no_run(name: str, why: str) -> str:
 
 
 def _outcome(record: GatewayEvent) -> Outcome:
-    status: Status = "delivered" if record.status == "delivered" else "unmatched"
-    if record.status == "buffered":
+    """The answer: a record's status, but ``buffered`` for an event its run keeps for a
+    wait it has not reached (delivered to it, with that reason)."""
+    status: Status = "unmatched"
+    if record.status == "buffered" or (
+        record.status == "delivered" and record.run_id is not None and record.reason
+    ):
         status = "buffered"
+    elif record.status == "delivered":
+        status = "delivered"
     return Outcome(
         status=status,
         delivered_to=list(record.delivered_to),
