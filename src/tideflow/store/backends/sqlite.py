@@ -43,6 +43,7 @@ from tideflow.model.schedules import ScheduleRow
 from tideflow.model.tokens import ApiToken
 from tideflow.store import sqlbase as sb
 from tideflow.store.backends.sqlite_checkpoints import WRITER_PAGES, Checkpointer
+from tideflow.store.backends.sqlite_gateway import GatewayRecords
 from tideflow.store.base import (
     ENGINE_LEASE,
     AppliedEvent,
@@ -50,7 +51,6 @@ from tideflow.store.base import (
     ConcurrencyConflict,
     DefinitionSummary,
     DueTimer,
-    GatewayEvent,
     HistoryEntry,
     Lease,
     OutboxItem,
@@ -89,7 +89,7 @@ def sqlite_path(url: str) -> str:
     return path
 
 
-class SqliteStore(Store):
+class SqliteStore(GatewayRecords, Store):
     def __init__(
         self,
         url: str,
@@ -628,64 +628,6 @@ class SqliteStore(Store):
     async def revoke_token(self, token_id: str, at: float) -> bool:
         params = (at, token_id)
         return await self._run(self._transaction, lambda c: _changed(c, "revoke_token", params))
-
-    # -- the event gateway's record ------------------------------------------------
-
-    async def keep_event(
-        self, event: GatewayEvent, wait_rows: Sequence[str] = ()
-    ) -> GatewayEvent | None:
-        row = sb.gateway_event_row(event)
-        rows = [(wait_row, event.key) for wait_row in dict.fromkeys(wait_rows)]
-
-        def keep(conn: sqlite3.Connection) -> Any:
-            if conn.execute(Q["insert_gateway_event"], row).rowcount:
-                conn.executemany(Q["insert_gateway_event_row"], rows)
-                return None
-            return conn.execute(Q["get_gateway_event"], (event.key,)).fetchone()
-
-        return sb.gateway_event_from_row(await self._run(self._transaction, keep))
-
-    async def gateway_event(self, key: str) -> GatewayEvent | None:
-        row = await self._run(lambda: self.conn.execute(Q["get_gateway_event"], (key,)).fetchone())
-        return sb.gateway_event_from_row(row)
-
-    async def settle_event(self, event: GatewayEvent, was: str) -> bool:
-        params = sb.settle_params(event, was)
-        return await self._run(
-            self._transaction, lambda c: _changed(c, "settle_gateway_event", params)
-        )
-
-    async def buffered_events(self, wait_row: str, now: float) -> list[GatewayEvent]:
-        params = (wait_row, now)
-        rows = await self._run(
-            lambda: self.conn.execute(Q["buffered_gateway_events"], params).fetchall()
-        )
-        return sb.gateway_events_from_rows(rows)
-
-    async def count_buffered(self, now: float, wait_row: str | None = None) -> int:
-        query, params = (
-            ("count_buffered_events", (now,))
-            if wait_row is None
-            else ("count_buffered_under", (wait_row, now))
-        )
-        row = await self._run(lambda: self.conn.execute(Q[query], params).fetchone())
-        return int(row[0])
-
-    async def unmatched_events(
-        self, now: float, *, limit: int = 100, after: str | None = None
-    ) -> list[GatewayEvent]:
-        params = (now, after, after, limit)
-        rows = await self._run(
-            lambda: self.conn.execute(Q["unmatched_gateway_events"], params).fetchall()
-        )
-        return sb.gateway_events_from_rows(rows)
-
-    async def prune_events(self, before: float) -> int:
-        def prune(conn: sqlite3.Connection) -> int:
-            conn.execute(Q["prune_gateway_event_rows"], (before,))
-            return int(conn.execute(Q["prune_gateway_events"], (before,)).rowcount)
-
-        return await self._run(self._transaction, prune)
 
     async def prune(
         self, older_than: float, *, batch_size: int = 500, archive: Archive | None = None
