@@ -216,3 +216,30 @@ async def test_an_event_by_run_id_before_its_wait_is_answered_buffered_and_taken
     await rt.client.signal(run_id, GO, None)
     assert (await rt.client.wait(run_id, 30)).output == {"order_id": "o-5"}
     assert await sender.unmatched() == []
+
+
+async def test_a_run_that_reached_its_wait_unhanded_takes_the_event_at_the_next_start(
+    sql_backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server stopped between the commit that started the wait and the relay that
+    hands the buffer over: the next engine's recovery hands it."""
+    from tideflow.runtime import relay
+    from tideflow.runtime.intake import Inbound, Intake
+
+    monkeypatch.setattr(relay, "waits_started", lambda state, transitions: [])  # lost
+    async with Runtime(store=sql_backend.make(), workers=1) as rt:
+        await rt.client.register(ORDER)
+        run_id = await rt.client.start("order", {"order_id": "o-7"})
+        await wait_until(rt, run_id, step_is("gate", "waiting"))
+        early = Inbound(
+            key="k-7", source="urn:t", id="7", type=PAID, payload={"data": {"order_id": "o-7"}}
+        )
+        assert (await Intake(rt.client, now=time.time).take(early)).status == "buffered"
+        await rt.client.signal(run_id, GO, None)
+        await wait_until(rt, run_id, step_is("paid", "waiting"))
+        (still,) = await rt.client.store.buffered_for_waits(time.time())
+        assert still[0] == run_id
+    monkeypatch.undo()
+    async with Runtime(store=sql_backend.make(), workers=1) as rt:
+        assert (await rt.client.wait(run_id, 30)).output == {"order_id": "o-7"}
+        assert (await rt.client.store.gateway_event("k-7")).delivered_to == (run_id,)  # type: ignore[union-attr]

@@ -108,3 +108,31 @@ async def test_a_store_at_schema_9_upgrades_to_keep_events(sql_backend: Backend)
     assert (await upgraded.load_run("kept")).last_seq == 2
     assert await upgraded.keep_event(kept("a"), [ROW]) is None
     assert [e.key for e in await upgraded.buffered_events(ROW, T0)] == ["a"]
+
+
+async def test_events_buffered_under_a_row_some_run_waits_under_are_found_with_it(
+    store: Store,
+) -> None:
+    from tideflow.dsl import compile_definition
+
+    from .test_store_rows import WAITER
+
+    driver = Driver(store, batch_size=10)
+    runs = [await driver.new_run(compile_definition(WAITER), f"r{i}") for i in range(2)]
+    for h in runs:
+        h.start()
+        h.complete("work")
+    await driver.flush()  # both wait for `go` (rows under the name)
+    await store.keep_event(kept("a", type="go"), ["go"])
+    await store.keep_event(kept("b", type="go", received_at=T0 + 1), ["go"])
+    await store.keep_event(kept("c", type="go", until=T0), ["go"])  # its buffer ended
+    await store.keep_event(kept("d", type="other"), ["other"])  # nobody waits under it
+    found = [(run_id, e.key) for run_id, e in await store.buffered_for_waits(T0)]
+    assert found == [("r0", "a"), ("r1", "a"), ("r0", "b"), ("r1", "b")]
+    assert len(await store.buffered_for_waits(T0, limit=3)) == 3
+    await store.settle_event(
+        dataclasses.replace(kept("a", type="go"), status="delivered"), "buffered"
+    )
+    runs[1].signal("go")
+    await driver.flush()
+    assert [(r, e.key) for r, e in await store.buffered_for_waits(T0)] == [("r0", "b")]

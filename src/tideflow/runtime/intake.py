@@ -49,6 +49,7 @@ __all__ = [
     "Intake",
     "Outcome",
     "hand_buffered",
+    "hand_waiting",
     "waits_started",
 ]
 
@@ -271,6 +272,28 @@ async def hand_buffered(
     for row in wait_rows:
         for kept in await store.buffered_events(row, now):
             found.setdefault(kept.key, kept)
+    await _hand(store, bus, run_id, list(found.values()), now)
+
+
+async def hand_waiting(
+    store: Store, bus: Bus, now: float, owns: Callable[[str], bool] = lambda run_id: True
+) -> int:
+    """The repair at an engine's start: the events buffered for runs that wait for them
+    now and were not handed them (a server stopped between a commit and its relay, a
+    wait reached by a command with no engine), sent to those runs ``owns`` accepts. How
+    many were sent."""
+    by_run: dict[str, dict[str, GatewayEvent]] = {}
+    for run_id, kept in await store.buffered_for_waits(now):
+        if owns(run_id):
+            by_run.setdefault(run_id, {}).setdefault(kept.key, kept)
+    for run_id, found in by_run.items():
+        await _hand(store, bus, run_id, list(found.values()), now)
+    return sum(len(found) for found in by_run.values())
+
+
+async def _hand(
+    store: Store, bus: Bus, run_id: str, found: Sequence[GatewayEvent], now: float
+) -> None:
     if not found:
         return
     events: list[Event] = [
@@ -282,11 +305,10 @@ async def hand_buffered(
             payload=kept.payload,
             buffer=False,
         )
-        for kept in found.values()
+        for kept in found
     ]
     await bus.publish_events(events)
-    for kept in found.values():
-        await store.settle_event(
-            replace(kept, status="delivered", delivered_to=(run_id,)), "buffered"
-        )
+    for kept in found:
+        taken = replace(kept, status="delivered", delivered_to=(run_id,))
+        await store.settle_event(taken, "buffered")
     log.info("run %s took %d buffered event(s) at its wait", run_id, len(events))

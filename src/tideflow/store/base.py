@@ -528,6 +528,14 @@ class Store(ABC):
         first."""
 
     @abstractmethod
+    async def buffered_for_waits(
+        self, now: float, limit: int = 1000
+    ) -> list[tuple[str, GatewayEvent]]:
+        """(run id, event) for the events buffered at ``now`` under a wait row some run
+        waits under now (what a run whose wait started was not handed: a repair), oldest
+        first."""
+
+    @abstractmethod
     async def count_buffered(self, now: float, wait_row: str | None = None) -> int:
         """How many events are buffered at ``now`` (under ``wait_row`` only, when given)."""
 

@@ -359,6 +359,16 @@ def gateway_event_from_row(row: Sequence[Any] | None) -> GatewayEvent | None:
     )
 
 
+def buffered_for_waits(rows: Sequence[Sequence[Any]]) -> list[tuple[str, GatewayEvent]]:
+    """(run id, event) from ``buffered_for_waits`` rows (the run id first)."""
+    found = []
+    for row in rows:
+        event = gateway_event_from_row(tuple(row[1:]))
+        assert event is not None
+        found.append((str(row[0]), event))
+    return found
+
+
 def gateway_events_from_rows(rows: Sequence[Sequence[Any]]) -> list[GatewayEvent]:
     return [e for e in map(gateway_event_from_row, rows) if e is not None]
 

@@ -10,8 +10,10 @@ from tideflow.store.base import GatewayEvent
 
 
 class GatewayRecords:
-    """Mixed into MemoryStore, which creates the two dicts."""
+    """Mixed into MemoryStore, which creates the dicts."""
 
+    _waits: dict[str, set[str]]
+    """Signal (wait row) -> run ids (MemoryStore's)."""
     _gateway: dict[str, GatewayEvent]
     """Key -> the event recorded under it."""
     _gateway_rows: dict[str, list[str]]
@@ -74,3 +76,16 @@ class GatewayRecords:
             else:
                 del self._gateway_rows[row]
         return len(doomed)
+
+    async def buffered_for_waits(
+        self, now: float, limit: int = 1000
+    ) -> list[tuple[str, GatewayEvent]]:
+        found = [
+            (run_id, self._gateway[key])
+            for row, keys in self._gateway_rows.items()
+            for key in keys
+            for run_id in self._waits.get(row, ())
+            if self._gateway[key].status == "buffered" and self._gateway[key].buffer_until > now
+        ]
+        found.sort(key=lambda pair: (pair[1].received_at, pair[1].key, pair[0]))
+        return found[:limit]

@@ -65,3 +65,10 @@ class GatewayRecords:
         async with self._connection() as conn, conn.transaction():
             await conn.execute(Q["prune_gateway_event_rows"], before)
             return len(await conn.fetch(Q["prune_gateway_events"] + " RETURNING event_key", before))
+
+    async def buffered_for_waits(
+        self, now: float, limit: int = 1000
+    ) -> list[tuple[str, GatewayEvent]]:
+        async with self._connection() as conn:
+            rows = await conn.fetch(Q["buffered_for_waits"], now, limit)
+        return sb.buffered_for_waits([tuple(row) for row in rows])

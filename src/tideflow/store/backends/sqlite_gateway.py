@@ -81,3 +81,11 @@ class GatewayRecords:
             return int(conn.execute(Q["prune_gateway_events"], (before,)).rowcount)
 
         return await self._run(self._transaction, prune)
+
+    async def buffered_for_waits(
+        self, now: float, limit: int = 1000
+    ) -> list[tuple[str, GatewayEvent]]:
+        rows = await self._run(
+            lambda: self.conn.execute(Q["buffered_for_waits"], (now, limit)).fetchall()
+        )
+        return sb.buffered_for_waits(rows)

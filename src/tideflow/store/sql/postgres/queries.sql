@@ -345,3 +345,12 @@ DELETE FROM gateway_event_rows WHERE event_key IN
 
 -- name: prune_gateway_events
 DELETE FROM gateway_events WHERE buffer_until < $1;
+
+-- name: buffered_for_waits
+SELECT w.run_id, e.event_key, e.source, e.event_id, e.type, e.run_id, e.payload, e.status, e.received_at,
+       e.buffer_until, e.delivered_to, e.started, e.reason
+FROM gateway_events e
+JOIN gateway_event_rows r ON r.event_key = e.event_key
+JOIN waits w ON w.signal = r.wait_row
+WHERE e.status = 'buffered' AND e.buffer_until > $1
+ORDER BY e.received_at, e.event_key, w.run_id LIMIT $2;
