@@ -238,7 +238,7 @@ async def test_a_run_that_reached_its_wait_unhanded_takes_the_event_at_the_next_
         await rt.client.signal(run_id, GO, None)
         await wait_until(rt, run_id, step_is("paid", "waiting"))
         (still,) = await rt.client.store.buffered_for_waits(time.time())
-        assert still[0] == run_id
+        assert still[0] == run_id and still[2].key == "k-7"
     monkeypatch.undo()
     async with Runtime(store=sql_backend.make(), workers=1) as rt:
         assert (await rt.client.wait(run_id, 30)).output == {"order_id": "o-7"}

@@ -85,6 +85,10 @@ async def test_the_dead_letter_holds_unmatched_events_and_buffers_that_ended(
     assert [e.key for e in await store.unmatched_events(T0 + 10, after="b")] == ["d"]
     listed = await store.unmatched_events(T0 + 10)
     assert [e.unmatched(T0 + 10) for e in listed] == [True, True]
+    handed = dataclasses.replace(kept("b", until=T0 + 10), delivered_to=("r1",))
+    assert await store.settle_event(handed, "buffered")  # handed to a run, still buffered
+    assert [e.key for e in await store.unmatched_events(T0 + 10)] == ["d"]
+    assert not handed.unmatched(T0 + 10)
 
 
 async def test_pruning_forgets_events_whose_buffer_ended_before_the_cut(store: Store) -> None:
@@ -127,12 +131,12 @@ async def test_events_buffered_under_a_row_some_run_waits_under_are_found_with_i
     await store.keep_event(kept("b", type="go", received_at=T0 + 1), ["go"])
     await store.keep_event(kept("c", type="go", until=T0), ["go"])  # its buffer ended
     await store.keep_event(kept("d", type="other"), ["other"])  # nobody waits under it
-    found = [(run_id, e.key) for run_id, e in await store.buffered_for_waits(T0)]
-    assert found == [("r0", "a"), ("r1", "a"), ("r0", "b"), ("r1", "b")]
+    found = [(run_id, row, e.key) for run_id, row, e in await store.buffered_for_waits(T0)]
+    assert found == [("r0", "go", "a"), ("r1", "go", "a"), ("r0", "go", "b"), ("r1", "go", "b")]
     assert len(await store.buffered_for_waits(T0, limit=3)) == 3
     await store.settle_event(
         dataclasses.replace(kept("a", type="go"), status="delivered"), "buffered"
     )
     runs[1].signal("go")
     await driver.flush()
-    assert [(r, e.key) for r, e in await store.buffered_for_waits(T0)] == [("r0", "b")]
+    assert [(r, e.key) for r, _, e in await store.buffered_for_waits(T0)] == [("r0", "b")]

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from tideflow.errors import NotFound, UnknownSignal
-from tideflow.model.events import Event, SignalReceived, Transition
+from tideflow.model.events import SignalReceived, Transition
 from tideflow.model.run import RunState
 from tideflow.model.states import StepStatus
 from tideflow.runtime.correlate import Correlator
@@ -268,11 +268,10 @@ async def hand_buffered(
 ) -> None:
     """Send the run the events buffered under its waits' rows, then record them taken
     (a failure before that sends them again: the run applies each once)."""
-    found: dict[str, GatewayEvent] = {}
+    found: list[tuple[str, GatewayEvent]] = []
     for row in wait_rows:
-        for kept in await store.buffered_events(row, now):
-            found.setdefault(kept.key, kept)
-    await _hand(store, bus, run_id, list(found.values()), now)
+        found += [(row, kept) for kept in await store.buffered_events(row, now)]
+    await _hand(store, bus, run_id, found, now)
 
 
 async def hand_waiting(
@@ -282,33 +281,46 @@ async def hand_waiting(
     now and were not handed them (a server stopped between a commit and its relay, a
     wait reached by a command with no engine), sent to those runs ``owns`` accepts. How
     many were sent."""
-    by_run: dict[str, dict[str, GatewayEvent]] = {}
-    for run_id, kept in await store.buffered_for_waits(now):
+    by_run: dict[str, list[tuple[str, GatewayEvent]]] = {}
+    for run_id, row, kept in await store.buffered_for_waits(now):
         if owns(run_id):
-            by_run.setdefault(run_id, {}).setdefault(kept.key, kept)
+            by_run.setdefault(run_id, []).append((row, kept))
     for run_id, found in by_run.items():
-        await _hand(store, bus, run_id, list(found.values()), now)
+        await _hand(store, bus, run_id, found, now)
     return sum(len(found) for found in by_run.values())
 
 
 async def _hand(
-    store: Store, bus: Bus, run_id: str, found: Sequence[GatewayEvent], now: float
+    store: Store, bus: Bus, run_id: str, found: Sequence[tuple[str, GatewayEvent]], now: float
 ) -> None:
-    if not found:
+    """Send each event once, then record it handed to the run. One found under a
+    correlation row (the run's key is the event's: it is for this run) is taken: it leaves
+    the buffer. One found under its type only (a wait whose `match` is not indexed) stays
+    buffered for the other runs that reach such a wait, as an event that finds them
+    waiting goes to each: this run's `match` may not hold, and the gateway cannot tell.
+    Handed to a run, it is not unmatched when its buffer ends (``GatewayEvent.unmatched``)."""
+    events: dict[str, GatewayEvent] = {}
+    taken: dict[str, bool] = {}
+    for row, kept in found:
+        events.setdefault(kept.key, kept)
+        taken[kept.key] = taken.get(kept.key, False) or row != kept.type
+    if not events:
         return
-    events: list[Event] = [
-        SignalReceived(
-            event_id=f"{kept.key}>{run_id}",  # as Client.deliver_event: applied once
-            run_id=run_id,
-            time=now,
-            name=kept.type,
-            payload=kept.payload,
-            buffer=False,
-        )
-        for kept in found
-    ]
-    await bus.publish_events(events)
-    for kept in found:
-        taken = replace(kept, status="delivered", delivered_to=(run_id,))
-        await store.settle_event(taken, "buffered")
-    log.info("run %s took %d buffered event(s) at its wait", run_id, len(events))
+    await bus.publish_events(
+        [
+            SignalReceived(
+                event_id=f"{kept.key}>{run_id}",  # as Client.deliver_event: applied once
+                run_id=run_id,
+                time=now,
+                name=kept.type,
+                payload=kept.payload,
+                buffer=False,
+            )
+            for kept in events.values()
+        ]
+    )
+    for key, kept in events.items():
+        handed = (*dict.fromkeys((*kept.delivered_to, run_id)),)
+        status = "delivered" if taken[key] else "buffered"
+        await store.settle_event(replace(kept, status=status, delivered_to=handed), "buffered")
+    log.info("run %s was handed %d buffered event(s) at its wait", run_id, len(events))

@@ -79,9 +79,9 @@ class GatewayEvent:
 
     def unmatched(self, now: float) -> bool:
         """Whether it is in the dead letter at ``now``: unmatched, or buffered past its
-        buffer."""
+        buffer and handed to no run."""
         return self.status == "unmatched" or (
-            self.status == "buffered" and self.buffer_until <= now
+            self.status == "buffered" and self.buffer_until <= now and not self.delivered_to
         )
 
 
@@ -530,10 +530,10 @@ class Store(ABC):
     @abstractmethod
     async def buffered_for_waits(
         self, now: float, limit: int = 1000
-    ) -> list[tuple[str, GatewayEvent]]:
-        """(run id, event) for the events buffered at ``now`` under a wait row some run
-        waits under now (what a run whose wait started was not handed: a repair), oldest
-        first."""
+    ) -> list[tuple[str, str, GatewayEvent]]:
+        """(run id, wait row, event) for the events buffered at ``now`` under a wait row
+        some run waits under now (what a run whose wait started was not handed: a
+        repair), oldest first."""
 
     @abstractmethod
     async def count_buffered(self, now: float, wait_row: str | None = None) -> int:

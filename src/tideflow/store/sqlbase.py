@@ -359,13 +359,15 @@ def gateway_event_from_row(row: Sequence[Any] | None) -> GatewayEvent | None:
     )
 
 
-def buffered_for_waits(rows: Sequence[Sequence[Any]]) -> list[tuple[str, GatewayEvent]]:
-    """(run id, event) from ``buffered_for_waits`` rows (the run id first)."""
+def buffered_for_waits(
+    rows: Sequence[Sequence[Any]],
+) -> list[tuple[str, str, GatewayEvent]]:
+    """(run id, wait row, event) from ``buffered_for_waits`` rows."""
     found = []
     for row in rows:
-        event = gateway_event_from_row(tuple(row[1:]))
+        event = gateway_event_from_row(tuple(row[2:]))
         assert event is not None
-        found.append((str(row[0]), event))
+        found.append((str(row[0]), str(row[1]), event))
     return found
 
 

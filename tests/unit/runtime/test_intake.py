@@ -3,6 +3,7 @@ early events, and the buffer's expiry by the clock it is given."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -84,3 +85,57 @@ async def test_an_event_is_buffered_for_its_wait_s_buffer_then_unmatched(rt: Run
     replayed = await intake.replay("k1")  # no run waits: it stays in the dead letter
     assert replayed.status == "unmatched"
     assert [e.key for e in await store.unmatched_events(clock.now)] == ["k1"]
+
+
+OVER = {  # a match that is not indexed: its wait is found by its signal's name
+    "name": "over",
+    "version": "1",
+    "input": {"type": "object"},
+    "steps": [
+        {"id": "gate", "type": "wait", "signal": "go"},
+        {
+            "id": "big",
+            "type": "wait",
+            "signal": "reading",
+            "match": "{{ signal.data.n > inputs.min }}",
+            "depends_on": ["gate"],
+        },
+    ],
+    "output": "{{ steps.big.output.data.n }}",
+}
+
+
+async def test_an_event_for_waits_that_are_not_indexed_goes_to_each_run_reaching_one(
+    rt: Runtime,
+) -> None:
+    """Handed to a run whose match does not hold, it stays buffered for the next run; once
+    handed to a run it is no longer unmatched when its buffer ends."""
+    import time
+
+    from tideflow.testing.waiting import step_is, wait_until
+
+    await rt.client.register(OVER)
+    strict = await rt.client.start("over", {"min": 10})
+    loose = await rt.client.start("over", {"min": 1})
+    for run_id in (strict, loose):
+        await wait_until(rt, run_id, step_is("gate", "waiting"))
+    reading = Inbound(key="r5", source="urn:t", id="5", type="reading", payload={"data": {"n": 5}})
+    assert (await Intake(rt.client, now=time.time).take(reading)).status == "buffered"
+    store = rt.client.store
+    await rt.client.signal(strict, "go", None)
+    await wait_until(rt, strict, step_is("big", "waiting"))
+
+    async def handed() -> tuple[str, ...]:
+        kept = await store.gateway_event("r5")
+        assert kept is not None and kept.status == "buffered"
+        return kept.delivered_to
+
+    deadline = time.monotonic() + 10
+    while await handed() != (strict,):  # the relay hands it after the commit
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
+    await rt.client.signal(loose, "go", None)
+    assert (await rt.client.wait(loose, 10)).output == 5
+    assert (await rt.client.get(strict)).status == "running"  # 5 > 10 does not hold
+    assert await handed() == (strict, loose)
+    assert await store.unmatched_events(time.time() + 2 * 24 * 3600) == []

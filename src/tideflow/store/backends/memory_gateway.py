@@ -79,13 +79,13 @@ class GatewayRecords:
 
     async def buffered_for_waits(
         self, now: float, limit: int = 1000
-    ) -> list[tuple[str, GatewayEvent]]:
+    ) -> list[tuple[str, str, GatewayEvent]]:
         found = [
-            (run_id, self._gateway[key])
+            (run_id, row, self._gateway[key])
             for row, keys in self._gateway_rows.items()
             for key in keys
             for run_id in self._waits.get(row, ())
             if self._gateway[key].status == "buffered" and self._gateway[key].buffer_until > now
         ]
-        found.sort(key=lambda pair: (pair[1].received_at, pair[1].key, pair[0]))
+        found.sort(key=lambda one: (one[2].received_at, one[2].key, one[0]))
         return found[:limit]

@@ -68,7 +68,7 @@ class GatewayRecords:
 
     async def buffered_for_waits(
         self, now: float, limit: int = 1000
-    ) -> list[tuple[str, GatewayEvent]]:
+    ) -> list[tuple[str, str, GatewayEvent]]:
         async with self._connection() as conn:
             rows = await conn.fetch(Q["buffered_for_waits"], now, limit)
         return sb.buffered_for_waits([tuple(row) for row in rows])

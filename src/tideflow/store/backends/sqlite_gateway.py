@@ -84,7 +84,7 @@ class GatewayRecords:
 
     async def buffered_for_waits(
         self, now: float, limit: int = 1000
-    ) -> list[tuple[str, GatewayEvent]]:
+    ) -> list[tuple[str, str, GatewayEvent]]:
         rows = await self._run(
             lambda: self.conn.execute(Q["buffered_for_waits"], (now, limit)).fetchall()
         )

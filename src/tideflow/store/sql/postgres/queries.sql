@@ -335,7 +335,8 @@ WHERE r.wait_row = $1 AND e.status = 'buffered' AND e.buffer_until > $2;
 
 -- name: unmatched_gateway_events
 SELECT event_key, source, event_id, type, run_id, payload, status, received_at, buffer_until, delivered_to, started, reason FROM gateway_events
-WHERE (status = 'unmatched' OR (status = 'buffered' AND buffer_until <= $1))
+WHERE (status = 'unmatched'
+       OR (status = 'buffered' AND buffer_until <= $1 AND delivered_to = '[]'))
   AND ($2::text IS NULL OR event_key > $2)
 ORDER BY event_key LIMIT $3;
 
@@ -347,7 +348,7 @@ DELETE FROM gateway_event_rows WHERE event_key IN
 DELETE FROM gateway_events WHERE buffer_until < $1;
 
 -- name: buffered_for_waits
-SELECT w.run_id, e.event_key, e.source, e.event_id, e.type, e.run_id, e.payload, e.status, e.received_at,
+SELECT w.run_id, w.signal, e.event_key, e.source, e.event_id, e.type, e.run_id, e.payload, e.status, e.received_at,
        e.buffer_until, e.delivered_to, e.started, e.reason
 FROM gateway_events e
 JOIN gateway_event_rows r ON r.event_key = e.event_key

@@ -280,7 +280,8 @@ WHERE r.wait_row = ? AND e.status = 'buffered' AND e.buffer_until > ?;
 
 -- name: unmatched_gateway_events
 SELECT event_key, source, event_id, type, run_id, payload, status, received_at, buffer_until, delivered_to, started, reason FROM gateway_events
-WHERE (status = 'unmatched' OR (status = 'buffered' AND buffer_until <= ?))
+WHERE (status = 'unmatched'
+       OR (status = 'buffered' AND buffer_until <= ? AND delivered_to = '[]'))
   AND (? IS NULL OR event_key > ?)
 ORDER BY event_key LIMIT ?;
 
@@ -292,7 +293,7 @@ DELETE FROM gateway_event_rows WHERE event_key IN
 DELETE FROM gateway_events WHERE buffer_until < ?;
 
 -- name: buffered_for_waits
-SELECT w.run_id, e.event_key, e.source, e.event_id, e.type, e.run_id, e.payload, e.status, e.received_at,
+SELECT w.run_id, w.signal, e.event_key, e.source, e.event_id, e.type, e.run_id, e.payload, e.status, e.received_at,
        e.buffer_until, e.delivered_to, e.started, e.reason
 FROM gateway_events e
 JOIN gateway_event_rows r ON r.event_key = e.event_key
