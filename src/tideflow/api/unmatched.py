@@ -41,7 +41,10 @@ class UnmatchedList(BaseModel):
 
 class ReplayOutcome(BaseModel):
     key: str
-    status: str = Field(description="delivered, or unmatched (left in the dead letter).")
+    status: str = Field(
+        description="delivered; buffered (handed to the run it names, which keeps it for "
+        "its wait); or unmatched (left in the dead letter)."
+    )
     delivered_to: list[str]
     started: list[str]
     reason: str | None

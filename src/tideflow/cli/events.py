@@ -91,9 +91,9 @@ def replay_cmd(
     """Deliver an unmatched event again, as if it arrived now: to the run it names, or
     to the runs whose wait takes it and the triggers it starts. It is not buffered again.
 
-    Exit 0 when it was delivered (it leaves the dead letter); exit 1 when still no run
-    takes it (it stays, with the reason); exit 2 for a key that is not in the dead
-    letter. --json prints {"key", "status", "delivered_to", "started", "reason"}.
+    Exit 0 when it was delivered (it leaves the dead letter; "buffered": the run it
+    names keeps it for its wait); exit 1 when still no run takes it (it stays, with the
+    reason); exit 2 for a key that is not in the dead letter. --json prints {"key", "status", "delivered_to", "started", "reason"}.
 
     Examples:
       tideflow events replay ce:5f1c...
@@ -103,12 +103,12 @@ def replay_cmd(
     shown = {"key": key, **_outcome(outcome)}
     if as_json:
         write_json(shown)
-    elif outcome.status == "delivered":
+    elif outcome.status != "unmatched":  # delivered, or buffered by the run it names
         runs = ", ".join([*outcome.delivered_to, *outcome.started])
-        out.print(f"replayed {key}: delivered to {runs}", markup=False)
+        out.print(f"replayed {key}: {outcome.status} to {runs}", markup=False)
     else:
         err.print(f"replayed {key}: still unmatched ({outcome.reason})", markup=False)
-    if outcome.status != "delivered":
+    if outcome.status == "unmatched":
         raise typer.Exit(EXIT_FAILED)
 
 

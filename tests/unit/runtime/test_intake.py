@@ -139,3 +139,23 @@ async def test_an_event_for_waits_that_are_not_indexed_goes_to_each_run_reaching
     assert (await rt.client.get(strict)).status == "running"  # 5 > 10 does not hold
     assert await handed() == (strict, loose)
     assert await store.unmatched_events(time.time() + 2 * 24 * 3600) == []
+
+
+async def test_an_event_for_a_run_that_did_not_exist_yet_is_replayed_to_it(
+    rt: Runtime,
+) -> None:
+    import time
+
+    await rt.client.register(OVER)
+    early = Inbound(
+        key="r9", source="urn:t", id="9", type="reading", payload={"data": {"n": 9}}, run_id="later"
+    )
+    intake = Intake(rt.client, now=time.time)
+    first = await intake.take(early)
+    assert (first.status, first.reason) == ("unmatched", "there is no run later")
+    await rt.client.start("over", {"min": 1}, run_id="later")
+    replayed = await intake.replay("r9")  # at its gate: the run keeps it for its wait
+    assert (replayed.status, replayed.delivered_to) == ("buffered", ["later"])
+    assert await rt.client.store.unmatched_events(time.time()) == []
+    await rt.client.signal("later", "go", None)
+    assert (await rt.client.wait("later", 10)).output == 9

@@ -513,10 +513,10 @@ async function eventsPage(message = null) {
   const replay = async (event) => {
     try {
       const done = await api(`/events/unmatched/${encodeURIComponent(event.key)}/replay`, { method: "POST" });
-      const text = done.status === "delivered"
-        ? `Replayed ${event.id}: delivered to ${[...done.delivered_to, ...done.started].join(", ")}.`
+      const text = done.status !== "unmatched"
+        ? `Replayed ${event.id}: ${done.status} to ${[...done.delivered_to, ...done.started].join(", ")}.`
         : `Replayed ${event.id}: still unmatched (${done.reason}).`;
-      await eventsPage(note(text, done.status !== "delivered"));
+      await eventsPage(note(text, done.status === "unmatched"));
     } catch (err) {
       await eventsPage(note(err.message, true));
     }
