@@ -122,7 +122,8 @@ class Intake:
 
     async def replay(self, key: str) -> Outcome:
         """Deliver an event of the dead letter again, as if it arrived now (it is not
-        buffered again): ``delivered``, or ``unmatched`` and left in the dead letter.
+        buffered again): ``delivered`` (or ``buffered`` by the run it names, which keeps
+        it for its wait), leaving the dead letter; or ``unmatched``, left in it.
         ``NotFound`` for a key that is not in it."""
         kept = await self._store.gateway_event(key)
         if kept is None or not kept.unmatched(self._now()):
@@ -207,6 +208,8 @@ class Intake:
         return replace(record, status="delivered", delivered_to=(run_id,), reason=early)
 
     async def _offer(self, record: GatewayEvent) -> GatewayEvent:
+        """Look for a waiting run once more, after the event was buffered (the race in
+        the module docstring): found, it is delivered and leaves the buffer."""
         run_ids = await self._client.deliver_event(record.type, record.payload, event_id=record.key)
         if not run_ids:
             return record
