@@ -153,8 +153,12 @@ def same_state(a: RunState, b: RunState) -> bool:
     return codec.state_to_data(a) == codec.state_to_data(b)
 
 
+UNDO_SCHEMA_10 = ("DROP TABLE gateway_event_rows", "DROP TABLE gateway_events")
+"""What migration 10 added (the same on SQLite and PostgreSQL): the gateway's record."""
+
 UNDO_SCHEMA_9 = {
     "sqlite": (
+        *UNDO_SCHEMA_10,
         """CREATE TABLE history_8 (
             run_id TEXT NOT NULL, seq INTEGER NOT NULL, event_id TEXT NOT NULL UNIQUE,
             kind TEXT NOT NULL, time REAL NOT NULL, data TEXT NOT NULL,
@@ -163,9 +167,12 @@ UNDO_SCHEMA_9 = {
         "DROP TABLE history",
         "ALTER TABLE history_8 RENAME TO history",
     ),
-    "postgres": ("ALTER TABLE history ADD CONSTRAINT history_event_id_key UNIQUE (event_id)",),
+    "postgres": (
+        *UNDO_SCHEMA_10,
+        "ALTER TABLE history ADD CONSTRAINT history_event_id_key UNIQUE (event_id)",
+    ),
 }
-"""What migration 9 changed, undone: history with its unique index on event_id."""
+"""What migrations 9 and 10 changed, undone: history with its unique index on event_id."""
 
 UNDO_SCHEMA_8 = {
     "sqlite": (

@@ -11,7 +11,10 @@ whose policy allows its type and its naming a run), then each event becomes a si
   `wait` yet keeps the signal for it), else to every run whose `wait` for that signal
   matches it (``Client.deliver_event``, correlation);
 - its id in each run is derived from (``source``, ``id``) (`signal_id`), so a
-  redelivery, even one that arrives at the same time as the first, is applied once.
+  redelivery, even one that arrives at the same time as the first, is applied once;
+- what became of it is recorded (runtime/intake.py): delivered, buffered for a run whose
+  `wait` starts later, or unmatched (the dead letter, api/unmatched.py); a redelivery is
+  answered ``duplicate``.
 
 A refused request (400 malformed, 401 not authorised, 403 a role that may not signal or
 an event its source may not send, 413 too large, 415 a format not read) changes
@@ -46,18 +49,18 @@ from tideflow.api.cloudevent import (
 from tideflow.api.event_signatures import SIGNATURE_HEADER, TIMESTAMP_HEADER
 from tideflow.api.event_sources import EventRequest, EventSources, SourceRefused, SourceRule
 from tideflow.api.problems import FieldError, Problem, problem_response
+from tideflow.api.unmatched import unmatched_routes
 from tideflow.client import Client
 from tideflow.errors import (
     Forbidden,
     InputValidationError,
-    NotFound,
     StepError,
     Unauthenticated,
-    UnknownSignal,
 )
 from tideflow.model import storable
 from tideflow.model.tokens import Action
 from tideflow.observability.tracing import TRACEPARENT, TRACESTATE, joined, received
+from tideflow.runtime.intake import Inbound, Intake
 
 __all__ = ["EventOutcome", "EventsAccepted", "event_routes", "signal_id"]
 
@@ -69,7 +72,7 @@ REFUSED_DETAIL = (
     "token or its HMAC signature, or an API token that may signal (docs/events.md)"
 )
 
-Status = Literal["delivered", "unmatched", "duplicate"]
+Status = Literal["delivered", "buffered", "unmatched", "duplicate"]
 
 
 class EventOutcome(BaseModel):
@@ -80,8 +83,10 @@ class EventOutcome(BaseModel):
     type: str
     status: Status = Field(
         description=(
-            "delivered: handed to the runs in delivered_to, or starting those in started; unmatched: no run takes it "
-            "(reason says why), nothing changed; duplicate: this (source, id) was applied "
+            "delivered: handed to the runs in delivered_to, or starting those in started; "
+            "buffered: no run waits for it yet, kept for a run whose wait starts within the "
+            "wait's buffer; unmatched: no run takes it (reason says why), kept in the dead "
+            "letter (GET /events/unmatched); duplicate: this (source, id) was answered "
             "already, nothing changed"
         )
     )
@@ -202,11 +207,13 @@ def event_routes(
 ) -> None:
     """``POST /events`` on ``app``: events from ``sources`` (and from API tokens that may
     signal) become signals through ``client``. ``counted(outcome, n)`` hears what became of
-    the events (delivered, unmatched, duplicate; rejected: a request refused whole,
+    the events (delivered, buffered, unmatched, duplicate; rejected: a request refused whole,
     counted once) for the metrics."""
     app.add_exception_handler(EventRefused, _event_refused)
     app.add_exception_handler(SourceRefused, _source_refused)
     app.add_exception_handler(EventNotAllowed, _event_not_allowed)
+    intake = Intake(client, now=now)
+    unmatched_routes(app, client, intake, now)
 
     @app.post(
         "/events",
@@ -218,8 +225,9 @@ def event_routes(
     async def receive_events(request: Request) -> EventsAccepted:
         """Take CloudEvents (structured, batched or binary mode) and signal the runs they
         are for: the one their ``tideflowrunid`` names, else every run whose `wait` for
-        the event's type matches it. 202 with what became of each event; a redelivery
-        is acknowledged and applied once."""
+        the event's type matches it (or, none yet, the run whose wait starts within its
+        buffer). 202 with what became of each event: delivered, buffered, unmatched
+        (kept: GET /events/unmatched) or duplicate (a redelivery: applied once)."""
         try:
             accepted = await _receive(request)
         except (EventRefused, SourceRefused, EventNotAllowed, Forbidden):
@@ -246,7 +254,8 @@ def event_routes(
             )
             _authorise(sources, events, signed, now())
         _check_storable(events)
-        return EventsAccepted(mode=mode, events=await _deliver_all(client, events, headers))
+        delivered = await _deliver_all(client, intake, events, headers)
+        return EventsAccepted(mode=mode, events=delivered)
 
     _document_event_schema(app)
 
@@ -330,7 +339,7 @@ def _field_of(event: CloudEvent, path: storable.Path) -> str:
 
 
 async def _deliver_all(
-    client: Client, events: list[CloudEvent], headers: Mapping[str, str]
+    client: Client, intake: Intake, events: list[CloudEvent], headers: Mapping[str, str]
 ) -> list[EventOutcome]:
     outcomes: list[EventOutcome] = []
     seen: set[tuple[str, str]] = set()
@@ -344,7 +353,7 @@ async def _deliver_all(
             joined(client.tracing, _trace_of(event, headers)),
             received(client.tracing, f"event {event.type}", _span_attributes(event)),
         ):
-            outcomes.append(await _deliver(client, event))
+            outcomes.append(await _deliver(intake, event))
     return outcomes
 
 
@@ -368,42 +377,22 @@ def _trace_of(event: CloudEvent, headers: Mapping[str, str]) -> Mapping[str, str
     return headers
 
 
-async def _deliver(client: Client, event: CloudEvent) -> EventOutcome:
-    if event.run_id is not None:
-        return await _to_run(client, event, event.run_id)
-    sid = signal_id(event.source, event.id)
-    run_ids = await client.deliver_event(event.type, event.payload(), event_id=sid)
-    started = [t.run_id for t in await client.trigger(event.payload(), key=sid) if t.run_id]
-    if not run_ids and not started:
-        return _outcome(
-            event,
-            "unmatched",
-            [],
-            f"no run waits for signal {event.type!r} with a match that holds, and no "
-            "active definition has a trigger on it that matches",
-        )
-    return _outcome(event, "delivered", run_ids, started=started)
-
-
-async def _to_run(client: Client, event: CloudEvent, run_id: str) -> EventOutcome:
-    """Signal the run the event names; a run that does not exist, has ended or waits for
-    no such signal is reported, and nothing changes."""
-    sid = signal_id(event.source, event.id)
+async def _deliver(intake: Intake, event: CloudEvent) -> EventOutcome:
+    inbound = Inbound(
+        key=signal_id(event.source, event.id),
+        source=event.source,
+        id=event.id,
+        type=event.type,
+        payload=event.payload(),
+        run_id=event.run_id,
+    )
     try:
-        state = await client.state(run_id)
-    except NotFound:
-        return _outcome(event, "unmatched", [], f"there is no run {run_id}")
-    if sid in state.seen_signals:
-        return _outcome(event, "duplicate", [run_id])
-    if state.is_terminal:
-        return _outcome(event, "unmatched", [], f"run {run_id} has ended ({state.status.value})")
-    try:
-        await client.signal(run_id, event.type, event.payload(), signal_id=sid)
-    except UnknownSignal as exc:
-        return _outcome(event, "unmatched", [], exc.message)
+        outcome = await intake.take(inbound)
     except InputValidationError as exc:
         raise EventRefused(400, exc.message, []) from None
-    return _outcome(event, "delivered", [run_id])
+    return _outcome(
+        event, outcome.status, outcome.delivered_to, outcome.reason, started=outcome.started
+    )
 
 
 def _outcome(

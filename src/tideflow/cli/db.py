@@ -34,6 +34,8 @@ from tideflow.cli.common import (
 from tideflow.errors import TideflowError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from tideflow.store import Store
 
 db_app = typer.Typer(
@@ -317,6 +319,15 @@ def prune_cmd(
     batch_size: Annotated[
         int, typer.Option("--batch-size", min=1, help="Runs removed per transaction.")
     ] = 500,
+    events_older_than: Annotated[
+        str,
+        typer.Option(
+            "--events-older-than",
+            metavar="DURATION",
+            help="Forget the gateway's records of events (the unmatched ones too) whose "
+            "buffer ended longer ago than this.",
+        ),
+    ] = "7d",
     as_json: JsonOption = False,
     store: StoreOption = DEFAULT_STORE,
 ) -> None:
@@ -324,7 +335,9 @@ def prune_cmd(
 
     Exactly one of --archive FILE and --no-archive is required. Unfinished runs
     are never removed; each batch is its own short transaction, so live work
-    goes on meanwhile. --json prints {"pruned", "ended_before", "archive"}.
+    goes on meanwhile. The event gateway's records (the unmatched events, and what
+    answers a redelivery `duplicate`) go after --events-older-than (7d). --json
+    prints {"pruned", "ended_before", "archive", "events_pruned", "events_before"}.
 
     Examples:
       tideflow db prune --older-than 30d --archive runs-2025-01.jsonl
@@ -334,33 +347,52 @@ def prune_cmd(
         raise fail_usage("pass exactly one of --archive FILE.jsonl and --no-archive")
     from tideflow.dsl import parse_duration
 
-    try:
-        seconds = parse_duration(older_than)
-    except ValueError as exc:
-        raise fail_usage(f"--older-than: {exc}") from None
-    if seconds < 0:
-        raise fail_usage(f"--older-than {older_than!r} must not be negative")
-    cutoff = time.time() - seconds
-    pruned = run_async(_prune(store, cutoff, batch_size, archive))
+    now = time.time()
+    cutoff = now - _duration(parse_duration, older_than, "--older-than")
+    events_cut = now - _duration(parse_duration, events_older_than, "--events-older-than")
+    pruned, forgot = run_async(_prune(store, cutoff, batch_size, archive, events_cut))
     if as_json:
         write_json(
-            {"pruned": pruned, "ended_before": iso(cutoff), "archive": archive and str(archive)}
+            {
+                "pruned": pruned,
+                "ended_before": iso(cutoff),
+                "archive": archive and str(archive),
+                "events_pruned": forgot,
+                "events_before": iso(events_cut),
+            }
         )
         return
     where = f"; archived to {archive}" if archive is not None else ""
     out.print(f"pruned {pruned} run(s) that ended before {iso(cutoff)}{where}", markup=False)
+    out.print(f"forgot {forgot} event record(s) kept since before {iso(events_cut)}", markup=False)
 
 
-async def _prune(url: str, cutoff: float, batch_size: int, archive: Path | None) -> int:
+def _duration(parse: Callable[[str], float], text: str, option: str) -> float:
+    try:
+        seconds = parse(text)
+    except ValueError as exc:
+        raise fail_usage(f"{option}: {exc}") from None
+    if seconds < 0:
+        raise fail_usage(f"{option} {text!r} must not be negative")
+    return seconds
+
+
+async def _prune(
+    url: str, cutoff: float, batch_size: int, archive: Path | None, events_cut: float
+) -> tuple[int, int]:
     async with opened_store(url) as store:
         if archive is None:
-            return await store.prune(cutoff, batch_size=batch_size)
-        with _ArchiveFile(archive) as sink:
-            try:
-                return await store.prune(cutoff, batch_size=batch_size, archive=sink)
-            except OSError as exc:
-                # The batch being archived was not deleted: nothing is lost.
-                raise fail_usage(f"cannot write archive {archive}: {exc.strerror or exc}") from None
+            pruned = await store.prune(cutoff, batch_size=batch_size)
+        else:
+            with _ArchiveFile(archive) as sink:
+                try:
+                    pruned = await store.prune(cutoff, batch_size=batch_size, archive=sink)
+                except OSError as exc:
+                    # The batch being archived was not deleted: nothing is lost.
+                    raise fail_usage(
+                        f"cannot write archive {archive}: {exc.strerror or exc}"
+                    ) from None
+        return pruned, await store.prune_events(events_cut)
 
 
 __all__ = ["db_app"]

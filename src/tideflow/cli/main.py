@@ -51,6 +51,7 @@ from tideflow.cli.common import (
 )
 from tideflow.cli.db import db_app
 from tideflow.cli.definitions import definitions_app
+from tideflow.cli.events import events_app
 from tideflow.cli.queues import queues_cmd
 from tideflow.cli.render import print_result
 from tideflow.cli.resume import resume_cmd
@@ -84,6 +85,7 @@ app.add_typer(db_app, name="db")
 app.add_typer(definitions_app, name="definitions")
 app.add_typer(tokens_app, name="tokens")
 app.add_typer(schedules_app, name="schedules")
+app.add_typer(events_app, name="events")
 app.command("resume")(resume_cmd)
 app.command("server")(server_cmd)
 app.command("worker")(worker_cmd)

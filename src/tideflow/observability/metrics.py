@@ -280,8 +280,8 @@ class EngineMetrics(EngineObserver):
         return WorkerMetrics(self.registry, levels=False)
 
     def gateway_outcome(self, outcome: str, count: int = 1) -> None:
-        """The gateway took ``count`` events with this outcome (delivered, unmatched,
-        duplicate, rejected)."""
+        """The gateway took ``count`` events with this outcome (delivered, buffered,
+        unmatched, duplicate, rejected)."""
         self.gateway.inc((outcome,), count)
 
     # -- the observer port ------------------------------------------------------------

@@ -41,6 +41,16 @@ def _paths_of(plans: list[Plan]) -> dict[str, frozenset[tuple[str, ...]]]:
     return {name: frozenset(found) for name, found in paths.items()}
 
 
+def _buffers_of(plans: list[Plan]) -> dict[str, float]:
+    buffers: dict[str, float] = {}
+    for plan in plans:
+        for spec in plan.specs.values():
+            wait = spec.wait
+            if wait is not None:
+                buffers[wait.signal] = max(buffers.get(wait.signal, 0.0), wait.buffer)
+    return buffers
+
+
 class Correlator:
     """``candidates(name, payload)``: the runs a signal may be for, from the store's rows."""
 
@@ -48,15 +58,38 @@ class Correlator:
         self._store = store
         self._known: frozenset[str] = frozenset()
         self._paths: dict[str, frozenset[tuple[str, ...]]] = {}
+        self._buffers: dict[str, float] = {}
 
     async def paths(self, name: str) -> frozenset[tuple[str, ...]]:
         """The payload paths the registered definitions' waits on ``name`` correlate by
         (read again whenever the set of registered definitions changed)."""
+        await self._refresh()
+        return self._paths.get(name, frozenset())
+
+    async def buffer(self, name: str) -> float:
+        """Seconds an event for ``name`` that no wait takes now is kept for one that
+        starts later: the longest ``buffer`` of the registered definitions' waits on
+        ``name`` (0 when none waits for it)."""
+        await self._refresh()
+        return self._buffers.get(name, 0.0)
+
+    async def _refresh(self) -> None:
         hashes = frozenset(d.hash for d in await self._store.list_definitions())
         if hashes != self._known:
             plans = [await self._store.get_plan(h) for h in sorted(hashes)]
-            self._paths, self._known = _paths_of(plans), hashes
-        return self._paths.get(name, frozenset())
+            self._paths, self._buffers = _paths_of(plans), _buffers_of(plans)
+            self._known = hashes
+
+    async def rows(self, name: str, payload: Any) -> list[str]:
+        """The wait rows a signal may be found under by a wait that starts later: its name
+        and, for each path a wait on ``name`` correlates by, ``name · path · value``."""
+        found = [name]
+        for path in sorted(await self.paths(name)):
+            value = value_at(payload, path)
+            row = None if value is _MISSING else correlation_row(name, path, value)
+            if row is not None:
+                found.append(row)
+        return found
 
     async def candidates(self, name: str, payload: Any) -> list[str]:
         """Runs waiting for ``name`` whose wait is not indexed, and runs whose correlated

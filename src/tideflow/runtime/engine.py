@@ -10,6 +10,7 @@ workers reach it through the bus only. ``Runtime`` composes one engine with a cl
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -22,6 +23,7 @@ from tideflow.model.run import RunState
 from tideflow.runtime.catalog import Catalog
 from tideflow.runtime.clock import Clock
 from tideflow.runtime.correlate import Correlator
+from tideflow.runtime.intake import hand_buffered, hand_waiting
 from tideflow.runtime.observers import Observers
 from tideflow.runtime.partitions import Ownership
 from tideflow.runtime.recovery import Owns, every_run, recover
@@ -36,6 +38,8 @@ from tideflow.store.base import Store
 if TYPE_CHECKING:
     from tideflow.model.commands import DispatchTask
     from tideflow.observability.tracing import Tracing
+
+log = logging.getLogger("tideflow.engine")
 
 
 class Engine(EngineLink, Runs):
@@ -99,6 +103,7 @@ class Engine(EngineLink, Runs):
             listeners=self.listeners,
             sinks=self.sinks,
             observers=self.observers,
+            early=lambda run_id, rows: hand_buffered(store, bus, run_id, rows, clock.now()),
         )
         self.scheduler = Scheduler(
             store=store,
@@ -149,6 +154,15 @@ class Engine(EngineLink, Runs):
             clock=self._clock,
             owns=owns,
         )
+        try:  # the events buffered for waits a run reached while no engine handed them over
+            await hand_waiting(self._store, self._bus, self._clock.now(), owns)
+        except Exception as exc:  # they stay buffered, then unmatched: listed, replayable
+            log.warning(
+                "handing buffered events to the runs waiting for them failed (%s: %s); "
+                "they stay buffered until their buffer ends, then in the dead letter",
+                type(exc).__name__,
+                exc,
+            )
 
     async def take(self, partitions: frozenset[int]) -> None:
         """Recover what the previous owner of these partitions left (their events are

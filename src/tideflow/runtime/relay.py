@@ -31,6 +31,7 @@ the other listeners.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from abc import ABC, abstractmethod
 from collections import Counter
@@ -73,6 +74,7 @@ from tideflow.model.run import RunState
 from tideflow.model.states import RunStatus
 from tideflow.runtime.catalog import started_event
 from tideflow.runtime.clock import Clock
+from tideflow.runtime.intake import waits_started
 from tideflow.runtime.observers import Observers
 from tideflow.runtime.timers import TimerWheel
 from tideflow.store.base import AppliedEvent
@@ -129,8 +131,12 @@ class Relay:
         listeners: list[Listener],
         sinks: list[EventSink],
         observers: Observers | None = None,
+        early: Callable[[str, list[str]], Awaitable[None]] | None = None,
     ) -> None:
+        """``early(run_id, wait_rows)``: hand a run whose waits started the events
+        buffered for them (runtime/intake.py ``hand_buffered``)."""
         self._bus = bus
+        self._early = early
         self._observers = observers if observers is not None else Observers()
         self._timers = timers
         self._runs = runs
@@ -211,6 +217,8 @@ class Relay:
                 commands.extend(applied.commands)
         if commands:
             await self.relay(commands, outbox)
+        if act and self._early is not None:
+            await self._take_early(batch)
         if observe and self._listeners:
             for applied in batch:
                 self._observe(applied.state, applied.transitions)
@@ -242,6 +250,18 @@ class Relay:
             await self._run(self._tasks_effect(tasks))
         if ends and self._bus.run_ends_heard:
             await self._announce(ends)
+
+    async def _take_early(self, batch: Sequence[AppliedEvent]) -> None:
+        """The runs whose waits started take the events buffered for them (retried)."""
+        early = self._early
+        assert early is not None
+        for applied in batch:
+            rows = waits_started(applied.state, applied.transitions)
+            if rows:
+                run_id = applied.state.run_id
+                await self._run(
+                    Effect("take buffered events", run_id, functools.partial(early, run_id, rows))
+                )
 
     async def _announce(self, ends: list[RunEnded]) -> None:
         """Publish run ends once (see the module docstring); a failure is logged only when

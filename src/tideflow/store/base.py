@@ -52,6 +52,39 @@ from tideflow.model.run import RunState
 from tideflow.model.schedules import ScheduleRow
 from tideflow.model.tokens import ApiToken
 
+GATEWAY_STATUSES = ("delivered", "buffered", "unmatched")
+"""What the event gateway recorded of an event (``duplicate`` is only ever an answer)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GatewayEvent:
+    """An event the gateway answered, as recorded (``Store.keep_event``)."""
+
+    key: str
+    """Its identity: derived from (``source``, ``id``) (api/events.py ``signal_id``)."""
+    source: str
+    id: str
+    type: str
+    run_id: str | None
+    """The run its ``tideflowrunid`` names; None for an event routed by content."""
+    payload: Any
+    status: str
+    """One of ``GATEWAY_STATUSES``."""
+    received_at: float
+    buffer_until: float
+    """When its buffer ends (``received_at`` for an event that was never buffered)."""
+    delivered_to: tuple[str, ...] = ()
+    started: tuple[str, ...] = ()
+    reason: str | None = None
+
+    def unmatched(self, now: float) -> bool:
+        """Whether it is in the dead letter at ``now``: unmatched, or buffered past its
+        buffer and handed to no run."""
+        return self.status == "unmatched" or (
+            self.status == "buffered" and self.buffer_until <= now and not self.delivered_to
+        )
+
+
 OUTBOX_COMMANDS = (RunFinished, StartChildRun, CancelChildRun, EmitEvent)
 """Commands kept in the outbox until relayed. The others (tasks, timers, task
 cancellations) are re-derived from the run state on recovery."""
@@ -474,6 +507,53 @@ class Store(ABC):
     async def revoke_token(self, token_id: str, at: float) -> bool:
         """Mark the token revoked at ``at``: True when it was live, False when there is no
         such token or it was revoked already (its ``revoked_at`` is kept)."""
+
+    # -- the event gateway's record (runtime/intake.py, docs/events.md) ---------------
+
+    @abstractmethod
+    async def keep_event(
+        self, event: GatewayEvent, wait_rows: Sequence[str] = ()
+    ) -> GatewayEvent | None:
+        """Record what became of an event, found later under ``wait_rows`` while it is
+        buffered: None when it was recorded, the row already there (left as it is) when its
+        key was recorded before (a redelivery)."""
+
+    @abstractmethod
+    async def gateway_event(self, key: str) -> GatewayEvent | None:
+        """The event recorded under ``key``; None when there is none."""
+
+    @abstractmethod
+    async def settle_event(self, event: GatewayEvent, was: str) -> bool:
+        """Set the recorded event's status, ``delivered_to``, ``started`` and ``reason`` to
+        ``event``'s, if its status is still ``was``: whether it was."""
+
+    @abstractmethod
+    async def buffered_events(self, wait_row: str, now: float) -> list[GatewayEvent]:
+        """Events buffered under ``wait_row`` whose buffer has not ended at ``now``, oldest
+        first."""
+
+    @abstractmethod
+    async def buffered_for_waits(
+        self, now: float, limit: int = 1000
+    ) -> list[tuple[str, str, GatewayEvent]]:
+        """(run id, wait row, event) for the events buffered at ``now`` under a wait row
+        some run waits under now (what a run whose wait started was not handed: a
+        repair), oldest first."""
+
+    @abstractmethod
+    async def count_buffered(self, now: float, wait_row: str | None = None) -> int:
+        """How many events are buffered at ``now`` (under ``wait_row`` only, when given)."""
+
+    @abstractmethod
+    async def unmatched_events(
+        self, now: float, *, limit: int = 100, after: str | None = None
+    ) -> list[GatewayEvent]:
+        """The dead letter: events no run took and no trigger started (status
+        ``unmatched``, or buffered past their buffer at ``now``), by key, after ``after``."""
+
+    @abstractmethod
+    async def prune_events(self, before: float) -> int:
+        """Forget the events whose ``buffer_until`` is before ``before``: how many."""
 
     @abstractmethod
     async def prune(

@@ -27,6 +27,7 @@ from tideflow.model.versions import latest, version_key
 from tideflow.store.base import (
     AppliedEvent,
     DefinitionSummary,
+    GatewayEvent,
     HistoryEntry,
     Lease,
     OutboxItem,
@@ -387,6 +388,66 @@ def token_from_row(row: Sequence[Any] | None) -> ApiToken | None:
 
 def tokens_from_rows(rows: Sequence[Sequence[Any]]) -> list[ApiToken]:
     return [token for token in map(token_from_row, rows) if token is not None]
+
+
+def gateway_event_row(event: GatewayEvent) -> tuple[Any, ...]:
+    return (
+        event.key,
+        event.source,
+        event.id,
+        event.type,
+        event.run_id,
+        dumps(event.payload),
+        event.status,
+        event.received_at,
+        event.buffer_until,
+        dumps(list(event.delivered_to)),
+        dumps(list(event.started)),
+        event.reason,
+    )
+
+
+def settle_params(event: GatewayEvent, was: str) -> tuple[Any, ...]:
+    """The parameters of ``settle_gateway_event``."""
+    delivered, started = dumps(list(event.delivered_to)), dumps(list(event.started))
+    return (event.status, delivered, started, event.reason, event.key, was)
+
+
+def gateway_event_from_row(row: Sequence[Any] | None) -> GatewayEvent | None:
+    if row is None:
+        return None
+    key, source, event_id, type, run_id, payload, status, received, until, to, started, why = row
+    what = f"gateway event {key!r}"
+    return GatewayEvent(
+        key=str(key),
+        source=str(source),
+        id=str(event_id),
+        type=str(type),
+        run_id=None if run_id is None else str(run_id),
+        payload=loads(payload, what),
+        status=str(status),
+        received_at=float(received),
+        buffer_until=float(until),
+        delivered_to=tuple(loads(to, what)),
+        started=tuple(loads(started, what)),
+        reason=None if why is None else str(why),
+    )
+
+
+def buffered_for_waits(
+    rows: Sequence[Sequence[Any]],
+) -> list[tuple[str, str, GatewayEvent]]:
+    """(run id, wait row, event) from ``buffered_for_waits`` rows."""
+    found = []
+    for row in rows:
+        event = gateway_event_from_row(tuple(row[2:]))
+        assert event is not None
+        found.append((str(row[0]), str(row[1]), event))
+    return found
+
+
+def gateway_events_from_rows(rows: Sequence[Sequence[Any]]) -> list[GatewayEvent]:
+    return [e for e in map(gateway_event_from_row, rows) if e is not None]
 
 
 def token_taken(token_id: str) -> StoreError:

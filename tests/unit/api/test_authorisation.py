@@ -75,6 +75,8 @@ ROUTES: dict[tuple[str, str], Action | None] = {
     ("GET", "/definitions/{name}/{version}/graph"): Action.READ,
     ("GET", "/streams/runs/{run_id}"): Action.READ,
     ("GET", "/streams/runs"): Action.READ,
+    ("GET", "/events/unmatched"): Action.READ,
+    ("POST", "/events/unmatched/{key}/replay"): Action.SIGNAL,
 }
 """Every route and the action it needs (None: open to anyone)."""
 BODIES: dict[tuple[str, str], Any] = {
@@ -161,6 +163,7 @@ class World:
             step_id="ask",
             workflow="waiting",
             schedule_id="default",
+            key="ce:none",
         )
         body, params = BODIES.get(key), QUERIES.get(key)
         headers = dict(self.headers[credentials])
@@ -283,7 +286,7 @@ async def test_a_viewer_never_runs_work_and_an_operator_never_registers(world: W
     runs_work = [k for k, a in ROUTES.items() if a in {Action.START, Action.CANCEL,
                                                           Action.SIGNAL, Action.RETRY}]  # fmt: skip
     registers = [k for k, a in ROUTES.items() if a is Action.DEFINITIONS]
-    assert len(runs_work) == 4 and len(registers) == 5
+    assert len(runs_work) == 5 and len(registers) == 5
     before = await world.state()
     for key in runs_work:
         assert (await world.call(key, "viewer")).status_code == 403, key

@@ -76,7 +76,7 @@ async def test_the_curl_examples_run() -> None:
     assert (result.status, result.output) == ("succeeded", {"approved_by": "ada", "amount": 129.5})
     bodies = responses(out.decode())
     outcomes = [b["events"][0]["status"] for b in bodies if "events" in b]
-    assert outcomes == ["delivered", "delivered", "unmatched"]  # the redelivery: run moved on
+    assert outcomes == ["delivered", "delivered", "duplicate"]  # the redelivery
     problems = [b for b in bodies if str(b.get("type", "")).startswith("urn:")]
     assert [p["status"] for p in problems] == [401, 401, 403, 400]
     assert [e["field"] for e in problems[2]["errors"]] == ["body.type"]

@@ -72,6 +72,8 @@ async def test_every_route_has_its_schemas() -> None:
         "/streams/runs/{run_id}",
         "/streams/runs",
         "/events",
+        "/events/unmatched",
+        "/events/unmatched/{key}/replay",
     }
     assert {key for key, op in operations.items() if "requestBody" in op} == TAKES_A_BODY
     for key, operation in operations.items():
@@ -134,7 +136,7 @@ async def test_the_event_gateway_documents_its_modes_outcomes_and_refusals() -> 
     accepted = operation["responses"]["202"]["content"]["application/json"]["schema"]
     assert accepted == {"$ref": "#/components/schemas/EventsAccepted"}
     outcome = schemas["EventOutcome"]["properties"]["status"]
-    assert set(outcome["enum"]) == {"delivered", "unmatched", "duplicate"}
+    assert set(outcome["enum"]) == {"delivered", "buffered", "unmatched", "duplicate"}
     for code in ("400", "401", "403", "413", "415"):
         error = operation["responses"][code]["content"]
         assert error == {"application/problem+json": {"schema": PROBLEM}}, code

@@ -215,10 +215,11 @@ async def test_a_recently_used_run_stays_cached() -> None:
 
 def downgrade_to_schema_1(path: Path) -> None:
     """What a store written by schema 1 looks like: no timer, task or wait rows (nor the
-    lease, inbox and token tables of schemas 3 and 5, nor what schemas 6 and 7 added)."""
+    lease, inbox and token tables of schemas 3 and 5, nor what schemas 6, 7 and 10 added)."""
     tables = ("timers", "task_leases", "waits", "unindexed_runs", "engine_leases", "inbox")
     with sqlite3.connect(path) as conn:
-        for table in (*tables, "api_tokens", "definition_triggers", "schedules"):
+        gateway = ("gateway_event_rows", "gateway_events")
+        for table in (*tables, "api_tokens", "definition_triggers", "schedules", *gateway):
             conn.execute(f"DROP TABLE {table}")
         conn.execute("ALTER TABLE definitions DROP COLUMN active")
         conn.execute("DELETE FROM schema_version WHERE version > 1")

@@ -31,6 +31,7 @@ from tideflow.model.schedules import ScheduleRow
 from tideflow.model.states import RUN_TERMINAL
 from tideflow.model.tokens import ApiToken
 from tideflow.store import sqlbase as sb
+from tideflow.store.backends.memory_gateway import GatewayRecords
 from tideflow.store.base import (
     ENGINE_LEASE,
     AppliedEvent,
@@ -101,7 +102,7 @@ class _Run:
         )
 
 
-class MemoryStore(Store):
+class MemoryStore(GatewayRecords, Store):
     url = "memory://"
 
     def __init__(self) -> None:
@@ -122,6 +123,8 @@ class MemoryStore(Store):
         self._inbox: dict[str, Event] = {}
         self._inbox_listeners: list[InboxListener] = []
         self._tokens: dict[str, ApiToken] = {}
+        self._gateway = {}
+        self._gateway_rows = {}
         self._schedules: dict[tuple[str, str], ScheduleRow] = {}
         self._inactive: set[tuple[str, str]] = set()
         """(name, version) of the deactivated definition versions."""

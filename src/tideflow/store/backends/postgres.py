@@ -34,6 +34,7 @@ from tideflow.model.run import RunState
 from tideflow.model.schedules import ScheduleRow
 from tideflow.model.tokens import ApiToken
 from tideflow.store import sqlbase as sb
+from tideflow.store.backends.postgres_gateway import GatewayRecords
 from tideflow.store.backends.postgres_inbox import DRIVER_ERRORS, LeaseAndInbox
 from tideflow.store.backends.postgres_rows import (
     STALE_RUN,
@@ -96,7 +97,7 @@ def application_name() -> str:
     return f"tideflow/{os.getpid()}/{socket.gethostname()}"[:63]
 
 
-class PostgresStore(LeaseAndInbox, Store):
+class PostgresStore(LeaseAndInbox, GatewayRecords, Store):
     def __init__(
         self,
         url: str,

@@ -44,6 +44,7 @@ from tideflow.model.schedules import ScheduleRow
 from tideflow.model.tokens import ApiToken
 from tideflow.store import sqlbase as sb
 from tideflow.store.backends.sqlite_checkpoints import WRITER_PAGES, Checkpointer
+from tideflow.store.backends.sqlite_gateway import GatewayRecords
 from tideflow.store.base import (
     ENGINE_LEASE,
     AppliedEvent,
@@ -90,7 +91,7 @@ def sqlite_path(url: str) -> str:
     return path
 
 
-class SqliteStore(Store):
+class SqliteStore(GatewayRecords, Store):
     def __init__(
         self,
         url: str,

@@ -540,6 +540,32 @@ async function queuesPage() {
     h("p", {}, h("button", { onclick: () => route() }, "Refresh")));
 }
 
+// -- unmatched events: the event gateway's dead letter (docs/events.md) -------------
+
+async function eventsPage(message = null) {
+  const list = await api("/events/unmatched?limit=1000");
+  const replay = async (event) => {
+    try {
+      const done = await api(`/events/unmatched/${encodeURIComponent(event.key)}/replay`, { method: "POST" });
+      const text = done.status !== "unmatched"
+        ? `Replayed ${event.id}: ${done.status} to ${[...done.delivered_to, ...done.started].join(", ")}.`
+        : `Replayed ${event.id}: still unmatched (${done.reason}).`;
+      await eventsPage(note(text, done.status === "unmatched"));
+    } catch (err) {
+      await eventsPage(note(err.message, true));
+    }
+  };
+  const rows = list.events.map((e) => h("tr", { class: "unmatched", "data-key": e.key },
+    h("td", {}, e.type), h("td", {}, e.source), h("td", {}, e.id), h("td", {}, e.run_id || "—"),
+    h("td", {}, when(e.received_at)), h("td", {}, e.reason || ""),
+    h("td", {}, may("signal") ? h("button", { class: "replay", onclick: () => replay(e) }, "Replay") : "")));
+  show(h("h1", {}, "Unmatched events"), message,
+    h("p", { class: "muted" }, "Events no run took and no trigger started, when they came or before their buffer ended. A replay delivers one again, as if it arrived now."),
+    h("table", { id: "unmatched" }, h("thead", {}, h("tr", {}, ["Type", "Source", "Id", "Run", "Received", "Why", ""].map((t) => h("th", {}, t)))),
+      h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 7, class: "muted" }, "No unmatched event.")))),
+    h("p", {}, h("button", { onclick: () => route() }, "Refresh")));
+}
+
 // -- routing -----------------------------------------------------------------------
 
 async function route() {
@@ -551,6 +577,7 @@ async function route() {
     if (parts[0] === "runs" && parts[1]) await runPage(parts[1]);
     else if (parts[0] === "definitions") await definitionsPage(parts[1], parts[2]);
     else if (parts[0] === "queues") await queuesPage();
+    else if (parts[0] === "events") await eventsPage();
     else await runsPage(new URLSearchParams(query || ""));
   } catch (err) {
     if (!(err instanceof HttpError && err.status === 401)) show(note(err.message, true));

@@ -307,3 +307,56 @@ RETURNING workflow;
 
 -- name: remove_schedule
 DELETE FROM schedules WHERE workflow = $1 AND schedule_id = $2 RETURNING workflow;
+
+-- name: insert_gateway_event
+INSERT INTO gateway_events (event_key, source, event_id, type, run_id, payload, status, received_at, buffer_until, delivered_to, started, reason)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+ON CONFLICT (event_key) DO NOTHING RETURNING event_key;
+
+-- name: insert_gateway_event_rows
+INSERT INTO gateway_event_rows (wait_row, event_key)
+SELECT unnest($1::text[]), $2 ON CONFLICT DO NOTHING;
+
+-- name: get_gateway_event
+SELECT event_key, source, event_id, type, run_id, payload, status, received_at, buffer_until, delivered_to, started, reason FROM gateway_events WHERE event_key = $1;
+
+-- name: settle_gateway_event
+UPDATE gateway_events SET status = $1, delivered_to = $2, started = $3, reason = $4
+WHERE event_key = $5 AND status = $6 RETURNING event_key;
+
+-- name: buffered_gateway_events
+SELECT e.event_key, e.source, e.event_id, e.type, e.run_id, e.payload, e.status, e.received_at,
+       e.buffer_until, e.delivered_to, e.started, e.reason
+FROM gateway_event_rows r JOIN gateway_events e ON e.event_key = r.event_key
+WHERE r.wait_row = $1 AND e.status = 'buffered' AND e.buffer_until > $2
+ORDER BY e.received_at, e.event_key;
+
+-- name: count_buffered_events
+SELECT count(*) FROM gateway_events WHERE status = 'buffered' AND buffer_until > $1;
+
+-- name: count_buffered_under
+SELECT count(*) FROM gateway_event_rows r JOIN gateway_events e ON e.event_key = r.event_key
+WHERE r.wait_row = $1 AND e.status = 'buffered' AND e.buffer_until > $2;
+
+-- name: unmatched_gateway_events
+SELECT event_key, source, event_id, type, run_id, payload, status, received_at, buffer_until, delivered_to, started, reason FROM gateway_events
+WHERE (status = 'unmatched'
+       OR (status = 'buffered' AND buffer_until <= $1 AND delivered_to = '[]'))
+  AND ($2::text IS NULL OR event_key > $2)
+ORDER BY event_key LIMIT $3;
+
+-- name: prune_gateway_event_rows
+DELETE FROM gateway_event_rows WHERE event_key IN
+    (SELECT event_key FROM gateway_events WHERE buffer_until < $1);
+
+-- name: prune_gateway_events
+DELETE FROM gateway_events WHERE buffer_until < $1;
+
+-- name: buffered_for_waits
+SELECT w.run_id, w.signal, e.event_key, e.source, e.event_id, e.type, e.run_id, e.payload, e.status, e.received_at,
+       e.buffer_until, e.delivered_to, e.started, e.reason
+FROM gateway_events e
+JOIN gateway_event_rows r ON r.event_key = e.event_key
+JOIN waits w ON w.signal = r.wait_row
+WHERE e.status = 'buffered' AND e.buffer_until > $1
+ORDER BY e.received_at, e.event_key, w.run_id LIMIT $2;

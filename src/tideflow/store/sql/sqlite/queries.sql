@@ -255,3 +255,54 @@ WHERE workflow = ? AND schedule_id = ? AND revision = ?;
 
 -- name: remove_schedule
 DELETE FROM schedules WHERE workflow = ? AND schedule_id = ?;
+
+-- name: insert_gateway_event
+INSERT INTO gateway_events (event_key, source, event_id, type, run_id, payload, status, received_at, buffer_until, delivered_to, started, reason)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (event_key) DO NOTHING;
+
+-- name: insert_gateway_event_row
+INSERT INTO gateway_event_rows (wait_row, event_key) VALUES (?, ?) ON CONFLICT DO NOTHING;
+
+-- name: get_gateway_event
+SELECT event_key, source, event_id, type, run_id, payload, status, received_at, buffer_until, delivered_to, started, reason FROM gateway_events WHERE event_key = ?;
+
+-- name: settle_gateway_event
+UPDATE gateway_events SET status = ?, delivered_to = ?, started = ?, reason = ?
+WHERE event_key = ? AND status = ?;
+
+-- name: buffered_gateway_events
+SELECT e.event_key, e.source, e.event_id, e.type, e.run_id, e.payload, e.status, e.received_at,
+       e.buffer_until, e.delivered_to, e.started, e.reason
+FROM gateway_event_rows r JOIN gateway_events e ON e.event_key = r.event_key
+WHERE r.wait_row = ? AND e.status = 'buffered' AND e.buffer_until > ?
+ORDER BY e.received_at, e.event_key;
+
+-- name: count_buffered_events
+SELECT count(*) FROM gateway_events WHERE status = 'buffered' AND buffer_until > ?;
+
+-- name: count_buffered_under
+SELECT count(*) FROM gateway_event_rows r JOIN gateway_events e ON e.event_key = r.event_key
+WHERE r.wait_row = ? AND e.status = 'buffered' AND e.buffer_until > ?;
+
+-- name: unmatched_gateway_events
+SELECT event_key, source, event_id, type, run_id, payload, status, received_at, buffer_until, delivered_to, started, reason FROM gateway_events
+WHERE (status = 'unmatched'
+       OR (status = 'buffered' AND buffer_until <= ? AND delivered_to = '[]'))
+  AND (? IS NULL OR event_key > ?)
+ORDER BY event_key LIMIT ?;
+
+-- name: prune_gateway_event_rows
+DELETE FROM gateway_event_rows WHERE event_key IN
+    (SELECT event_key FROM gateway_events WHERE buffer_until < ?);
+
+-- name: prune_gateway_events
+DELETE FROM gateway_events WHERE buffer_until < ?;
+
+-- name: buffered_for_waits
+SELECT w.run_id, w.signal, e.event_key, e.source, e.event_id, e.type, e.run_id, e.payload, e.status, e.received_at,
+       e.buffer_until, e.delivered_to, e.started, e.reason
+FROM gateway_events e
+JOIN gateway_event_rows r ON r.event_key = e.event_key
+JOIN waits w ON w.signal = r.wait_row
+WHERE e.status = 'buffered' AND e.buffer_until > ?
+ORDER BY e.received_at, e.event_key, w.run_id LIMIT ?;
