@@ -49,7 +49,9 @@ async def _run(store: object, url: str) -> dict[str, object]:
     async with Runtime(store=store, secrets=secrets) as rt:  # type: ignore[arg-type]
         result = await rt.run(await rt.register(_flow(url)), {})
         assert result.status == "succeeded", result.error
-        assert result.steps["call"].output["body"]["headers"]["authorization"] == "Bearer ***"
+        assert (
+            result.steps["call"].output["body"]["headers"]["authorization"] == "***"
+        )  # a credential key: masked whole (model/masking.py)
         history = await rt.history(result.run_id)
         return {"result": result.to_dict(), "history": [e.to_dict() for e in history]}
 

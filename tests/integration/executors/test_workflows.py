@@ -121,7 +121,9 @@ output: "{{{{ steps.call.output.body.headers }}}}"
     result = await runtime.run(plan, {})
     assert http_server.state.requests[0]["headers"]["authorization"] == f"Bearer {SECRET}"
     assert result.steps["call"].status == "succeeded"
-    assert result.steps["call"].output["body"]["headers"]["authorization"] == "Bearer ***"
+    assert (
+        result.steps["call"].output["body"]["headers"]["authorization"] == "***"
+    )  # a credential key: masked whole (model/masking.py)
     assert result.steps["fail"].error is not None
     assert "token=***" in result.steps["fail"].error["message"]
     history = await runtime.store.history(result.run_id)
