@@ -36,6 +36,7 @@ from tideflow.bus.base import (
     partition_of,
     presence_ttl,
 )
+from tideflow.bus.closing import cancel_and_wait
 from tideflow.errors import BusError
 from tideflow.model.commands import DispatchTask
 from tideflow.model.events import SignalReceived, TaskCompleted, TaskStarted
@@ -247,10 +248,24 @@ async def nothing_from(items: AsyncIterator[Any], backend: BusBackend) -> asynci
 
 async def none_from(items: AsyncIterator[Any], backend: BusBackend) -> None:
     """Check that no item comes, then stop waiting for one (which ends the iterator)."""
-    waiting = await nothing_from(items, backend)
-    waiting.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await waiting
+    await stop(await nothing_from(items, backend))
+
+
+async def stop(*reads: asyncio.Future[Any]) -> None:
+    """Cancel each read (a task waiting on an iterator's ``anext``) once and wait until it
+    is over: one that runs on after its cancel fails the test within ``WITHIN`` seconds
+    instead of hanging it, and is cancelled again until it ends (``cancel_and_wait``). An
+    error a read ended with comes out; an item that came with the cancel is fine."""
+    for read in reads:
+        read.cancel()
+    await asyncio.wait(reads, timeout=WITHIN)
+    running = [read for read in reads if not read.done()]
+    if running:
+        await cancel_and_wait(*running)
+        pytest.fail(f"{len(running)} read(s) ran on for {WITHIN}s after their cancel")
+    for read in reads:
+        if not read.cancelled():
+            read.result()
 
 
 # -- delivery and ack ------------------------------------------------------------
@@ -433,10 +448,12 @@ async def test_nacking_some_runs_of_a_batch_hands_back_only_theirs(bus_backend: 
     await bus.publish_events([event("a", 1), event("b", 1), event("a", 2)])
     async with contextlib.aclosing(bus.consume_events(max_batch=10)) as batches:
         batch = await next_of(batches)
-        await batch.nack(delay=bus_backend.span(2.0), runs={"a"})
+        # 10 s: half a second on a broker, so that a loaded machine's pause between the
+        # nack and the check does not outlast it (2 s, 100 ms, did under CI's load)
+        await batch.nack(delay=bus_backend.span(10.0), runs={"a"})
         await batch.ack()
         waiting = await nothing_from(batches, bus_backend)
-        await bus_backend.advance(2.5)
+        await bus_backend.advance(10.5)
         # Handed back in order; on NATS each message's delay runs out on its own, so a
         # busy server may hand them back in two batches.
         again = await asyncio.wait_for(waiting, WITHIN)
@@ -855,10 +872,7 @@ async def test_a_named_reader_beats_while_open_and_is_forgotten_when_closed(
         ("host-a/41", ("default", "reports"), True),
         ("host-b/7", None, True),
     ]
-    for pending in waiting:  # stops waiting, which closes the stream
-        pending.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await pending
+    await stop(*waiting)  # stops waiting, which closes the stream
     assert await beats_when(bus, lambda b: not b) == []
 
 
@@ -871,13 +885,13 @@ SHORT_LEASE = 12.0
 renewal (``presence_ttl``), 10 s with the default lease."""
 
 
-def stop_renewing() -> None:
+async def stop_renewing() -> None:
     """What a process that dies does to its readers' presence: no renewal any more (the
-    renewers are the bus's ``tideflow-<bus>-presence`` tasks)."""
+    renewers are the bus's ``tideflow-<bus>-presence`` tasks; each is over on return, even
+    one whose broker client dropped a cancel)."""
     renewers = [t for t in asyncio.all_tasks() if t.get_name().endswith("-presence")]
     assert renewers
-    for renewer in renewers:
-        renewer.cancel()
+    await cancel_and_wait(*renewers)
 
 
 async def test_a_reader_that_stops_beating_is_listed_not_live_with_its_last_beat(
@@ -889,7 +903,7 @@ async def test_a_reader_that_stops_beating_is_listed_not_live_with_its_last_beat
     dying = bus.consume_tasks(["default"], prefetch=1, worker="host-a/41")
     assert (await next_of(dying)).body == task(1)  # held by it as it dies
     await beats_when(bus, lambda b: len(b) == 1)
-    stop_renewing()
+    await stop_renewing()
     stopped = time.time()
     (beat,) = await beats_when(bus, lambda b: len(b) == 1 and not b[0].live)
     assert beat.worker == "host-a/41" and beat.queues == ("default",)
@@ -902,9 +916,7 @@ async def test_a_reader_that_stops_beating_is_listed_not_live_with_its_last_beat
     beats = await beats_when(bus, lambda b: len(b) == 2)
     assert [b.live for b in beats] == [False, True]  # by last beat: the dead one first
     await again.aclose()
-    waiting.cancel()  # it may have taken a task whose lease ran out: close it too
-    with contextlib.suppress(asyncio.CancelledError):
-        await waiting
+    await stop(waiting)  # it may have taken a task whose lease ran out: close it too
     await dying.aclose()  # closed at last: its beat is deleted too
     assert await beats_when(bus, lambda b: not b) == []
 
@@ -932,9 +944,7 @@ async def test_a_readers_renewer_runs_before_anyone_can_see_the_reader(
     waiting = asyncio.ensure_future(anext(reader))
     await beats_when(bus, lambda b: len(b) == 1)
     assert renewing and all(renewing)
-    waiting.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await waiting
+    await stop(waiting)
     await reader.aclose()
 
 
@@ -949,15 +959,12 @@ async def test_the_beat_of_a_reader_that_stopped_long_ago_is_trimmed(
     dying = bus.consume_tasks(["default"], prefetch=1, worker="host-a/41")
     waiting = [asyncio.ensure_future(anext(dying))]
     await beats_when(bus, lambda b: len(b) == 1)
-    stop_renewing()
+    await stop_renewing()
     live = bus.consume_tasks(["default"], prefetch=1, worker="host-b/7")  # renews on
     waiting.append(asyncio.ensure_future(anext(live)))
     beats = await beats_when(bus, lambda b: [x.worker for x in b] == ["host-b/7"])
     assert beats[0].live
-    for pending in waiting:
-        pending.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await pending
+    await stop(*waiting)
 
 
 DAMAGED = [
@@ -986,9 +993,7 @@ async def test_a_damaged_beat_record_is_left_out(broker_backend: BusBackend) -> 
     waiting = asyncio.ensure_future(anext(reader))
     beats = await beats_when(bus, lambda b: len(b) == 1)
     assert beats[0].worker == "host-a/41" and beats[0].live
-    waiting.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await waiting
+    await stop(waiting)
     await reader.aclose()
 
 

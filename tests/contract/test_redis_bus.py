@@ -1,10 +1,12 @@
 """The Redis Streams bus beyond the contract: its URL, its errors, what it does with a
-malformed entry, a consumer that died, a partition count that disagrees, a lost connection."""
+malformed entry, a consumer that died, a partition count that disagrees, a lost connection,
+a cancel that redis-py drops."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import sys
 import time
@@ -14,9 +16,11 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.connection import Connection
 
 from tideflow.bus import open_bus
 from tideflow.bus.backends.redis import RedisBus
+from tideflow.bus.closing import cancel_and_wait
 from tideflow.errors import BusError
 from tideflow.model.plan import Priority
 
@@ -337,3 +341,163 @@ async def test_tasks_acknowledged_together_take_one_script_call(
         stream = bus.task_stream("default", Priority.NORMAL)
         assert await raw.xlen(stream) == 0  # deleted as well as acknowledged
         assert (await raw.xpending(stream, "workers"))["pending"] == 0
+
+
+# -- a cancel redis-py drops --------------------------------------------------------
+
+
+class SameTurnCancel:
+    """Cancels a task in the loop turn in which redis-py has written a command of that task
+    holding given bytes (a command's name, or a script's SHA). redis-py writes each command
+    under ``asyncio.wait_for``, which on Python 3.11 then returns as if no cancel had come
+    (the cancel is dropped, though still counted by the task) and the reply is read as
+    usual: what CI met now and then under load (a Redis reader's ``anext``, cancelled once,
+    ran on and the test awaiting it hung), here every time."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.armed: dict[asyncio.Future[Any], bytes] = {}
+        self.fired: list[bytes] = []
+        target: contextvars.ContextVar[tuple[asyncio.Task[Any], bytes] | None]
+        target = contextvars.ContextVar("target", default=None)
+        send, write = Connection.send_packed_command, Connection._send_packed_command
+
+        async def sending(conn: Connection, command: Any, check_health: bool = True) -> None:
+            task = asyncio.current_task()
+            wire = command.encode() if isinstance(command, str) else command
+            wire = wire if isinstance(wire, bytes) else b"".join(wire)
+            what = self.armed.get(task) if task is not None else None
+            hit = task is not None and what is not None and what in wire
+            if hit:
+                del self.armed[task]
+            # the write runs in a task of wait_for's, in a copy of this context
+            token = target.set((task, what) if hit else None)  # type: ignore[arg-type]
+            try:
+                await send(conn, command, check_health)
+            finally:
+                target.reset(token)
+
+        async def writing(conn: Connection, command: Any) -> None:
+            await write(conn, command)
+            hit = target.get()
+            if hit is not None:
+                target.set(None)
+                self.fired.append(hit[1])
+                hit[0].cancel()  # the command is written: wait_for's task ends this turn
+
+        monkeypatch.setattr(Connection, "send_packed_command", sending)
+        monkeypatch.setattr(Connection, "_send_packed_command", writing)
+
+    def cancel(self, task: asyncio.Future[Any], when_sent: bytes) -> None:
+        self.armed[task] = when_sent
+
+
+@pytest.fixture
+def same_turn(monkeypatch: pytest.MonkeyPatch) -> SameTurnCancel:
+    return SameTurnCancel(monkeypatch)
+
+
+def _wire(bus: RedisBus, sent: str) -> bytes:
+    """A command's name, or the SHA of the bus's script of that name."""
+    script = bus._scripts.get(sent)
+    return sent.encode() if script is None else script.sha.encode()
+
+
+async def _ended(read: asyncio.Future[Any]) -> bool:
+    """Whether ``read``, cancelled once, is over within WITHIN seconds (it is cancelled
+    again until it is, so that the test goes on either way)."""
+    await asyncio.wait((read,), timeout=WITHIN)
+    if read.done():
+        return True
+    await cancel_and_wait(read)
+    return False
+
+
+LEASES = {"XREADGROUP": 2.0, "XREAD": 2.0}
+"""A read that blocks on the server answers its dropped cancel when its block ends: at
+most a quarter of the lease later (0.5 s here). The others answer at once: 30 s tells a
+hand-back from a lease that runs out."""
+
+
+@pytest.mark.parametrize(
+    ("queues", "prefetch", "sent", "published"),
+    [
+        # waiting for tasks: of named queues, taking them as they come (a prefetch of
+        # one from each lane), or woken by them; of every queue, or for new queues
+        (["default"], 3, "XREADGROUP", False),
+        (["default"], 1, "XREAD", False),
+        (None, 1, "XREAD", False),
+        (["default"], 1, "take_tasks", False),  # looking, finding none
+        (["default"], 1, "take_tasks", True),  # taking one
+        (None, 1, "take_tasks", True),
+        (["default"], 1, "announce", False),  # the reader's presence
+    ],
+)
+async def test_a_task_read_cancelled_as_redis_py_sends_its_command_ends(
+    open_redis: Open,
+    same_turn: SameTurnCancel,
+    queues: list[str] | None,
+    prefetch: int,
+    sent: str,
+    published: bool,
+) -> None:
+    bus = await open_redis(lease=LEASES.get(sent, 30.0))
+    if published:
+        await bus.publish_tasks([task(1)])
+    reader = bus.consume_tasks(queues, prefetch=prefetch, worker="host-a/41")
+    waiting = asyncio.ensure_future(anext(reader))
+    same_turn.cancel(waiting, _wire(bus, sent))
+    ended = await _ended(waiting)
+    assert same_turn.fired == [_wire(bus, sent)]
+    assert ended, f"a task read cancelled as its {sent} was sent ran on for {WITHIN}s"
+    assert waiting.cancelled(), f"a cancelled read returned {waiting.result()!r}"
+    assert await bus.worker_beats() == []  # its cleanup ran: the presence is withdrawn
+    await reader.aclose()
+    if published:  # handed back by that cleanup, not by the lease running out
+        async with contextlib.aclosing(bus.consume_tasks(queues, prefetch=1)) as again:
+            delivery = await next_of(again)
+            assert (delivery.body, delivery.deliveries) == (task(1), 2)
+            await delivery.ack()
+
+
+@pytest.mark.parametrize(
+    ("sent", "published"),
+    [
+        ("XREADGROUP", False),  # waiting for events
+        ("take_events", False),
+        ("take_events", True),  # taking a batch
+        ("claim_partitions", False),
+    ],
+)
+async def test_an_event_read_cancelled_as_redis_py_sends_its_command_ends(
+    open_redis: Open, same_turn: SameTurnCancel, sent: str, published: bool
+) -> None:
+    bus = await open_redis(lease=LEASES.get(sent, 30.0), partitions=2)
+    if published:
+        await bus.publish_events([event("r", 1), event("r", 2)])
+    reader = bus.consume_events(max_batch=10)
+    waiting = asyncio.ensure_future(anext(reader))
+    same_turn.cancel(waiting, _wire(bus, sent))
+    ended = await _ended(waiting)
+    assert same_turn.fired == [_wire(bus, sent)]
+    assert ended, f"an event read cancelled as its {sent} was sent ran on for {WITHIN}s"
+    assert waiting.cancelled(), f"a cancelled read returned {waiting.result()!r}"
+    await reader.aclose()
+    # its cleanup ran: the partitions are free (a claim of them is refused while they are
+    # locked) and a batch it took is handed back at once
+    async with contextlib.aclosing(bus.consume_events(max_batch=10)) as again:
+        if published:
+            batch = await next_of(again)
+            assert batch.events == [event("r", 1), event("r", 2)]
+            await batch.ack()
+        else:
+            await anext_none(again)
+
+
+async def anext_none(items: Any) -> None:
+    """Start a read and stop it: a claim refused would raise here."""
+    waiting = asyncio.ensure_future(anext(items))
+    await asyncio.sleep(0.02)
+    waiting.cancel()
+    assert await _ended(waiting)
+    if not waiting.cancelled():
+        waiting.result()

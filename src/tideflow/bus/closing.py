@@ -1,6 +1,7 @@
 """Stopping what talks to a broker or a database: a stream's cleanup run to its end even
-when its consumer is cancelled meanwhile (``unstoppable``), and a task cancelled until it
-is over (``cancel_and_wait``).
+when its consumer is cancelled meanwhile (``unstoppable``), a task cancelled until it
+is over (``cancel_and_wait``), and a loop that ends at a cancel its client library
+dropped (``cancels_asked`` and ``raise_dropped_cancel``).
 
 A stream that closes hands back what it held (tasks not acknowledged, a batch not
 committed), withdraws its reader's presence and releases its partition locks: network
@@ -15,6 +16,13 @@ returns the answer of a request whose answer came in the same turn as the cancel
 drops the cancel. nats-py and asyncpg wait for their answers so; a presence renewer
 cancelled as its renewal was answered went on renewing, and the reader's close waited
 for it for ever.
+
+redis-py sends every command under such a ``wait_for``: a cancel that comes in the turn
+its command has been written is dropped, and the reply is read as if none had come. The
+task runs on with the cancel still counted (``Task.cancelling``), so a loop of the bus
+compares that count with the one it started with at each turn and raises the cancel
+itself (``raise_dropped_cancel``): a Redis task reader's ``anext`` cancelled so went on
+waiting for tasks for ever, and the test that awaited it hung until CI killed its worker.
 """
 
 from __future__ import annotations
@@ -70,3 +78,20 @@ async def cancel_and_wait(*tasks: asyncio.Future[Any]) -> None:
     for error in errors:
         if error is not None:
             raise error
+
+
+def cancels_asked() -> int:
+    """How many cancels of the current task are asked and not withdrawn
+    (``Task.cancelling``; 0 outside a task): what ``raise_dropped_cancel`` compares with."""
+    task = asyncio.current_task()
+    return 0 if task is None else task.cancelling()
+
+
+def raise_dropped_cancel(asked: int) -> None:
+    """Raise ``CancelledError`` if the current task has been asked to cancel more often
+    than ``asked`` (what ``cancels_asked`` said before) and runs on all the same: a client
+    library dropped the cancel (a timeout's own cancel, which ``asyncio.timeout`` takes
+    back, leaves the count where it was). A loop calls it at each turn, at a point where
+    what it holds is recorded, so that its cleanup hands that back."""
+    if cancels_asked() > asked:
+        raise asyncio.CancelledError

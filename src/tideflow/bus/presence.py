@@ -8,7 +8,7 @@ import asyncio
 from abc import ABC, abstractmethod
 
 from tideflow.bus.base import presence_ttl
-from tideflow.bus.closing import cancel_and_wait
+from tideflow.bus.closing import cancel_and_wait, cancels_asked, raise_dropped_cancel
 
 
 class Presence(ABC):
@@ -44,11 +44,13 @@ class Presence(ABC):
         await self.withdraw()
 
     async def _renew(self, announced: asyncio.Event) -> None:
+        asked = cancels_asked()
         await announced.wait()
         while True:
             # the presence's heartbeat, not a wait on a condition
             await asyncio.sleep(self.ttl / 3)
             await self.announce()
+            raise_dropped_cancel(asked)  # one the broker's client dropped: it ends here
 
     @abstractmethod
     async def announce(self) -> None:

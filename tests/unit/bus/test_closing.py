@@ -1,15 +1,22 @@
 """`unstoppable`: a broker stream's cleanup runs to its end whatever cancels its consumer.
 `cancel_and_wait`: a task that drops a cancel (as a client library's ``wait_for`` does on
-Python 3.11 when the answer comes in the same turn) is cancelled again until it is over."""
+Python 3.11 when the answer comes in the same turn) is cancelled again until it is over.
+`raise_dropped_cancel`: a loop raises such a cancel itself at its next turn."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
 from tideflow.bus import closing, presence
-from tideflow.bus.closing import cancel_and_wait, unstoppable
+from tideflow.bus.closing import (
+    cancel_and_wait,
+    cancels_asked,
+    raise_dropped_cancel,
+    unstoppable,
+)
 
 WITHIN = 5.0
 
@@ -145,4 +152,86 @@ async def test_a_presence_whose_renewal_dropped_the_cancel_still_stops(
     await asyncio.wait((stopping,), timeout=WITHIN)  # not a cancel: that would stop it
     assert stopping.done(), "the stop waits for a renewer that dropped its cancel"
     await stopping
+    assert reader.withdrawn and reader.dropped == 1
+
+
+async def test_a_loop_raises_a_cancel_its_library_dropped_at_its_next_turn() -> None:
+    """What redis-py's commands do under Python 3.11's ``wait_for``: the answer comes back
+    and the cancel that came in the same turn is gone, but still counted by the task."""
+    answered, log = asyncio.Event(), []
+    turns = 0
+
+    async def loop() -> None:
+        nonlocal turns
+        asked = cancels_asked()
+        while True:
+            raise_dropped_cancel(asked)
+            turns += 1
+            if turns == 1:
+                await drops_cancel_once(answered, log)
+            await asyncio.sleep(0)  # a wait that would take a cancel: none comes again
+
+    task = asyncio.create_task(loop())
+    await answered.wait()
+    task.cancel()
+    await asyncio.wait((task,), timeout=WITHIN)  # one cancel, never again
+    assert task.cancelled(), "the loop ran on after the cancel its library dropped"
+    assert log == ["cancel dropped"] and turns == 1
+
+
+async def drops_cancel_once(answered: asyncio.Event, log: list[str]) -> None:
+    try:
+        answered.set()
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        log.append("cancel dropped")  # returned as if answered
+
+
+async def test_a_timeout_taken_back_or_a_cancel_asked_before_is_not_a_dropped_cancel() -> None:
+    async def body() -> int:
+        asked = cancels_asked()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(0):
+                await asyncio.sleep(1)  # the timeout cancels the task, then takes it back
+        raise_dropped_cancel(asked)
+        return cancels_asked()
+
+    assert await asyncio.create_task(body()) == 0
+
+    async def cancelled_before() -> int:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(1)  # a cancel taken here, not withdrawn: counted
+        asked = cancels_asked()
+        await asyncio.sleep(0)
+        raise_dropped_cancel(asked)  # nothing new since
+        return asked
+
+    task = asyncio.create_task(cancelled_before())
+    await asyncio.sleep(0)
+    task.cancel()
+    assert await task == 1
+    assert cancels_asked() == 0
+
+
+async def test_a_presence_renewer_ends_at_the_cancel_its_renewal_dropped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without the second cancel of ``cancel_and_wait``: the renewer raises the cancel its
+    broker client dropped at its next turn."""
+    monkeypatch.setattr(closing, "CANCEL_AGAIN", 3600.0)
+    reader = _DroppingPresence()
+    await reader.start()
+    async with asyncio.timeout(WITHIN):
+        await reader.renewing.wait()
+    renewer = reader._renewer
+    assert renewer is not None
+    stopping = asyncio.create_task(reader.stop())
+    await asyncio.wait((stopping,), timeout=WITHIN)
+    ended = stopping.done()
+    async with asyncio.timeout(WITHIN):  # (a renewer that ran on: until a cancel is taken)
+        while not stopping.done():
+            renewer.cancel()
+            await asyncio.wait((stopping,), timeout=0.01)
+    await stopping
+    assert ended, "the renewer ran on after the cancel its renewal dropped"
     assert reader.withdrawn and reader.dropped == 1

@@ -89,7 +89,12 @@ from tideflow.bus.base import (
     partition_of,
     wanted_partitions,
 )
-from tideflow.bus.closing import cancel_and_wait, unstoppable
+from tideflow.bus.closing import (
+    cancel_and_wait,
+    cancels_asked,
+    raise_dropped_cancel,
+    unstoppable,
+)
 from tideflow.bus.fanout import FanOut, MalformedEnds, decode_run_ends, encode_run_ends
 from tideflow.errors import BusError
 from tideflow.model.commands import DispatchTask
@@ -269,8 +274,10 @@ class RedisBus(Bus):
         consumer = TaskConsumer(self, queues, prefetch)
         wanted = None if queues is None else list(queues)
         presence = redis_presence.Presence(self, wanted, worker)
+        asked = cancels_asked()
         try:
             await presence.start()
+            raise_dropped_cancel(asked)  # one redis-py dropped as the reader announced itself
             while True:
                 yield await consumer.next()
         finally:
@@ -281,8 +288,10 @@ class RedisBus(Bus):
     ) -> AsyncGenerator[EventBatch, None]:
         _check_count("max_batch", max_batch)
         consumer = EventConsumer(self, self._wanted(partitions), max_batch)
+        asked = cancels_asked()
         await consumer.claim()
         try:
+            raise_dropped_cancel(asked)  # one redis-py dropped during the claim
             while True:
                 yield await consumer.next()
         finally:
@@ -504,6 +513,7 @@ class RedisBus(Bus):
 
     async def _move_due(self) -> None:
         """Move nacked messages back onto their streams when due, waiting until then."""
+        asked = cancels_asked()
         backoff = Backoff(self, "moving delayed messages")
         while True:
             self._due.clear()
@@ -512,6 +522,7 @@ class RedisBus(Bus):
             except FAILED as exc:
                 await backoff.failed(exc)
                 continue
+            raise_dropped_cancel(asked)
             backoff.succeeded()
             if moved >= 100:
                 continue

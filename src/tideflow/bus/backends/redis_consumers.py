@@ -4,6 +4,11 @@ Each ``consume_*`` iterator has a consumer name of its own (host, pid, a random 
 visible in ``XPENDING`` and ``XINFO CONSUMERS``. The deliveries it holds are kept in
 lease order (the first runs out first); one that runs out is let go of and taken again
 by the next sweep (``XAUTOCLAIM``), with its delivery count one higher.
+
+redis-py can drop a cancel (it sends each command under a ``wait_for``, which on Python
+3.11 returns the answer of a command written in the turn the cancel came): each loop here
+raises such a cancel itself at its next turn (``closing.raise_dropped_cancel``), once what
+it took is recorded, so a cancelled read ends and its cleanup hands that back.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from redis.exceptions import RedisError
 
 from tideflow.bus.backends.redis_wire import Malformed, decode_event, decode_task, fields_of
 from tideflow.bus.base import PRIORITY_CYCLE, Delivery, EventBatch, Headers
-from tideflow.bus.closing import cancel_and_wait
+from tideflow.bus.closing import cancel_and_wait, cancels_asked, raise_dropped_cancel
 from tideflow.errors import BusError
 from tideflow.model.commands import DispatchTask
 from tideflow.model.events import Event
@@ -133,20 +138,22 @@ class TaskConsumer:
         self.refresh = True
 
     async def next(self) -> TaskDelivery:
+        asked = cancels_asked()
         backoff = Backoff(self.bus, "consume_tasks")
         while True:
+            raise_dropped_cancel(asked)  # what it took is held: the close hands it back
             while self.ready:
                 delivery = self.ready.popleft()
                 if self.held.get(delivery.entry.key) is delivery:
                     return delivery
             try:
-                await self._fill()
+                await self._fill(asked)
             except FAILED as exc:
                 await backoff.failed(exc)
             else:
                 backoff.succeeded()
 
-    async def _fill(self) -> None:
+    async def _fill(self, asked: int) -> None:
         now = time.monotonic()
         if self._expire(now):
             self.next_sweep = 0.0
@@ -178,6 +185,7 @@ class TaskConsumer:
                 ]
             )
             return
+        raise_dropped_cancel(asked)  # before the wait on the server (up to ``recheck``)
         deadline = min(self.next_sweep, self._first_deadline())
         free = self.prefetch - len(self.held)
         if not self.every and self.keys and free >= len(self.keys):
@@ -371,6 +379,7 @@ class EventConsumer:
         self.renewer = asyncio.create_task(self._renew())
 
     async def _renew(self) -> None:
+        asked = cancels_asked()
         backoff = Backoff(self.bus, "consume_events (renewing its partitions)")
         while True:
             await asyncio.sleep(self.bus.lease / 3)
@@ -381,12 +390,14 @@ class EventConsumer:
             except FAILED as exc:
                 await backoff.failed(exc)
                 continue
+            raise_dropped_cancel(asked)
             backoff.succeeded()
             if lost:
                 self.lost = self.partitions[lost - 1]
                 return
 
     async def next(self) -> Batch:
+        asked = cancels_asked()
         backoff = Backoff(self.bus, "consume_events")
         while True:
             if self.lost is not None:
@@ -396,15 +407,16 @@ class EventConsumer:
                     f"({self.bus.lease:g}s)"
                 )
             try:
-                batch = await self._take()
+                batch = await self._take(asked)
             except FAILED as exc:
                 await backoff.failed(exc)
                 continue
+            raise_dropped_cancel(asked)  # a batch taken is held: the close hands it back
             backoff.succeeded()
             if batch is not None:
                 return batch
 
-    async def _take(self) -> Batch | None:
+    async def _take(self, asked: int) -> Batch | None:
         now = time.monotonic()
         while self.held:
             batch, deadline = next(iter(self.held.items()))
@@ -433,6 +445,7 @@ class EventConsumer:
                     for index, entry_id, raw, times in taken
                 ]
             )
+        raise_dropped_cancel(asked)  # before the wait on the server (up to ``recheck``)
         first = next(iter(self.held.values()), math.inf)
         # nothing now: wait for the next entries and take them in the same round trip
         share = max(1, -(-self.max_batch // len(keys)))
