@@ -65,6 +65,7 @@ class World:
             version="1",
             workflow="waiting",
             schedule_id="default",
+            key="no-such-event",  # an unmatched event's key (none is kept: a 404 if reached)
         )
 
     async def state(self) -> tuple[object, ...]:

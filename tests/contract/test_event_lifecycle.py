@@ -192,15 +192,17 @@ async def test_past_its_buffer_an_event_is_unmatched_listed_and_a_replay_deliver
     assert (await rt.client.get(run_id)).status == "running"  # the event past its buffer
 
     viewer_replay = await api.post(
-        f"/events/unmatched/{kept['key']}/replay", headers={"authorization": "Bearer x"}
+        f"/events/unmatched/{kept['key']}/replay",
+        headers={"authorization": "Bearer x", "content-type": "application/json"},
     )
     assert viewer_replay.status_code == 401
-    replay = await api.post(f"/events/unmatched/{kept['key']}/replay", headers=sender.headers)
+    json_type = {**sender.headers, "content-type": "application/json"}
+    replay = await api.post(f"/events/unmatched/{kept['key']}/replay", headers=json_type)
     assert replay.status_code == 200, replay.text
     assert (replay.json()["status"], replay.json()["delivered_to"]) == ("delivered", [run_id])
     assert (await rt.client.wait(run_id, 30)).output == {"order_id": "o-9"}
     assert await listed() == []
-    missing = await api.post(f"/events/unmatched/{kept['key']}/replay", headers=sender.headers)
+    missing = await api.post(f"/events/unmatched/{kept['key']}/replay", headers=json_type)
     assert missing.status_code == 404
 
 

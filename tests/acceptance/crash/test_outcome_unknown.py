@@ -97,9 +97,12 @@ async def test_a_started_non_idempotent_step_killed_mid_step_fails_with_outcome_
     run = await tideflow(
         workdir, "run", "pay.yaml", "-i", '{"order": "A1", "block": true}', "--store", store
     )
-    assert run.stdout is not None
-    line = await asyncio.wait_for(run.stdout.readline(), TIMEOUT)
-    assert line.strip() == b"charging"  # inside the function: its start is committed
+    assert run.stderr is not None
+    # what a step prints goes to the command's stderr (its stdout is the result's alone),
+    # among the log lines: inside the function, its start is committed
+    async with asyncio.timeout(TIMEOUT):
+        while (line := await run.stderr.readline()).strip() != b"charging":
+            assert line, "the command ended before the step printed"
     run.kill()
     await run.wait()
 
