@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 import pytest
+from tests.contract.test_bus_contract import stop
 
 from tideflow.bus import open_bus
 from tideflow.bus.base import Message, partition_of
@@ -312,9 +313,7 @@ async def test_a_task_past_max_deliver_moves_to_the_dead_stream(
         waiting = asyncio.ensure_future(anext(tasks))  # its request meets the advisory
         [message] = await take(dead, 1)
         assert not waiting.done()
-        waiting.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await waiting
+        await stop(waiting)
     assert message.subject == f"{bus.prefix}.dead.tasks.default.normal"
     assert message.headers["traceparent"] == "t1"
     assert "max_deliver" in message.headers["Tideflow-Dead-Reason"]
@@ -413,9 +412,7 @@ async def test_a_reader_renews_at_the_pace_of_the_presence_bucket_it_found(
             assert loop.time() < deadline, "the reader renews at its own pace"
             await asyncio.sleep(0.05)
     finally:
-        waiting.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await waiting
+        await stop(waiting)
         await reader.aclose()
 
 
@@ -518,9 +515,7 @@ async def test_workers_and_readers_are_listed_without_a_key_watcher(
     beats_kv = await presence.beats_bucket(bus)
     await beats_kv.put("old-version", orjson.dumps({"worker": "w", "queues": None, "at": 1}))
     await beats_kv.delete("old-version")  # what an older version did on closing
-    waiting.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await waiting
+    await stop(waiting)
     await reader.aclose()
     assert await bus.worker_beats() == []
     assert {s.consumers for s in await bus.queue_stats() if s.queue == "default"} == {0}
