@@ -680,3 +680,89 @@ async def test_an_event_read_cancelled_as_nats_py_gets_an_answer_ends(
             batch = await asyncio.wait_for(anext(again), WITHIN)
             assert batch.events == events
             await batch.ack()
+
+
+async def _waiting(bus: Any) -> None:
+    """Until the reader waits for what comes (not for the answer to a ``no_wait`` request,
+    whose status could wake it later)."""
+
+    def waits(puller: Any) -> bool:
+        asking = any(lane.open and not lane.lingering for lane in puller.lanes)
+        return puller._waiter is not None and not asking
+
+    deadline = asyncio.get_running_loop().time() + WITHIN
+    while not (bus._pullers and all(map(waits, bus._pullers))):
+        assert asyncio.get_running_loop().time() < deadline, "the reader never waited"
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize(
+    ("reads", "when"),
+    [
+        ("tasks", "waiting"),  # woken by the reconnect: it asks its lanes, then waits
+        ("tasks", "rung"),  # a task rang its doorbell as the link came back: taken
+        ("events", "waiting"),
+        ("events", "asking"),  # the link came back as it asked its lanes: it asks again
+    ],
+)
+async def test_a_read_cancelled_as_it_makes_its_consumers_again_after_a_reconnect_ends(
+    make_bus: Callable[..., Awaitable[Any]],
+    same_turn: SameTurnCancel,
+    monkeypatch: pytest.MonkeyPatch,
+    reads: str,
+    when: str,
+) -> None:
+    """A reconnect has a reader make its consumers again before it asks them anew; a
+    cancel dropped then ends the read before it waits (``LINGER``, 60 s here) or returns
+    what it took (handed back at once: the lease is 30 s)."""
+    readers = pytest.importorskip("tideflow.bus.backends.nats_readers")
+    monkeypatch.setattr(readers, "LINGER", 60.0)
+    bus = await make_bus(lease=30.0, partitions=1)
+    reconnect = asyncio.Event()
+
+    def reconnected(*, wake: bool = True) -> None:
+        bus._known.clear()  # what the bus does when the link comes back
+        for puller in bus._pullers:
+            if wake:
+                puller.reconnected()
+            else:  # (its wake taken by the doorbell, or by a wait for an answer)
+                for lane in puller.lanes:
+                    lane.open, lane.stale = 0, True
+
+    if reads == "tasks":  # a prefetch of 1: it waits on a doorbell for its 3 lanes
+        items = bus.consume_tasks(["default"], prefetch=1 if when == "rung" else 5)
+        request_on = f"CONSUMER.DURABLE.CREATE.{bus.prefix}_tasks.tasks_default_"
+    else:
+        items = bus.consume_events(max_batch=10)
+        request_on = f"CONSUMER.DURABLE.CREATE.{bus.prefix}_events.events_0"
+        top_up = readers.EventReader._top_up
+
+        async def asking(self: Any) -> None:
+            await top_up(self)
+            if reconnect.is_set():
+                reconnect.clear()  # (as it waited for their answers: the wake went there)
+                reconnected(wake=False)
+
+        monkeypatch.setattr(readers.EventReader, "_top_up", asking)
+    async with contextlib.aclosing(items) as reader:
+        waiting = asyncio.ensure_future(anext(reader))
+        await _waiting(bus)
+        same_turn.cancel(waiting, request_on)
+        if when == "waiting":
+            reconnected()
+        elif when == "rung":
+            reconnected(wake=False)
+            await bus.publish_tasks([task(1)])
+        else:  # woken (a batch settled, say); the link comes back as it asks its lanes
+            reconnect.set()
+            for puller in bus._pullers:
+                puller.wake()
+        ended = await _ended(waiting)
+        assert same_turn.fired == [request_on]
+        assert ended, f"a read cancelled as {request_on} was answered ran on for {WITHIN}s"
+        assert waiting.cancelled(), f"a cancelled read returned {waiting.result()!r}"
+    if when == "rung":
+        async with contextlib.aclosing(bus.consume_tasks(["default"], prefetch=1)) as again:
+            delivery = await asyncio.wait_for(anext(again), WITHIN)
+            assert delivery.body == task(1)
+            await delivery.ack()

@@ -427,9 +427,8 @@ class NatsBus(Bus):
         asked = cancels_asked()
         await reader.start()
         try:
-            raise_dropped_cancel(asked)  # one nats-py dropped as the reader made its consumers
             await presence.start()
-            raise_dropped_cancel(asked)  # or as the reader announced itself
+            raise_dropped_cancel(asked)  # one nats-py dropped as the reader started
             while True:
                 yield await reader.next()
         finally:

@@ -148,7 +148,6 @@ class TaskReader:
             if delivery is not None:
                 return delivery
             await self._add_found()
-            raise_dropped_cancel(asked)  # one dropped as a queue's consumers were made
             # Standing requests' slots do not count: one lane's standing request must not
             # keep the tasks of another waiting (a delivery past the prefetch is handed
             # back as it comes, see _from_arrived).
