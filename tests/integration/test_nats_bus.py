@@ -766,3 +766,32 @@ async def test_a_read_cancelled_as_it_makes_its_consumers_again_after_a_reconnec
             delivery = await asyncio.wait_for(anext(again), WITHIN)
             assert delivery.body == task(1)
             await delivery.ack()
+
+
+async def test_a_partition_renewer_ends_at_the_cancel_its_renewal_dropped(
+    make_bus: Callable[..., Awaitable[Any]], same_turn: SameTurnCancel
+) -> None:
+    """Cancelled once, as the answer to its renewal came: it ends there, without the
+    second cancel a reader's close would send it half a second later."""
+    bus = await make_bus(lease=1.5, partitions=1)  # renewed every half second
+    async with contextlib.aclosing(bus.consume_events(max_batch=10)) as reader:
+        waiting = asyncio.ensure_future(anext(reader))
+        try:
+            deadline = asyncio.get_running_loop().time() + WITHIN
+            while not (
+                renewers := [
+                    t for t in asyncio.all_tasks() if t.get_name() == "tideflow-nats-partitions"
+                ]
+            ):
+                assert asyncio.get_running_loop().time() < deadline, "the reader never claimed"
+                await asyncio.sleep(0.01)
+            (renewer,) = renewers
+            request_on = f"$KV.{bus.prefix}_partitions.p0"
+            same_turn.cancel(renewer, request_on)
+            await asyncio.wait((renewer,), timeout=WITHIN)
+            ended = renewer.done()
+            assert same_turn.fired == [request_on]
+            assert ended, f"a partition renewer cancelled as it renewed ran on for {WITHIN}s"
+            assert renewer.cancelled()
+        finally:
+            await stop(waiting)

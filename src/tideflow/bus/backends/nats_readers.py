@@ -487,6 +487,7 @@ class EventReader:
         await msg.ack()
 
     async def _renew(self) -> None:
+        asked = cancels_asked()
         while True:
             await asyncio.sleep(self.bus.lock_ttl / 3)  # the lock's heartbeat, not a wait
             try:
@@ -498,6 +499,7 @@ class EventReader:
                 return
             except nats.errors.Error as exc:
                 log.warning("NATS bus %s: renewing partition locks failed: %s", self.bus.url, exc)
+            raise_dropped_cancel(asked)  # one nats-py dropped as a renewal was answered
 
     async def close(self) -> None:
         if self._renewer is not None:
