@@ -14,9 +14,11 @@ from typing import Any
 
 import orjson
 import pytest
+from tests.contract.test_bus_contract import stop
 
 from tideflow.bus import open_bus
 from tideflow.bus.base import Message, partition_of
+from tideflow.bus.closing import cancel_and_wait
 from tideflow.errors import BusError
 from tideflow.model.codec import command_to_data
 from tideflow.model.commands import DispatchTask
@@ -311,9 +313,7 @@ async def test_a_task_past_max_deliver_moves_to_the_dead_stream(
         waiting = asyncio.ensure_future(anext(tasks))  # its request meets the advisory
         [message] = await take(dead, 1)
         assert not waiting.done()
-        waiting.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await waiting
+        await stop(waiting)
     assert message.subject == f"{bus.prefix}.dead.tasks.default.normal"
     assert message.headers["traceparent"] == "t1"
     assert "max_deliver" in message.headers["Tideflow-Dead-Reason"]
@@ -412,9 +412,7 @@ async def test_a_reader_renews_at_the_pace_of_the_presence_bucket_it_found(
             assert loop.time() < deadline, "the reader renews at its own pace"
             await asyncio.sleep(0.05)
     finally:
-        waiting.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await waiting
+        await stop(waiting)
         await reader.aclose()
 
 
@@ -517,11 +515,283 @@ async def test_workers_and_readers_are_listed_without_a_key_watcher(
     beats_kv = await presence.beats_bucket(bus)
     await beats_kv.put("old-version", orjson.dumps({"worker": "w", "queues": None, "at": 1}))
     await beats_kv.delete("old-version")  # what an older version did on closing
-    waiting.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await waiting
+    await stop(waiting)
     await reader.aclose()
     assert await bus.worker_beats() == []
     assert {s.consumers for s in await bus.queue_stats() if s.queue == "default"} == {0}
     readers = await presence.bucket_keys(bus, presence.bucket_name(bus))
     assert readers == []  # purged, not marked deleted
+
+
+# -- a cancel nats-py drops ----------------------------------------------------------
+
+
+class SameTurnCancel:
+    """Cancels a task in the loop turn in which the answer comes to a request of that task
+    on a subject holding given text. nats-py waits for each answer under
+    ``asyncio.wait_for``, which on Python 3.11 then returns the answer as if no cancel had
+    come (the cancel is dropped, though still counted by the task): what CI can meet now
+    and then under load (a reader's ``anext``, cancelled once, runs on and the test that
+    awaits it hangs), here every time."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from nats.aio.client import Client
+
+        self.armed: dict[asyncio.Future[Any], str] = {}
+        self.fired: list[str] = []
+        publish = Client.publish
+
+        async def publishing(
+            client: Client,
+            subject: str,
+            payload: bytes = b"",
+            reply: str = "",
+            headers: dict[str, str] | None = None,
+        ) -> None:
+            task = asyncio.current_task()
+            what = self.armed.get(task) if task is not None else None
+            inboxes = client._resp_sub_prefix
+            if task is not None and what is not None and what in subject and inboxes:
+                # a request: its answer resolves the future its wait_for waits on
+                answer = client._resp_map.get(reply.removeprefix(inboxes.decode()))
+                if answer is not None:
+                    del self.armed[task]
+                    answer.add_done_callback(self._cancelling(task, what))
+            await publish(client, subject, payload, reply, headers)
+
+        monkeypatch.setattr(Client, "publish", publishing)
+
+    def _cancelling(self, task: asyncio.Task[Any], what: str) -> Callable[[Any], None]:
+        def answered(answer: asyncio.Future[Any]) -> None:
+            if not answer.cancelled():
+                self.fired.append(what)
+                task.cancel()  # the answer is there: wait_for returns it this turn
+
+        return answered
+
+    def cancel(self, task: asyncio.Future[Any], when_answered: str) -> None:
+        self.armed[task] = when_answered
+
+
+@pytest.fixture
+def same_turn(monkeypatch: pytest.MonkeyPatch) -> SameTurnCancel:
+    return SameTurnCancel(monkeypatch)
+
+
+async def _ended(read: asyncio.Future[Any]) -> bool:
+    """Whether ``read``, cancelled once, is over within WITHIN seconds (it is cancelled
+    again until it is, so that the test goes on either way)."""
+    await asyncio.wait((read,), timeout=WITHIN)
+    if read.done():
+        return True
+    await cancel_and_wait(read)
+    return False
+
+
+@pytest.mark.parametrize(
+    ("queues", "request_on", "published"),
+    [
+        # as it starts: looking for queues, making a queue's consumers, announcing itself
+        # (its presence, its beat); with nothing queued the read waits on, with a task
+        # queued it returns it
+        (None, "STREAM.INFO.{prefix}_tasks", False),
+        (None, "STREAM.INFO.{prefix}_tasks", True),
+        (["default"], "CONSUMER.DURABLE.CREATE.{prefix}_tasks.tasks_default_", False),
+        (["default"], "CONSUMER.DURABLE.CREATE.{prefix}_tasks.tasks_default_", True),
+        (["default"], "$KV.{prefix}_readers.", False),
+        (["default"], "$KV.{prefix}_readers.", True),
+        (["default"], "$KV.{prefix}_beats.", True),
+        # as it reads: a malformed task kept as a dead letter, a task taken behind it
+        (["default"], "{prefix}.dead.", "malformed"),
+        # as it waits: a new queue's consumers made (published once the reader waits)
+        (None, "CONSUMER.DURABLE.CREATE.{prefix}_tasks.tasks_io_", "late"),
+    ],
+)
+async def test_a_task_read_cancelled_as_nats_py_gets_an_answer_ends(
+    make_bus: Callable[..., Awaitable[Any]],
+    same_turn: SameTurnCancel,
+    queues: list[str] | None,
+    request_on: str,
+    published: bool | str,
+) -> None:
+    bus = await make_bus(lease=30.0)  # a hand-back, not a lease that ran out
+    request_on = request_on.format(prefix=bus.prefix)
+    queue = "io" if published == "late" else "default"
+    if published == "malformed":
+        await bus.js.publish(bus.task_subject(queue, Priority.NORMAL), b"{not json")
+    if published in (True, "malformed"):
+        await bus.publish_tasks([task(1, queue)])
+    async with contextlib.aclosing(bus.consume_tasks(queues, prefetch=5, worker="h/41")) as reader:
+        waiting = asyncio.ensure_future(anext(reader))
+        same_turn.cancel(waiting, request_on)
+        if published == "late":
+            deadline = asyncio.get_running_loop().time() + WITHIN
+            while not await bus.worker_beats():
+                assert asyncio.get_running_loop().time() < deadline, "the reader never beat"
+                await asyncio.sleep(0.02)
+            await bus.publish_tasks([task(1, queue)])
+        ended = await _ended(waiting)
+        assert same_turn.fired == [request_on]
+        assert ended, f"a task read cancelled as {request_on} was answered ran on for {WITHIN}s"
+        assert waiting.cancelled(), f"a cancelled read returned {waiting.result()!r}"
+        assert await bus.worker_beats() == []  # its cleanup ran: the presence is withdrawn
+    if published:  # what it took was handed back by that cleanup (the lease is 30 s)
+        async with contextlib.aclosing(bus.consume_tasks(queues, prefetch=1)) as again:
+            delivery = await asyncio.wait_for(anext(again), WITHIN)
+            assert delivery.body == task(1, queue)
+            await delivery.ack()
+
+
+@pytest.mark.parametrize(
+    ("request_on", "published"),
+    [
+        ("$KV.{prefix}_partitions.p0", False),  # the claim of a partition: it waits on
+        ("$KV.{prefix}_partitions.p0", True),  # or returns a batch
+        ("CONSUMER.DURABLE.CREATE.{prefix}_events.events_1", False),
+        ("CONSUMER.DURABLE.CREATE.{prefix}_events.events_1", True),
+        ("{prefix}.dead.", "malformed"),  # a malformed event kept, a batch behind it
+    ],
+)
+async def test_an_event_read_cancelled_as_nats_py_gets_an_answer_ends(
+    make_bus: Callable[..., Awaitable[Any]],
+    same_turn: SameTurnCancel,
+    request_on: str,
+    published: bool | str,
+) -> None:
+    bus = await make_bus(lease=30.0, partitions=2)
+    request_on = request_on.format(prefix=bus.prefix)
+    events = [
+        SignalReceived(event_id=f"e{n}", run_id="r", time=0.0, name="go", payload=n) for n in (1, 2)
+    ]
+    if published == "malformed":
+        await bus.js.publish(f"{bus.prefix}.events.{partition_of('r', 2)}", b"{not json")
+    if published:
+        await bus.publish_events(events)
+    async with contextlib.aclosing(bus.consume_events(max_batch=10)) as reader:
+        waiting = asyncio.ensure_future(anext(reader))
+        same_turn.cancel(waiting, request_on)
+        ended = await _ended(waiting)
+        assert same_turn.fired == [request_on]
+        assert ended, f"an event read cancelled as {request_on} was answered ran on for {WITHIN}s"
+        assert waiting.cancelled(), f"a cancelled read returned {waiting.result()!r}"
+        await bus.release(await bus.claim([0, 1]))  # its cleanup freed the partitions
+    if published:  # and handed back the batch it took at once (the lease is 30 s)
+        async with contextlib.aclosing(bus.consume_events(max_batch=10)) as again:
+            batch = await asyncio.wait_for(anext(again), WITHIN)
+            assert batch.events == events
+            await batch.ack()
+
+
+async def _waiting(bus: Any) -> None:
+    """Until the reader waits for what comes (not for the answer to a ``no_wait`` request,
+    whose status could wake it later)."""
+
+    def waits(puller: Any) -> bool:
+        asking = any(lane.open and not lane.lingering for lane in puller.lanes)
+        return puller._waiter is not None and not asking
+
+    deadline = asyncio.get_running_loop().time() + WITHIN
+    while not (bus._pullers and all(map(waits, bus._pullers))):
+        assert asyncio.get_running_loop().time() < deadline, "the reader never waited"
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize(
+    ("reads", "when"),
+    [
+        ("tasks", "waiting"),  # woken by the reconnect: it asks its lanes, then waits
+        ("tasks", "rung"),  # a task rang its doorbell as the link came back: taken
+        ("events", "waiting"),
+        ("events", "asking"),  # the link came back as it asked its lanes: it asks again
+    ],
+)
+async def test_a_read_cancelled_as_it_makes_its_consumers_again_after_a_reconnect_ends(
+    make_bus: Callable[..., Awaitable[Any]],
+    same_turn: SameTurnCancel,
+    monkeypatch: pytest.MonkeyPatch,
+    reads: str,
+    when: str,
+) -> None:
+    """A reconnect has a reader make its consumers again before it asks them anew; a
+    cancel dropped then ends the read before it waits (``LINGER``, 60 s here) or returns
+    what it took (handed back at once: the lease is 30 s)."""
+    readers = pytest.importorskip("tideflow.bus.backends.nats_readers")
+    monkeypatch.setattr(readers, "LINGER", 60.0)
+    bus = await make_bus(lease=30.0, partitions=1)
+    reconnect = asyncio.Event()
+
+    def reconnected(*, wake: bool = True) -> None:
+        bus._known.clear()  # what the bus does when the link comes back
+        for puller in bus._pullers:
+            if wake:
+                puller.reconnected()
+            else:  # (its wake taken by the doorbell, or by a wait for an answer)
+                for lane in puller.lanes:
+                    lane.open, lane.stale = 0, True
+
+    if reads == "tasks":  # a prefetch of 1: it waits on a doorbell for its 3 lanes
+        items = bus.consume_tasks(["default"], prefetch=1 if when == "rung" else 5)
+        request_on = f"CONSUMER.DURABLE.CREATE.{bus.prefix}_tasks.tasks_default_"
+    else:
+        items = bus.consume_events(max_batch=10)
+        request_on = f"CONSUMER.DURABLE.CREATE.{bus.prefix}_events.events_0"
+        top_up = readers.EventReader._top_up
+
+        async def asking(self: Any) -> None:
+            await top_up(self)
+            if reconnect.is_set():
+                reconnect.clear()  # (as it waited for their answers: the wake went there)
+                reconnected(wake=False)
+
+        monkeypatch.setattr(readers.EventReader, "_top_up", asking)
+    async with contextlib.aclosing(items) as reader:
+        waiting = asyncio.ensure_future(anext(reader))
+        await _waiting(bus)
+        same_turn.cancel(waiting, request_on)
+        if when == "waiting":
+            reconnected()
+        elif when == "rung":
+            reconnected(wake=False)
+            await bus.publish_tasks([task(1)])
+        else:  # woken (a batch settled, say); the link comes back as it asks its lanes
+            reconnect.set()
+            for puller in bus._pullers:
+                puller.wake()
+        ended = await _ended(waiting)
+        assert same_turn.fired == [request_on]
+        assert ended, f"a read cancelled as {request_on} was answered ran on for {WITHIN}s"
+        assert waiting.cancelled(), f"a cancelled read returned {waiting.result()!r}"
+    if when == "rung":
+        async with contextlib.aclosing(bus.consume_tasks(["default"], prefetch=1)) as again:
+            delivery = await asyncio.wait_for(anext(again), WITHIN)
+            assert delivery.body == task(1)
+            await delivery.ack()
+
+
+async def test_a_partition_renewer_ends_at_the_cancel_its_renewal_dropped(
+    make_bus: Callable[..., Awaitable[Any]], same_turn: SameTurnCancel
+) -> None:
+    """Cancelled once, as the answer to its renewal came: it ends there, without the
+    second cancel a reader's close would send it half a second later."""
+    bus = await make_bus(lease=1.5, partitions=1)  # renewed every half second
+    async with contextlib.aclosing(bus.consume_events(max_batch=10)) as reader:
+        waiting = asyncio.ensure_future(anext(reader))
+        try:
+            deadline = asyncio.get_running_loop().time() + WITHIN
+            while not (
+                renewers := [
+                    t for t in asyncio.all_tasks() if t.get_name() == "tideflow-nats-partitions"
+                ]
+            ):
+                assert asyncio.get_running_loop().time() < deadline, "the reader never claimed"
+                await asyncio.sleep(0.01)
+            (renewer,) = renewers
+            request_on = f"$KV.{bus.prefix}_partitions.p0"
+            same_turn.cancel(renewer, request_on)
+            await asyncio.wait((renewer,), timeout=WITHIN)
+            ended = renewer.done()
+            assert same_turn.fired == [request_on]
+            assert ended, f"a partition renewer cancelled as it renewed ran on for {WITHIN}s"
+            assert renewer.cancelled()
+        finally:
+            await stop(waiting)

@@ -4,7 +4,6 @@ per test), and its errors: a bad or unreachable bus URL is exit 2 with one line.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 import uuid
@@ -13,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+from tests.contract.test_bus_contract import stop as stop_read
 
 from tideflow.bus import open_bus
 from tideflow.bus.base import Bus
@@ -169,18 +169,24 @@ def test_queues_lists_the_workers_with_their_heartbeat(bus_url: str) -> None:
             reader = bus.consume_tasks(["reports"], prefetch=1, worker="cli-host/4242")
             waiting = asyncio.ensure_future(anext(reader))
             await asyncio.to_thread(stop.wait)
-            waiting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await waiting
+            await stop_read(waiting)  # one that runs on fails here, not hangs
             await reader.aclose()
         finally:
             await bus.close()
+
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(read())
+        except BaseException as exc:  # (pytest.fail's too) said by the test's own thread
+            failed.append(exc)
 
     def listed() -> list[dict[str, Any]]:
         data = stdout_json(invoke("queues", "--json", "--bus", bus_url))
         return [b for b in data["workers"] if b["worker"] == "cli-host/4242"]
 
-    thread = threading.Thread(target=asyncio.run, args=(read(),))
+    thread = threading.Thread(target=run)
     thread.start()
     try:
         deadline = time.monotonic() + 20
@@ -198,4 +204,5 @@ def test_queues_lists_the_workers_with_their_heartbeat(bus_url: str) -> None:
     finally:
         stop.set()
         thread.join(20)
+    assert not failed, f"the reader's thread failed: {failed[0]!r}"
     assert listed() == []

@@ -89,7 +89,7 @@ from tideflow.bus.base import (
     partition_of,
     wanted_partitions,
 )
-from tideflow.bus.closing import unstoppable
+from tideflow.bus.closing import cancels_asked, raise_dropped_cancel, unstoppable
 from tideflow.bus.fanout import FanOut, MalformedEnds, decode_run_ends, encode_run_ends
 from tideflow.errors import BusError
 from tideflow.model.codec import (
@@ -424,9 +424,11 @@ class NatsBus(Bus):
         wanted = None if queues is None else list(queues)
         reader = TaskReader(self, wanted, prefetch)
         presence = nats_presence.Presence(self, wanted, worker)
+        asked = cancels_asked()
         await reader.start()
         try:
             await presence.start()
+            raise_dropped_cancel(asked)  # one nats-py dropped as the reader started
             while True:
                 yield await reader.next()
         finally:
@@ -437,8 +439,10 @@ class NatsBus(Bus):
     ) -> AsyncGenerator[EventBatch, None]:
         check_count("max_batch", max_batch)
         reader = EventReader(self, self._wanted(partitions), max_batch)
+        asked = cancels_asked()
         await reader.start()
         try:
+            raise_dropped_cancel(asked)  # one nats-py dropped during the claim or the setup
             while True:
                 yield await reader.next()
         finally:

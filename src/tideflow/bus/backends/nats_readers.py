@@ -3,6 +3,12 @@
 ``TaskReader`` serves one ``consume_tasks`` and ``EventReader`` one
 ``consume_events``; both pull through ``nats_pull.Puller`` and keep each delivery's
 lease locally as well (see ``nats``).
+
+nats-py waits for the answer of each request (a consumer made, a dead letter kept, a
+stream looked at) under ``asyncio.wait_for``, which on Python 3.11 drops a cancel that
+comes in the turn the answer does: each loop here raises such a cancel itself at its
+next turn (``closing.raise_dropped_cancel``), once what it took is recorded, and before
+it waits on the server, so a cancelled read ends and its cleanup hands that back.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from nats.aio.subscription import Subscription
 from tideflow.bus.backends.local import MonotonicClock, _Leases
 from tideflow.bus.backends.nats_pull import Lane
 from tideflow.bus.base import PRIORITY_CYCLE, Delivery, EventBatch, Headers
-from tideflow.bus.closing import cancel_and_wait
+from tideflow.bus.closing import cancel_and_wait, cancels_asked, raise_dropped_cancel
 from tideflow.errors import BusError, StateFormatError
 from tideflow.model.codec import command_from_data, event_from_data
 from tideflow.model.commands import DispatchTask
@@ -135,8 +141,10 @@ class TaskReader:
             await self._add(queue)
 
     async def next(self) -> TaskDelivery:
+        asked = cancels_asked()
         while True:
-            delivery = await self._from_arrived()
+            raise_dropped_cancel(asked)  # what came is recorded: the close hands it back
+            delivery = await self._from_arrived(asked)
             if delivery is not None:
                 return delivery
             await self._add_found()
@@ -146,7 +154,7 @@ class TaskReader:
             free = self.prefetch - len(self.leases.held) - self.puller.open_slots(standing=False)
             if free > 0 and await self._pick(free):
                 continue
-            await self._wait(free)
+            await self._wait(free, asked)
 
     def settle(self, delivery: TaskDelivery) -> bool:
         if not self.leases.release(delivery):
@@ -175,7 +183,7 @@ class TaskReader:
     def _expired(self, delivery: TaskDelivery) -> None:
         self.puller.wake()  # the server has put it back; its slot is free
 
-    async def _from_arrived(self) -> TaskDelivery | None:
+    async def _from_arrived(self, asked: int) -> TaskDelivery | None:
         arrived = self.puller.arrived
         while arrived:
             _, msg = arrived.popleft()
@@ -195,6 +203,7 @@ class TaskReader:
             ) as exc:
                 await self.bus.dead_letter(msg, f"malformed task message: {exc}")
                 await msg.ack()
+                raise_dropped_cancel(asked)  # one dropped as the dead letter was kept
                 continue
             delivery = TaskDelivery(self, msg, body)
             self.leases.hold(delivery)
@@ -245,7 +254,7 @@ class TaskReader:
             self._cursor = (self._cursor + got // len(order)) % len(_CYCLE)
         return got > 0
 
-    async def _wait(self, free: int) -> None:
+    async def _wait(self, free: int, asked: int) -> None:
         idle = [lane for lane in self.puller.lanes if not lane.open]
         if free > 0 and len(idle) <= free:
             for lane in idle:
@@ -261,6 +270,7 @@ class TaskReader:
             await self._silence()
             return
         timeout = min(LINGER, self.puller.next_deadline() - time.monotonic())
+        raise_dropped_cancel(asked)  # before the wait on the server (up to ``LINGER``)
         await self.puller.wait(timeout)
         self.puller.forget_lost()
         await self._silence()
@@ -409,16 +419,19 @@ class EventReader:
         self._renewer = asyncio.create_task(self._renew(), name="tideflow-nats-partitions")
 
     async def next(self) -> NatsEventBatch:
+        asked = cancels_asked()
         puller = self.puller
         while True:
             if self._lost is not None:
                 raise self._lost
             await self._top_up()
             batch = await self._batch()
+            raise_dropped_cancel(asked)  # a batch taken is held: the close hands it back
             if batch is not None:
                 return batch
             await self._stand()
             if self._lost is None:  # lost while it asked: the wake went to that round trip
+                raise_dropped_cancel(asked)  # before the wait on the server
                 await puller.wait(min(LINGER, puller.next_deadline() - time.monotonic()))
             puller.forget_lost()
 
@@ -474,6 +487,7 @@ class EventReader:
         await msg.ack()
 
     async def _renew(self) -> None:
+        asked = cancels_asked()
         while True:
             await asyncio.sleep(self.bus.lock_ttl / 3)  # the lock's heartbeat, not a wait
             try:
@@ -485,6 +499,7 @@ class EventReader:
                 return
             except nats.errors.Error as exc:
                 log.warning("NATS bus %s: renewing partition locks failed: %s", self.bus.url, exc)
+            raise_dropped_cancel(asked)  # one nats-py dropped as a renewal was answered
 
     async def close(self) -> None:
         if self._renewer is not None:
