@@ -121,7 +121,32 @@ def redis_url() -> str:
 
 @pytest.fixture(scope="session")
 def nats_url() -> str:
-    return require(NATS)
+    url = require(NATS)
+    asyncio.run(_anchor_stream(url))
+    return url
+
+
+ANCHOR_STREAM = "tideflow-tests-anchor"
+
+
+async def _anchor_stream(url: str) -> None:
+    """Keep one small stream on the shared NATS server for as long as tests use it.
+
+    nats-server removes an account's streams directory with its last stream; a stream
+    created by another test process in that moment fails with "error creating store for
+    stream" (10049: `mkdir .../jetstream/$G/streams: no such file or directory`, seen 9
+    times in 6 minutes with three test processes on the server). While this stream
+    exists, the directory never empties. Made once per process, idempotently (the same
+    configuration again is no change); it holds no message and is never deleted."""
+    import nats
+    from nats.js.api import StreamConfig
+
+    client = await nats.connect(url)
+    try:
+        config = StreamConfig(name=ANCHOR_STREAM, subjects=[ANCHOR_STREAM], max_msgs=1)
+        await client.jetstream().add_stream(config)
+    finally:
+        await client.close()
 
 
 BOTH_LOOPS = (
