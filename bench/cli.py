@@ -70,8 +70,9 @@ def _timed(argv: list[str], env: dict[str, str], cwd: str) -> tuple[float, float
 
 
 def _make_store(tree: Path, directory: str, runs: int) -> str:
-    """A SQLite store with ``runs`` finished runs of a two-step flow."""
-    url = f"sqlite:///{directory}/bench.db"
+    """A SQLite store with ``runs`` finished runs of a two-step flow, made by ``tree``'s
+    own code (a tree reads no store of a newer schema than its own)."""
+    url = f"sqlite:///{directory}/bench-{abs(hash(str(tree)))}.db"
     flow = Path(directory) / "flow.json"
     flow.write_text(json.dumps(FLOW), encoding="utf-8")
     code = (
@@ -112,7 +113,7 @@ def main() -> None:
             parser.error(f"{tree} is not a tideflow checkout (no src/tideflow/cli/main.py)")
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="tideflow-bench-cli-") as directory:
-        store = _make_store(HERE, directory, args.runs)
+        stores = {tree: _make_store(path, directory, args.runs) for tree, path in trees.items()}
         samples: dict[tuple[str, str], tuple[list[float], list[float]]] = {
             (tree, name): ([], []) for tree in trees for name in COMMANDS
         }
@@ -120,7 +121,8 @@ def main() -> None:
             order = list(trees) if round_ % 2 == 0 else list(reversed(trees))
             for name, argv in COMMANDS.items():
                 for tree in order:
-                    wall, cpu = _timed(_command(argv, store), _env(trees[tree]), directory)
+                    command = _command(argv, stores[tree])
+                    wall, cpu = _timed(command, _env(trees[tree]), directory)
                     samples[(tree, name)][0].append(wall)
                     samples[(tree, name)][1].append(cpu)
         for (tree, name), (walls, cpus) in samples.items():
