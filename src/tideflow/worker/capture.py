@@ -175,8 +175,8 @@ def install() -> None:
         if _installed > 1:
             return
         _saved = (sys.stdout, sys.stderr)
-        sys.stdout = _Routed("stdout", sys.stdout)  # type: ignore[assignment]
-        sys.stderr = _Routed("stderr", sys.stderr)  # type: ignore[assignment]
+        sys.stdout = _Routed("stdout", sys.stdout)
+        sys.stderr = _Routed("stderr", sys.stderr)
         _handler = _Records()
         logging.getLogger().addHandler(_handler)
 

@@ -117,7 +117,12 @@ def _request(
 ) -> bytes:
     fields = dataclasses.asdict(ctx)
     fields["extra"] = dict(ctx.extra)
-    message = {"spec": spec, "kwargs": kwargs, "ctx": fields, "sys_path": [os.getcwd(), *sys.path]}
+    message: dict[str, Any] = {
+        "spec": spec,
+        "kwargs": kwargs,
+        "ctx": fields,
+        "sys_path": [os.getcwd(), *sys.path],
+    }
     if files is not None:
         message.update(files.fds())
     try:
