@@ -86,6 +86,9 @@ class StepOutput:
     def result(self) -> dict[str, Any] | None:
         """What the attempt wrote, redacted: ``{stream: {"text", "truncated"}}`` for each
         stream written to, or None when it wrote nothing. Later writes are ignored."""
+        if self._tails is None:  # most attempts: no lock taken (a later write is not read)
+            self._closed = True
+            return None
         with _LOCK:
             self._closed = True
             tails = self._tails
