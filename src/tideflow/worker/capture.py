@@ -6,8 +6,9 @@ Each attempt of a worker pool has a `StepOutput` in the context variable ``CURRE
 (the pool sets it in the attempt's asyncio task; a sync python function's pool thread
 runs in a copy of that context, an async one on the task itself). While a pool runs,
 ``sys.stdout`` and ``sys.stderr`` are `_Routed` proxies (`install`): a write made in an
-attempt's context goes to that attempt's `StepOutput`, any other write to the stream the
-proxy replaced. A handler on the root logger does the same for ``logging`` records (those
+attempt's context is added to that attempt's `StepOutput`, and every write goes on to the
+stream the proxy replaced, as before (the CLI points ``sys.stdout`` at stderr while steps
+run: never onto a command's own stdout). A handler on the root logger adds the ``logging`` records (those
 the logger lets through: WARNING and up unless a level is configured lower), leaving the
 engine's own loggers (``tideflow.*``) out. An ``isolation: process`` child and a shell
 step write to the descriptors the executor gives them; the executor adds what they wrote
@@ -123,18 +124,16 @@ class _Routed:
 
     def write(self, text: str) -> int:
         out = CURRENT.get()
-        if out is None:
-            return self._stream.write(text)
-        out.write(self._name, text)
-        return len(text)
+        if out is not None:
+            out.write(self._name, text)
+        return self._stream.write(text)  # shown live as before (the CLI: on stderr)
 
     def writelines(self, lines: Iterable[str]) -> None:
         for line in lines:
             self.write(line)
 
     def flush(self) -> None:
-        if CURRENT.get() is None:
-            self._stream.flush()
+        self._stream.flush()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)

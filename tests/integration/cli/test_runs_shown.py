@@ -157,8 +157,10 @@ def test_what_a_step_prints_never_reaches_the_json_on_stdout(workdir: Workdir, f
     done = tideflow(files, "run", "chatty.yaml", "--store", workdir.store, "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["output"] == {"n": 7}  # stdout is the JSON alone
+    assert "a step that prints 7" in done.stderr
     in_process = invoke("run", "chatty.yaml", "--store", workdir.store, "--json")
     assert json.loads(in_process.stdout)["output"] == {"n": 7}
+    assert "a step that prints 7" in in_process.stderr
     # what it printed is its attempt's output (docs/operations.md, Step output)
     for run in (done, in_process):
         run_id = json.loads(run.stdout)["run_id"]
