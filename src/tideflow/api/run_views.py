@@ -29,6 +29,7 @@ from tideflow.api.changes import RunChanges
 from tideflow.api.feeds import KEEP_ALIVE, Feeds, Read, Reader
 from tideflow.api.models import RunList
 from tideflow.api.problems import Problem
+from tideflow.api.step_logs import StepLogList, step_logs_of
 from tideflow.api.stream_slots import RETRY_AFTER, StreamSlots
 from tideflow.api.views import (
     AttemptList,
@@ -43,6 +44,7 @@ from tideflow.errors import NotFound
 from tideflow.model.states import RUN_TERMINAL, RunStatus
 from tideflow.model.tokens import Action
 from tideflow.runtime.result import result_of
+from tideflow.runtime.steplogs import matches
 from tideflow.store.base import RunFilter
 
 __all__ = ["EventStream", "run_view_routes", "stream_slots"]
@@ -173,6 +175,32 @@ def _read_routes(app: FastAPI, client: Client) -> None:
         """The attempts of the run's steps, from its history: when each started and
         ended, and how (for the timeline)."""
         return attempts_of(run_id, await client.history(run_id), limit)
+
+    @app.get("/runs/{run_id}/logs", tags=["runs"], dependencies=[READ])
+    async def get_run_logs(
+        run_id: str,
+        step: Annotated[
+            str | None,
+            Query(
+                max_length=1000,
+                description="A step instance's key (`items[2]/charge`) or a plan step's id "
+                "(`charge`: every instance); every step when absent",
+            ),
+        ] = None,
+    ) -> StepLogList:
+        """What each ended attempt of the run's steps wrote: stdout, stderr and `logging`
+        records, the last 64 KiB of each per attempt (`truncated`: bytes dropped before),
+        secrets the attempt resolved masked."""
+        answer = step_logs_of(run_id, step, await client.history(run_id))
+        if step is not None and not answer.attempts:
+            state = await client.state(run_id)
+            plan = await client.pinned(state)
+            if step not in plan.specs and not any(matches(key, step) for key in state.steps):
+                raise NotFound(
+                    f"run {run_id} has no step {step!r}: name a step key or one of the "
+                    f"plan's steps ({', '.join(sorted(plan.specs))})"
+                )
+        return answer
 
     @app.get("/definitions/{name}/{version}/graph", tags=["definitions"], dependencies=[READ])
     async def get_definition_graph(name: str, version: str) -> PlanGraph:

@@ -20,6 +20,7 @@ from tideflow.cli.waits import wait_text
 if TYPE_CHECKING:
     from tideflow.runtime.result import RunResult
     from tideflow.runtime.shown import Attempt
+    from tideflow.runtime.steplogs import AttemptLogs
     from tideflow.store.base import HistoryEntry, RunSummary
 
 STATUS_STYLE = {
@@ -291,3 +292,48 @@ __all__ = [
     "runs_table",
     "summary_json",
 ]
+
+
+def logs_json(run_id: str, step: str | None, rows: Sequence[AttemptLogs]) -> dict[str, Any]:
+    """`runs logs --json`: the shape of ``GET /runs/{run_id}/logs``."""
+    return {
+        "run_id": run_id,
+        "step": step,
+        "attempts": [
+            {
+                "step_key": row.step_key,
+                "round": row.round,
+                "attempt": row.attempt,
+                "compensation": row.compensation,
+                "outcome": row.outcome,
+                "ended_at": iso(row.time),
+                "streams": {
+                    name: {"text": stream.text, "truncated": stream.truncated}
+                    for name, stream in row.streams.items()
+                },
+            }
+            for row in rows
+        ],
+    }
+
+
+def print_logs(rows: Sequence[AttemptLogs]) -> None:
+    """Each attempt's header, then each stream it wrote, as it was written (plain text on
+    stdout: no markup is read in it)."""
+    out = sys.stdout
+    if not rows:
+        err.print("no attempt has ended yet", markup=False)
+        return
+    for row in rows:
+        what = " (compensation)" if row.compensation else ""
+        out.write(
+            f"== {row.step_key}{what} attempt {row.attempt}"
+            f"{f' round {row.round}' if row.round else ''}: {row.outcome} at {iso(row.time)}\n"
+        )
+        if not row.streams:
+            out.write("   (wrote nothing)\n")
+        for name, stream in row.streams.items():
+            mark = f" (truncated: {stream.truncated} bytes before)" if stream.truncated else ""
+            out.write(f"-- {name}{mark}\n")
+            out.write(stream.text if stream.text.endswith("\n") else stream.text + "\n")
+    out.flush()

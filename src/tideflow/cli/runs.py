@@ -40,7 +40,9 @@ from tideflow.cli.common import (
 from tideflow.cli.remote import ServerOption, TokenOption, check_server
 from tideflow.cli.render import (
     history_json,
+    logs_json,
     print_history,
+    print_logs,
     print_run,
     run_json,
     runs_table,
@@ -239,6 +241,65 @@ async def _history(
     async with reached(url, bus, server, token) as client:
         await known_run(client, run_id, server or url)
         return list(await client.history(run_id))
+
+
+# -- runs logs ----------------------------------------------------------------------------
+
+
+@runs_app.command("logs")
+def logs_cmd(
+    ctx: typer.Context,
+    run_id: RunArgument,
+    step: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[STEP]",
+            help="A step instance's key (items[2]/charge) or a plan step's id (charge: every "
+            "instance); every step when left out.",
+            show_default=False,
+        ),
+    ] = None,
+    as_json: JsonOption = False,
+    store: StoreOption = DEFAULT_STORE,
+    bus: BusOption = None,
+    server: ServerOption = None,
+    token: TokenOption = None,
+) -> None:
+    """Show what a run's steps wrote: stdout, stderr and logging records, per attempt.
+
+    Each ended attempt keeps the last 64 KiB of each stream ("truncated": bytes dropped
+    before); secrets the attempt resolved are masked. Attempts are listed in the order
+    they ended.
+
+    --json prints {"run_id", "step", "attempts": [{"step_key", "round", "attempt",
+    "compensation", "outcome", "ended_at", "streams": {"stdout"|"stderr"|"log":
+    {"text", "truncated"}}}]}.
+
+    Examples:
+      tideflow runs logs 3f2a9c...
+      tideflow runs logs 3f2a9c... charge --json | jq -r '.attempts[-1].streams.log.text'
+    """
+    from tideflow.runtime.steplogs import logs_of
+
+    check_server(ctx, server)
+    entries = run_async(_history(store, bus, server, token, run_id))
+    rows = logs_of(entries, step)
+    if step is not None and not rows:
+        _no_step_logs(run_id, step, entries)
+    if as_json:
+        write_json(logs_json(run_id, step, rows))
+    else:
+        print_logs(rows)
+
+
+def _no_step_logs(run_id: str, step: str, entries: list[HistoryEntry]) -> NoReturn:
+    keys = sorted({str(e.event["step_key"]) for e in entries if "step_key" in e.event})
+    known = ", ".join(keys) if keys else "none yet"
+    raise fail_usage(
+        f"run {run_id} has no ended attempt of step {step!r} (steps with attempts: {known})",
+        type="NotFound",
+        hint="name a step key or a plan step id, or leave STEP out for every step",
+    )
 
 
 # -- runs cancel / runs signal --------------------------------------------------------------

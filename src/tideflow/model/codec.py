@@ -245,6 +245,8 @@ def event_to_data(event: Event) -> dict[str, Any]:
     data["kind"] = EVENT_KINDS[type(event)]
     if isinstance(event, TaskFailed | ChildRunFinished | EngineFailed):
         data["error"] = error_to_data(event.error)
+    if data.get("logs", 0) is None:  # an attempt that wrote nothing stores nothing of it
+        del data["logs"]
     return data
 
 

@@ -121,6 +121,10 @@ class TaskCompleted(AttemptEvent):
     """Set when the attempt ended before its ``TaskStarted`` was sent: its start, recorded
     with the outcome (one event instead of two)."""
     worker: str = ""
+    logs: dict[str, Any] | None = None
+    """What the attempt wrote (worker/capture.py): ``{stream: {"text", "truncated"}}``
+    for each of ``stdout``, ``stderr``, ``log`` it wrote to; None (not stored) when
+    nothing."""
 
 
 @quick_init
@@ -132,6 +136,8 @@ class TaskFailed(AttemptEvent):
     started_at: float | None = None
     """As on `TaskCompleted`: the start, when it was not reported on its own."""
     worker: str = ""
+    logs: dict[str, Any] | None = None
+    """As on `TaskCompleted`: what the attempt wrote."""
 
 
 @quick_init

@@ -220,14 +220,18 @@ def configure(
 class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
     """Writes to ``sys.stderr`` as it is when the record comes (like logging's last
     resort), not as it was when the handler was made: a CLI command run in-process (a
-    test's CliRunner) swaps it for a buffer it closes afterwards."""
+    test's CliRunner) swaps it for a buffer it closes afterwards. While a worker pool
+    routes ``sys.stderr`` to the attempts that write (worker/capture.py), the stream it
+    routes: the engine's log lines are not a step's output."""
 
     def __init__(self) -> None:
         super().__init__(sys.stderr)
 
     @property
     def stream(self) -> TextIO:
-        return sys.stderr
+        stream = sys.stderr
+        unrouted: TextIO = getattr(stream, "tideflow_unrouted", stream)
+        return unrouted
 
     @stream.setter
     def stream(self, value: TextIO) -> None:

@@ -33,6 +33,7 @@ from tideflow.model import storable
 from tideflow.model.commands import DispatchTask
 from tideflow.model.events import ErrorInfo
 from tideflow.model.quick import quick_init
+from tideflow.worker import capture
 from tideflow.worker.executors.base import StepContext
 from tideflow.worker.executors.errorinfo import error_info_from_exception
 from tideflow.worker.executors.registry import ExecutorRegistry
@@ -179,6 +180,9 @@ class Secrets(Execution):
         except Exception as exc:  # SecretNotFound names where it looked, never a value
             return failure(exc)
         redactor = Redactor([*used_config, *used_input])
+        written = capture.CURRENT.get()
+        if written is not None and redactor:  # what the attempt prints is masked too
+            written.redact_with(redactor.redact_text)
         with logcontext.with_secrets((*used_config, *used_input)):  # masked in log lines too
             out = await self.next.execute(replace(input, config=config, input=value))
         if out.error is not None:

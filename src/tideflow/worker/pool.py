@@ -40,6 +40,7 @@ import logging
 import random
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Sequence
+from typing import Any
 
 from tideflow import logcontext
 from tideflow.bus.base import (
@@ -55,6 +56,7 @@ from tideflow.bus.closing import cancel_and_wait
 from tideflow.model import storable
 from tideflow.model.commands import DispatchTask
 from tideflow.model.events import Event, TaskCompleted, TaskFailed, TaskLost
+from tideflow.worker import capture
 from tideflow.worker.executors.base import StepContext
 from tideflow.worker.executors.registry import ExecutorRegistry
 from tideflow.worker.interceptors import (
@@ -123,6 +125,8 @@ class WorkerPool:
     def start(self) -> None:
         # Kept: asking for the running loop costs a system call (getpid) in CPython 3.11.
         self._loop = asyncio.get_running_loop()
+        if not self._loops:
+            capture.install()  # what attempts print and log is theirs (worker/capture.py)
         control = self._bus.consume_control()  # listening before the first task comes
         self._loops = [
             asyncio.create_task(self._consume(), name="tideflow-worker"),
@@ -162,6 +166,8 @@ class WorkerPool:
         for runner in running:
             with contextlib.suppress(asyncio.CancelledError):
                 await runner
+        if self._loops:
+            capture.uninstall()
         self._loops.clear()
 
     def _cancel(self, cancel: CancelAttempt) -> None:
@@ -214,6 +220,8 @@ class WorkerPool:
         ran = False
         task = delivery.body
         logcontext.bind(task.run_id, task.step_id, task.attempt)  # this asyncio task's lines
+        output = capture.StepOutput()  # what the attempt prints and logs (its context's)
+        capture.CURRENT.set(output)
         slots = self._slots
         try:
             waiter = slots.take()
@@ -240,7 +248,7 @@ class WorkerPool:
                     if out is None:
                         event = self._lost(task, delivery.deliveries)  # it must not run
                     else:
-                        event = self._outcome(task, out, key)
+                        event = self._outcome(task, out, key, output.result())
                         if reports:
                             event = Message(event, reports)
             finally:
@@ -358,7 +366,10 @@ class WorkerPool:
             round=task.round,
         )
 
-    def _outcome(self, task: DispatchTask, out: ExecuteOutput, key: Key) -> Event:
+    def _outcome(
+        self, task: DispatchTask, out: ExecuteOutput, key: Key, logs: dict[str, Any] | None
+    ) -> Event:
+        """The event that reports the attempt's outcome, with what it wrote (``logs``)."""
         started = self._starts.take(key)
         worker = self._starts.worker if started is not None else ""
         if out.error is not None:
@@ -374,6 +385,7 @@ class WorkerPool:
                 round=task.round,
                 started_at=started,
                 worker=worker,
+                logs=logs,
             )
         return TaskCompleted(
             event_id=self._new_id(),
@@ -386,6 +398,7 @@ class WorkerPool:
             round=task.round,
             started_at=started,
             worker=worker,
+            logs=logs,
         )
 
 

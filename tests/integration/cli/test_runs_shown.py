@@ -161,3 +161,9 @@ def test_what_a_step_prints_never_reaches_the_json_on_stdout(workdir: Workdir, f
     in_process = invoke("run", "chatty.yaml", "--store", workdir.store, "--json")
     assert json.loads(in_process.stdout)["output"] == {"n": 7}
     assert "a step that prints 7" in in_process.stderr
+    # what it printed is its attempt's output (docs/operations.md, Step output)
+    for run in (done, in_process):
+        run_id = json.loads(run.stdout)["run_id"]
+        logs = stdout_json(invoke("runs", "logs", run_id, "--json", "--store", workdir.store))
+        (attempt,) = logs["attempts"]
+        assert attempt["streams"]["stdout"]["text"] == "a step that prints 7\n"

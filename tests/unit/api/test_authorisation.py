@@ -72,6 +72,7 @@ ROUTES: dict[tuple[str, str], Action | None] = {
     ("GET", "/runs/{run_id}/graph"): Action.READ,
     ("GET", "/runs/{run_id}/steps/{step_id}"): Action.READ,
     ("GET", "/runs/{run_id}/attempts"): Action.READ,
+    ("GET", "/runs/{run_id}/logs"): Action.READ,
     ("GET", "/definitions/{name}/{version}/graph"): Action.READ,
     ("GET", "/streams/runs/{run_id}"): Action.READ,
     ("GET", "/streams/runs"): Action.READ,

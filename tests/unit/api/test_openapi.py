@@ -68,6 +68,7 @@ async def test_every_route_has_its_schemas() -> None:
         "/runs/{run_id}/graph",
         "/runs/{run_id}/steps/{step_id}",
         "/runs/{run_id}/attempts",
+        "/runs/{run_id}/logs",
         "/definitions/{name}/{version}/graph",
         "/streams/runs/{run_id}",
         "/streams/runs",

@@ -303,7 +303,10 @@ async function runPage(runId) {
 
   async function renderDetail(offset) {
     if (!picked) return;
-    const step = await api(`/runs/${runId}/steps/${encodeURIComponent(picked)}?offset=${offset}&limit=20`);
+    const [step, logs] = await Promise.all([
+      api(`/runs/${runId}/steps/${encodeURIComponent(picked)}?offset=${offset}&limit=20`),
+      api(`/runs/${runId}/logs?step=${encodeURIComponent(picked)}`),
+    ]);
     const parts = [h("h2", {}, `Step ${step.step} `, h("span", { class: "muted" }, `(${step.type})`))];
     if (!step.total) parts.push(h("p", { class: "muted" }, "Not reached yet."));
     for (const inst of step.instances) {
@@ -313,6 +316,7 @@ async function runPage(runId) {
         inst.input !== null ? [h("div", { class: "muted" }, "input"), h("pre", {}, json(inst.input))] : null,
         inst.output !== null ? [h("div", { class: "muted" }, "output"), h("pre", { class: "output" }, json(inst.output))] : null,
         inst.error ? [h("div", { class: "muted" }, "error"), h("pre", { class: "error" }, json(inst.error))] : null,
+        stepOutput(logs.attempts.filter((a) => a.step_key === inst.key)),
         inst.child_run_id ? h("a", { href: `#/runs/${inst.child_run_id}` }, `child run ${inst.child_run_id}`) : null));
       if (step.signal && inst.status === "waiting") parts.push(signalForm(step.signal));
     }
@@ -323,6 +327,20 @@ async function runPage(runId) {
         h("button", { disabled: offset + 20 >= step.total, onclick: () => renderDetail(offset + 20) }, "Next")));
     }
     detail.replaceChildren(...parts.filter((part) => part instanceof Node));
+  }
+
+  // what each ended attempt of an instance wrote (GET /runs/{id}/logs): its stdout,
+  // stderr and logging records, as text (never markup)
+  function stepOutput(attempts) {
+    const written = attempts.filter((a) => Object.keys(a.streams).length);
+    if (!written.length) return null;
+    return h("div", { class: "step-output" }, written.flatMap((a) => [
+      h("div", { class: "muted" }, `attempt ${a.attempt}${a.compensation ? " (compensation)" : ""}: ${a.outcome}`),
+      ...Object.entries(a.streams).flatMap(([name, stream]) => [
+        h("div", { class: "muted" }, stream.truncated ? `${name} (the last part: ${stream.truncated} bytes before it dropped)` : name),
+        h("pre", { class: `log ${name}`, "data-stream": name, "data-attempt": a.attempt }, stream.text),
+      ]),
+    ]));
   }
 
   function signalForm(name) {

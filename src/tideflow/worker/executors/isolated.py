@@ -8,9 +8,13 @@ anything it started.
 
 Protocol: the request is JSON on the child's stdin; the reply is JSON on its
 stdout, ``["ok", output]`` or ``["error", {type, message, retryable, classes,
-details}]``. The function's own prints go to stderr, which the child shares
-with the worker. A child that exits without a complete reply is reported as
+details}]``. A child that exits without a complete reply is reported as
 ``IsolatedProcessDied``.
+
+The function's own output: for an attempt of a worker pool (worker/capture.py), its
+stdout, stderr and ``logging`` records go to three temporary files, whose tails are the
+attempt's output once the child ended (killed at a timeout included); otherwise its
+prints go to stderr, which the child shares with the worker.
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ import asyncio
 import dataclasses
 import os
 import sys
+import tempfile
 from typing import Any
 
 import orjson
 
+from tideflow.worker.capture import CURRENT, STREAMS, StepOutput
 from tideflow.worker.executors.base import StepContext
 from tideflow.worker.executors.errors import (
     FunctionRaised,
@@ -55,29 +61,70 @@ async def run_isolated(
     Cancelling the call (e.g. by an ``asyncio.timeout`` around it) kills the child
     and everything it started.
     """
-    request = _request(spec, kwargs, ctx)
-    proc = await spawn_group(
-        sys.executable,
-        "-c",
-        BOOTSTRAP,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-    )
-    finished = False
+    written = CURRENT.get()
+    files = None if written is None else _Files()
+    request = _request(spec, kwargs, ctx, files)
     try:
-        reply, _ = await proc.communicate(request)
-        finished = True
+        proc = await spawn_group(
+            sys.executable,
+            "-c",
+            BOOTSTRAP,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            **({} if files is None else files.spawn_options()),
+        )
+        finished = False
+        try:
+            reply, _ = await proc.communicate(request)
+            finished = True
+        finally:
+            if not finished:
+                await asyncio.shield(terminate_group(proc, kill_grace))
+            close_transport(proc)
     finally:
-        if not finished:
-            await asyncio.shield(terminate_group(proc, kill_grace))
-        close_transport(proc)
+        if files is not None and written is not None:
+            files.close(written)
     return _result(reply, spec, proc.returncode)
 
 
-def _request(spec: str, kwargs: dict[str, Any], ctx: StepContext) -> bytes:
+class _Files:
+    """The temporary files an isolated function writes to: stdout, stderr, log records."""
+
+    def __init__(self) -> None:
+        self.streams = {name: tempfile.TemporaryFile() for name in STREAMS}  # noqa: SIM115 (closed by close)
+
+    def spawn_options(self) -> dict[str, Any]:
+        return {
+            "stderr": self.streams["stderr"],
+            "pass_fds": (self.streams["stdout"].fileno(), self.streams["log"].fileno()),
+        }
+
+    def fds(self) -> dict[str, int]:
+        return {"out_fd": self.streams["stdout"].fileno(), "log_fd": self.streams["log"].fileno()}
+
+    def close(self, written: StepOutput) -> None:
+        """Add the tail of each file to ``written`` (the rest counted as dropped); close."""
+        for name, file in self.streams.items():
+            with file:
+                size = file.seek(0, os.SEEK_END)
+                start = max(0, size - written.limit)
+                file.seek(start)
+                written.add(name, file.read(), dropped=start)
+
+
+def _request(
+    spec: str, kwargs: dict[str, Any], ctx: StepContext, files: _Files | None = None
+) -> bytes:
     fields = dataclasses.asdict(ctx)
     fields["extra"] = dict(ctx.extra)
-    message = {"spec": spec, "kwargs": kwargs, "ctx": fields, "sys_path": [os.getcwd(), *sys.path]}
+    message: dict[str, Any] = {
+        "spec": spec,
+        "kwargs": kwargs,
+        "ctx": fields,
+        "sys_path": [os.getcwd(), *sys.path],
+    }
+    if files is not None:
+        message.update(files.fds())
     try:
         return orjson.dumps(message, default=repr)
     except TypeError as exc:

@@ -21,6 +21,7 @@ import orjson
 
 from tideflow.errors import StepTimeout
 from tideflow.model.action_schemas import SHELL_CONFIG_SCHEMA
+from tideflow.worker.capture import CURRENT, StepOutput
 from tideflow.worker.executors.base import Executor, StepContext
 from tideflow.worker.executors.config import check_config, seconds
 from tideflow.worker.executors.errors import (
@@ -186,9 +187,10 @@ async def _supervise(
     """Wait for the command and its output; kill its process group on timeout or cancel."""
     assert proc.stdout is not None
     assert proc.stderr is not None
+    written = CURRENT.get()  # the attempt's output (worker/capture.py): the streams too
     readers = [
-        asyncio.create_task(_drain(proc.stdout, out)),
-        asyncio.create_task(_drain(proc.stderr, err)),
+        asyncio.create_task(_drain(proc.stdout, out, written, "stdout")),
+        asyncio.create_task(_drain(proc.stderr, err, written, "stderr")),
     ]
     finished = False
     try:
@@ -210,9 +212,13 @@ async def _supervise(
         close_transport(proc)
 
 
-async def _drain(stream: asyncio.StreamReader, capture: _Capture) -> None:
+async def _drain(
+    stream: asyncio.StreamReader, capture: _Capture, written: StepOutput | None, name: str
+) -> None:
     while chunk := await stream.read(READ_CHUNK):
         capture.add(chunk)
+        if written is not None:
+            written.add(name, chunk)
 
 
 async def _feed(proc: asyncio.subprocess.Process, data: bytes | None) -> None:
