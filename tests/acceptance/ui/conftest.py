@@ -148,3 +148,16 @@ def ui(tmp_path: Path) -> Iterator[tuple[Served, str]]:
         yield served, line.split("open ", 1)[1].strip()
     finally:
         served.stop()
+
+
+def opened_as_admin(browser: Any, link: str) -> tuple[Any, str, list[str]]:
+    """A page of the `tideflow ui` behind ``link`` (its one-time login link), signed in as
+    the local admin: ``(page, the server's base URL, the page's JavaScript errors)``."""
+    from playwright.sync_api import expect
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(link)
+    expect(page.locator("#me")).to_contain_text("admin")
+    return page, link.split("/ui/", 1)[0], errors

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.acceptance.ui.conftest import ROOT, Served, serve, tideflow
+from tests.acceptance.ui.conftest import ROOT, Served, opened_as_admin, serve, tideflow
 
 pytestmark = pytest.mark.slow
 
@@ -96,12 +96,7 @@ def test_a_moderation_run_is_seen_waiting_signalled_and_finished(
     from playwright.sync_api import expect
 
     served, link = ui
-    base = link.split("/ui/", 1)[0]
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(link)
-    expect(page.locator("#me")).to_contain_text("admin")
+    page, base, errors = opened_as_admin(browser, link)
     post(page, base, "/definitions", MODERATION, yaml=True)
     text = "You idiot, that harbour photo is lovely"  # toxicity 0.5: a moderator must look
     started = post(page, base, "/runs", {"workflow": "content-moderation",

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from tests.acceptance.ui.conftest import ROOT, Served
+from tests.acceptance.ui.conftest import ROOT, Served, opened_as_admin
 from tests.acceptance.ui.test_ui_browser import expect_step, fill_of, keep, post
 
 pytestmark = pytest.mark.slow
@@ -23,12 +23,7 @@ def test_a_compensated_saga_shows_its_compensations_in_the_graph_and_the_timelin
     from playwright.sync_api import expect
 
     _, link = ui
-    base = link.split("/ui/", 1)[0]
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(link)
-    expect(page.locator("#me")).to_contain_text("admin")
+    page, base, errors = opened_as_admin(browser, link)
     post(page, base, "/definitions", SAGA, yaml=True)
     order = {"order_id": "A2", "amount": 30, "fail_shipping": True}
     run_id = post(page, base, "/runs", {"workflow": "order-saga", "input": order})["run_id"]

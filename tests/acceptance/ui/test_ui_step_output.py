@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.acceptance.ui.conftest import Served
+from tests.acceptance.ui.conftest import Served, opened_as_admin
 from tests.acceptance.ui.test_ui_browser import expect_step, keep, post
 
 pytestmark = pytest.mark.slow
@@ -28,12 +28,7 @@ def test_the_step_panel_shows_what_the_step_wrote(
     from playwright.sync_api import expect
 
     _, link = ui
-    base = link.split("/ui/", 1)[0]
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(link)
-    expect(page.locator("#me")).to_contain_text("admin")
+    page, base, errors = opened_as_admin(browser, link)
     post(page, base, "/definitions", FLOW, yaml=True)
     run_id = post(page, base, "/runs", {"workflow": "chatty-shell", "input": {}})["run_id"]
     page.goto(f"{base}/ui/#/runs/{run_id}")
