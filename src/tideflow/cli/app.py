@@ -7,13 +7,14 @@ cannot be opened, or a run that is not in the store; 130 interrupted (Ctrl-C).
 
 Commands: `run` (cli/run.py), `validate`, `graph` (cli/validate.py), `executors list`
 (cli/executors.py), `resume`, `runs …` (cli/runs.py, cli/resume.py), `db …` (cli/db.py),
-`tokens …` (cli/tokens.py) and the others of ``COMMANDS``.
+`tokens …` (cli/tokens.py) and the others of ``COMMANDS`` (cli/root.py, the root's
+table: its help, options and commands).
 
-The command starts fast (docs/operations.md, "A fast CLI"): ``--version`` is answered
-before this module is imported (cli/main.py); the root group (``LazyGroup``) lists its commands
-from ``COMMANDS`` and imports a command's module, and builds its click command, only
-when that command is looked up; a command's options are converted without pydantic
-when they can be (cli/params.py).
+The command starts fast (docs/operations.md, "A fast CLI"): ``--version`` and the root
+help are answered before this module is imported (cli/main.py, cli/root_help.py); the
+root group (``LazyGroup``) lists its commands from ``COMMANDS`` and imports a command's
+module, and builds its click command, only when that command is looked up; a command's
+options are converted without pydantic when they can be (cli/params.py).
 """
 
 from __future__ import annotations
@@ -30,77 +31,7 @@ import typer.models
 from typer._click import Command, Context, HelpFormatter
 
 from tideflow.cli.main import VERSION
-
-COMMANDS: dict[str, tuple[str, str]] = {
-    # name: (module:attribute, the first paragraph of the command's help)
-    "resume": (
-        "tideflow.cli.resume:resume_cmd",
-        "Resume every unfinished run in the store and wait until they all end.",
-    ),
-    "server": (
-        "tideflow.cli.cluster:server_cmd",
-        "Run one of a cluster's engines: scheduler, relay, timers and recovery, no workers.",
-    ),
-    "worker": (
-        "tideflow.cli.cluster:worker_cmd",
-        "Run a worker pool on a cluster's bus: execute the tasks of its queues.",
-    ),
-    "ui": (
-        "tideflow.cli.ui:ui_cmd",
-        "Serve the web UI for a local store, running its engine and workers here.",
-    ),
-    "queues": (
-        "tideflow.cli.queues:queues_cmd",
-        "Show the task queues of a cluster's bus: per queue and priority, the tasks\n"
-        "waiting (depth), delivered and not settled (held), the age of the oldest\n"
-        "waiting one, and the workers reading the queue (consumers); then the workers,\n"
-        "each with the queues it reads and its last heartbeat (a worker whose process\n"
-        "died is listed as stopped, with the time its heartbeat stopped, for a day).",
-    ),
-    "validate": (
-        "tideflow.cli.validate:validate_cmd",
-        "Check definitions without running them: every problem of each, at once.",
-    ),
-    "graph": (
-        "tideflow.cli.validate:graph_cmd",
-        "Print the workflow's graph as Mermaid (default) or Graphviz DOT.",
-    ),
-    "run": (
-        "tideflow.cli.run:run_cmd",
-        "Run a workflow embedded (in-process bus and workers) and print its output.",
-    ),
-    "executors": (
-        "tideflow.cli.executors:executors_app",
-        "Inspect the executors (step types run by workers).",
-    ),
-    "runs": (
-        "tideflow.cli.runs:runs_app",
-        "List, inspect, cancel, signal, retry and resume the runs kept in a store.",
-    ),
-    "db": (
-        "tideflow.cli.db:db_app",
-        "Manage a store: schema migrations (upgrade, status) and retention (prune).",
-    ),
-    "definitions": (
-        "tideflow.cli.definitions:definitions_app",
-        "Register, list and show workflow definitions kept in a store.",
-    ),
-    "tokens": (
-        "tideflow.cli.tokens:tokens_app",
-        "Create, list and revoke the API tokens of a store (roles viewer, operator, admin).",
-    ),
-    "schedules": (
-        "tideflow.cli.schedules:schedules_app",
-        "List, create, pause, resume, trigger and delete the schedules of workflows.",
-    ),
-    "events": (
-        "tideflow.cli.events:events_app",
-        "The events the gateway kept as unmatched (the dead letter): list and replay them.",
-    ),
-}
-"""Every command of `tideflow`, in the order its help lists them. The help text is what
-`tideflow --help` shows without importing the command (tests/unit/cli/test_lazy_commands.py
-keeps it equal to the command's own)."""
+from tideflow.cli.root import COMMANDS, HELP, PROG, VERSION_OPTION
 
 
 def build_command(name: str, group: typer.core.TyperGroup) -> Command:
@@ -194,8 +125,8 @@ class LazyGroup(typer.core.TyperGroup):
 
 
 app = typer.Typer(
-    name="tideflow",
-    help="tideflow: a durable, event-driven workflow engine.",
+    name=PROG,
+    help=HELP,
     cls=LazyGroup,
     no_args_is_help=True,
     add_completion=False,
@@ -215,11 +146,11 @@ def _root(
     version: Annotated[
         bool,
         typer.Option(
-            "--version",
-            "-V",
+            VERSION_OPTION.long,
+            VERSION_OPTION.short,
             callback=_print_version,
             is_eager=True,
-            help="Print the installed version and exit.",
+            help=VERSION_OPTION.help,
         ),
     ] = False,
 ) -> None:

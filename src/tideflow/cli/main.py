@@ -1,6 +1,8 @@
 """The `tideflow` command's entry point (``[project.scripts]``), kept light: ``tideflow
---version`` is answered here without importing typer, rich or any command; everything
-else goes to the typer app of cli/app.py (``app``, also importable from here).
+--version`` is answered here without importing typer, rich or any command, and the root
+help (``tideflow --help``, ``tideflow`` alone) from the root's table (cli/root.py) with
+rich alone (cli/root_help.py); everything else goes to the typer app of cli/app.py
+(``app``, also importable from here).
 
 Exit codes: 0 success; 1 the run ended in any state but `succeeded`, or
 `validate` found errors; 2 a usage error, a definition that does not compile,
@@ -10,32 +12,41 @@ cannot be opened, or a run that is not in the store; 130 interrupted (Ctrl-C).
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
 import tideflow
+from tideflow.cli.root import PROG, VERSION_OPTION
 
 if TYPE_CHECKING:
     from tideflow.cli.app import app as app
 
-VERSION = f"tideflow {tideflow.__version__}"
+VERSION = f"{PROG} {tideflow.__version__}"
 """What ``--version`` prints: the installed distribution's version
 (tests/unit/cli/test_cli_imports.py keeps the two equal; importlib.metadata would cost
 more than the rest of ``--version``)."""
 
-_VERSION_FLAGS = ("--version", "-V")
+_VERSION_FLAGS = (VERSION_OPTION.long, VERSION_OPTION.short)
 
 
 def main() -> None:
     # --version is the root's only option besides --help, and eager: given first it is
     # answered before anything else is looked at, as click would (cli/app.py has it too,
     # for its help and for the app called directly)
-    if sys.argv[1:2] and sys.argv[1] in _VERSION_FLAGS:
+    argv = sys.argv[1:]
+    if argv[:1] and argv[0] in _VERSION_FLAGS:
         sys.stdout.write(VERSION + "\n")
         raise SystemExit(0)
+    if argv in ([], ["--help"]):
+        from tideflow.cli.root_help import answer
+
+        status = answer(argv, os.environ)
+        if status is not None:
+            raise SystemExit(status)
     from tideflow.cli.app import app
 
-    app(prog_name="tideflow")
+    app(prog_name=PROG)
 
 
 def __getattr__(name: str) -> Any:

@@ -1,5 +1,6 @@
 """The `tideflow` command starts fast: `--version` imports neither typer nor rich,
-`--help` lists the commands without importing any command module (cli/app.py), and each
+`--help` lists the commands from a table (cli/root.py) without importing typer, click or
+any command module, and each
 command imports what it uses when it runs: never the engine, nor the libraries only some
 commands need, to start; `runs list` reads a SQLite store with neither the engine nor
 the compiler nor pydantic.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import subprocess
 import sys
 
@@ -48,13 +50,24 @@ HEAVY = (
 )
 
 
-def _imported_by(code: str) -> set[str]:
-    """The modules a fresh interpreter holds after running ``code``."""
+def _imported_by(code: str, **environ: str) -> set[str]:
+    """The modules a fresh interpreter holds after running ``code`` (the environment
+    without the variables that send the root help to typer, plus ``environ``)."""
     probe = f"{code}\nimport sys, json\nprint(json.dumps(sorted(sys.modules)))"
+    env = {k: v for k, v in os.environ.items() if k not in TO_TYPER}
     done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={**env, **environ},
     )
     return set(json.loads(done.stdout.splitlines()[-1]))
+
+
+TO_TYPER = ("TYPER_USE_RICH", "_TIDEFLOW_COMPLETE", "TERMINAL_WIDTH")
+"""Variables under which the root help is typer's to print (cli/root_help.py)."""
 
 
 def _heavy(modules: set[str]) -> list[str]:
@@ -98,15 +111,39 @@ def test_version_is_printed_by_the_command_and_by_the_app() -> None:
     assert done.stdout == answered.stdout == f"tideflow {importlib.metadata.version('tideflow')}\n"
 
 
-LISTING = {"tideflow.cli", "tideflow.cli.main", "tideflow.cli.app", "tideflow.cli.params"}
+LISTING = {"tideflow.cli", "tideflow.cli.main", "tideflow.cli.root", "tideflow.cli.root_help"}
+HELP_HEAVY = ("typer", "click", "rich.markdown", "rich.syntax", "rich.traceback", "pygments")
 
 
 @pytest.mark.parametrize("argv", [["--help"], []])
-def test_help_imports_no_command(argv: list[str]) -> None:
-    """The root help lists every command from cli/app.py's table: no command module."""
+def test_help_imports_neither_typer_nor_click_nor_any_command(argv: list[str]) -> None:
+    """The root help is printed from cli/root.py's table with rich alone
+    (cli/root_help.py): no typer, no click, no command module."""
     modules = _imported_by(_command(argv))
     assert _heavy(modules) == []
+    assert sorted(m for m in modules if any(_within(m, h) for h in HELP_HEAVY)) == []
     assert {m for m in modules if m.startswith("tideflow.cli")} == LISTING
+    assert "rich.console" in modules  # the probe saw the help printed
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_help_typer_must_answer_imports_typer_and_no_command() -> None:
+    """Where typer would print another help (TYPER_USE_RICH set: click's plain one),
+    typer prints it, and it still lists the commands from the table."""
+    modules = _imported_by(_command(["--help"]), TYPER_USE_RICH="0")
+    assert "typer.core" in modules
+    assert _heavy(modules) == []
+    assert {m for m in modules if m.startswith("tideflow.cli")} == {
+        "tideflow.cli",
+        "tideflow.cli.main",
+        "tideflow.cli.root",
+        "tideflow.cli.root_help",
+        "tideflow.cli.app",
+        "tideflow.cli.params",
+    }
 
 
 def test_a_group_help_imports_that_group_alone() -> None:

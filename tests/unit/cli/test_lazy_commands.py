@@ -1,4 +1,4 @@
-"""The root group lists its commands from a static table (cli/app.py ``COMMANDS``) and
+"""The root group lists its commands from a static table (cli/root.py ``COMMANDS``) and
 builds a command when it is looked up; options convert plain values without pydantic
 (cli/params.py). These tests keep the table equal to the commands and the plain
 conversion equal to typer's own."""
@@ -18,9 +18,10 @@ from typer._coercion import build_runtime_param
 from typer.core import TyperArgument, TyperGroup, TyperOption
 from typer.testing import CliRunner
 
-from tideflow.cli.app import COMMANDS, LazyGroup, build_command
+from tideflow.cli.app import LazyGroup, build_command
 from tideflow.cli.main import app
 from tideflow.cli.params import PlainParam
+from tideflow.cli.root import COMMANDS
 
 
 def _root() -> LazyGroup:
