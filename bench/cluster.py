@@ -128,6 +128,11 @@ class Cluster:
     schema: str
     prefix: str
     tmp: Path
+    postgres: str = POSTGRES
+    """The PostgreSQL database the schema is in."""
+    broker: str = ""
+    """The broker's own URL (the bus URL without the prefix and any proxy): where the
+    prefix is deleted from at the end."""
     procs: list[Proc] = field(default_factory=list)
 
     def spawn(self, name: str, args: list[str]) -> Proc:
@@ -142,11 +147,14 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
-    async def server(self, store: str | None = None) -> Proc:
-        """A `tideflow server` (on ``store``, another URL of the same store, if given)."""
-        args = ["server"] + (["--store", store] if store else [])
+    async def server(self, store: str | None = None, extra: Sequence[str] = ()) -> Proc:
+        """A `tideflow server` (on ``store``, another URL of the same store, if given;
+        ``extra``: more of its options, such as ``--http``)."""
+        args = ["server"] + (["--store", store] if store else []) + list(extra)
         proc = self.spawn("server", args)
         await proc.wait_log("serving:")
+        if "--http" in extra:
+            await proc.wait_log("HTTP API listening on")
         return proc
 
     async def worker(self, concurrency: int, prefetch: int) -> Proc:
@@ -180,7 +188,7 @@ async def _drop(cluster: Cluster) -> None:
     import asyncpg
 
     try:
-        conn = await asyncpg.connect(POSTGRES)
+        conn = await asyncpg.connect(cluster.postgres)
         try:
             await conn.execute(f'DROP SCHEMA IF EXISTS "{cluster.schema}" CASCADE')
         finally:
@@ -191,7 +199,7 @@ async def _drop(cluster: Cluster) -> None:
         if cluster.bus_kind == "redis":
             import redis.asyncio as aioredis
 
-            client = aioredis.from_url(BUSES["redis"])
+            client = aioredis.from_url(cluster.broker or BUSES["redis"])
             try:
                 keys = [k async for k in client.scan_iter(match=f"{cluster.prefix}:*", count=1000)]
                 for i in range(0, len(keys), 1000):
@@ -238,26 +246,37 @@ async def cluster(
     server_store: str | None = None,
     bus_base: str | None = None,
     keep_logs: bool = False,
+    servers: Sequence[Sequence[str]] = ((),),
+    postgres: str = POSTGRES,
+    broker: str | None = None,
 ) -> AsyncIterator[Cluster]:
     """A running cluster in a fresh schema and bus prefix, removed on exit.
     ``server_store``: the server's own store URL, ``{schema}`` in it replaced by the
     cluster's schema; ``bus_base``: the broker's URL for every process (both: proxies
-    in front of PostgreSQL and the broker, for bench/idle.py)."""
+    in front of PostgreSQL and the broker, for bench/idle.py). ``servers``: one server
+    per item, each with those options besides (``--http``); ``postgres``/``broker``: the database and broker instead of $TIDEFLOW_BENCH_*
+    (bench/scale.py's own)."""
     token = f"{os.getpid()}_{uuid.uuid4().hex[:8]}"
     schema, prefix = f"cbench_{token}", f"cbench_{token}"
-    store = f"{POSTGRES}{'&' if '?' in POSTGRES else '?'}schema={schema}"
+    store = f"{postgres}{'&' if '?' in postgres else '?'}schema={schema}"
     tmp = Path(tempfile.mkdtemp(prefix="tideflow-cbench-"))
+    broker = broker or BUSES[bus_kind]
     running = Cluster(
         bus_kind=bus_kind,
         store=store,
-        bus=_bus_url(bus_kind, bus_base or BUSES[bus_kind], prefix),
+        bus=_bus_url(bus_kind, bus_base or broker, prefix),
         schema=schema,
         prefix=prefix,
         tmp=tmp,
+        postgres=postgres,
+        broker=broker,
     )
     failed = True
     try:
-        await running.server(server_store.format(schema=schema) if server_store else None)
+        for extra in servers:
+            await running.server(
+                server_store.format(schema=schema) if server_store else None, extra
+            )
         for _ in range(workers):
             await running.worker(concurrency, prefetch)
         yield running
@@ -341,6 +360,12 @@ def quantile(values: Sequence[float], q: int) -> float:
 def dispatch_latencies(plan: Plan, history: Sequence[Any]) -> list[float]:
     """Seconds from the latest upstream completion to the start, for each step of one run
     with upstream steps (first attempts only; the bench's steps never fail)."""
+    return [latency for _, latency in dispatches(plan, history)]
+
+
+def dispatches(plan: Plan, history: Sequence[Any]) -> list[tuple[float, float]]:
+    """(start time, dispatch latency in seconds) of each step of one run with upstream
+    steps: ``dispatch_latencies`` with the time each dispatch ended, for windows."""
     completed: dict[str, float] = {}
     started: dict[str, float] = {}
     for entry in history:
@@ -355,12 +380,12 @@ def dispatch_latencies(plan: Plan, history: Sequence[Any]) -> list[float]:
             completed[key] = float(event["time"])
             if event.get("started_at") is not None:
                 started.setdefault(key, float(event["started_at"]))
-    out = []
+    out: list[tuple[float, float]] = []
     for step_id, spec in plan.specs.items():
         if not spec.depends_on or step_id not in started:
             continue
         ready = max(completed[d] for d in spec.depends_on)
-        out.append(started[step_id] - ready)
+        out.append((started[step_id], started[step_id] - ready))
     return out
 
 
