@@ -222,7 +222,10 @@ async def _drop(cluster: Cluster) -> None:
         print(f"could not delete bus prefix {cluster.prefix}: {exc}", file=sys.stderr)
 
 
-async def interruptible(work: Coroutine[Any, Any, int]) -> int:
+INTERRUPTED = "interrupted: processes stopped, schema and bus prefix removed"
+
+
+async def interruptible(work: Coroutine[Any, Any, int], said: str = INTERRUPTED) -> int:
     """``work``, cancelled (and so cleaned up) by SIGTERM as by Ctrl-C; 130 then."""
     task = asyncio.ensure_future(work)
     loop = asyncio.get_running_loop()
@@ -230,10 +233,20 @@ async def interruptible(work: Coroutine[Any, Any, int]) -> int:
     try:
         return await task
     except asyncio.CancelledError:
-        print("interrupted: processes stopped, schema and bus prefix removed", file=sys.stderr)
+        print(said, file=sys.stderr)
         return 130
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
+
+
+def run_interruptible(work: Coroutine[Any, Any, int], said: str = INTERRUPTED) -> int:
+    """A bench script's exit status: ``work`` run to its end, or 130 after SIGTERM or
+    Ctrl-C, once it has cleaned up (``said`` says what was removed)."""
+    try:
+        return asyncio.run(interruptible(work, said))
+    except KeyboardInterrupt:
+        print(said, file=sys.stderr)
+        return 130
 
 
 @contextlib.asynccontextmanager
@@ -546,11 +559,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--repeat, --workers, --concurrency and --runs must be at least 1")
     if args.warmup < 0:
         parser.error("--warmup must be 0 or more")
-    try:
-        return asyncio.run(interruptible(bench(args)))
-    except KeyboardInterrupt:
-        print("interrupted: processes stopped, schema and bus prefix removed", file=sys.stderr)
-        return 130
+    return run_interruptible(bench(args))
 
 
 if __name__ == "__main__":

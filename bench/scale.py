@@ -81,9 +81,9 @@ from cluster import (  # noqa: E402
     Row,
     cluster,
     dispatches,
-    interruptible,
     measure,
     quantile,
+    run_interruptible,
 )
 from run import chain, random_dag  # noqa: E402
 
@@ -192,9 +192,8 @@ class PgLog:
         if self.problem:
             return {"method": method, "error": self.problem}
         tag = f"@{self.database} "
-        slow: list[tuple[float, str]] = []
-        fast_durations: list[float] = []
-        named = True  # the last slow statement's text is more than its leading comment
+        logged: list[tuple[float, str]] = []  # (ms, the statement's first line of SQL)
+        named = True  # the last statement's text is more than its leading comment
         with self.path.open("rb") as f:
             f.seek(start)
             for raw in f:
@@ -202,56 +201,60 @@ class PgLog:
                 if line.startswith("\t"):  # a multi-line statement goes on
                     text = line.strip()
                     if not named and text and not text.startswith("--"):
-                        slow[-1], named = (slow[-1][0], text[:100]), True
+                        logged[-1], named = (logged[-1][0], text[:100]), True
                     continue
                 found = self.LINE.search(line) if tag in line else None
                 if found is None:
                     named = True  # another line: what goes on is not that statement's
                     continue
-                ms = float(found.group(1))
-                if ms >= SLOW_MS:
-                    text = found.group(2).strip()
-                    slow.append((ms, text[:100]))
-                    named = bool(text) and not text.startswith("--")
-                else:
-                    fast_durations.append(ms)
-        fast = len(fast_durations)
-        estimated = round(fast / self.rate) + len(slow)
+                text = found.group(2).strip()
+                logged.append((float(found.group(1)), text[:100]))
+                named = bool(text) and not text.startswith("--")
+        fast = [ms for ms, _ in logged if ms < SLOW_MS]
+        slow = [ms for ms, _ in logged if ms >= SLOW_MS]
+        estimated = round(len(fast) / self.rate) + len(slow)
+        p99 = self._p99(fast, slow)
         out: dict[str, Any] = {
             "method": method,
             "slow_count": len(slow),
-            "sampled": fast,
+            "sampled": len(fast),
             "statements_estimated": estimated,
             "slow_share": round(len(slow) / estimated, 5) if estimated else None,
-            "p99_ms": None,
-            "p99_under_10ms": None,
+            "p99_ms": p99,
+            "p99_under_10ms": None if p99 is None else p99 < SLOW_MS,
         }
-        if fast < MIN_SAMPLED:
+        if p99 is None:
             out["p99_note"] = (
-                f"{fast} statements under {SLOW_MS:g} ms sampled: too few to estimate a p99 "
-                f"(at least {MIN_SAMPLED}; raise --pg-sample)"
+                f"{len(fast)} statements under {SLOW_MS:g} ms sampled: too few to estimate a "
+                f"p99 (at least {MIN_SAMPLED}; raise --pg-sample)"
             )
-        else:
-            # weighted p99: each sampled statement under 10 ms stands for 1/rate of them
-            rank = 0.99 * estimated
-            weight = 1 / self.rate
-            ordered = sorted(fast_durations)
-            if rank <= len(ordered) * weight:
-                p99 = ordered[min(len(ordered) - 1, int(rank / weight))]
-            else:
-                slow_sorted = sorted(ms for ms, _ in slow)
-                index = int(rank - len(ordered) * weight)
-                p99 = slow_sorted[min(len(slow_sorted) - 1, index)]
-            out["p99_ms"] = round(p99, 2)
-            out["p99_under_10ms"] = p99 < SLOW_MS
-        worst: dict[str, list[float]] = {}
-        for ms, text in slow:
-            worst.setdefault(text, []).append(ms)
+        by_text: dict[str, tuple[list[float], list[float]]] = {}
+        for ms, text in logged:
+            fast_slow = by_text.setdefault(text, ([], []))
+            fast_slow[ms >= SLOW_MS].append(ms)
         out["slowest"] = [
-            {"statement": text, "count": len(mss), "max_ms": round(max(mss), 1)}
-            for text, mss in sorted(worst.items(), key=lambda kv: -len(kv[1]))[:5]
-        ]
+            {
+                "statement": text,
+                "count": len(slow_ms),
+                "max_ms": round(max(slow_ms), 1),
+                "estimated": round(len(fast_ms) / self.rate) + len(slow_ms),
+                "p99_ms": self._p99(fast_ms, slow_ms),
+            }
+            for text, (fast_ms, slow_ms) in sorted(by_text.items(), key=lambda kv: -len(kv[1][1]))
+            if slow_ms
+        ][:5]
         return out
+
+    def _p99(self, fast: Sequence[float], slow: Sequence[float]) -> float | None:
+        """The p99 of statements whose sample under 10 ms is ``fast`` (each standing for
+        1/rate of them) and whose every one over it is ``slow``; None from too few."""
+        if len(fast) < MIN_SAMPLED:
+            return None
+        weight = 1 / self.rate
+        rank = 0.99 * (len(fast) * weight + len(slow))
+        if rank <= len(fast) * weight:
+            return round(sorted(fast)[min(len(fast) - 1, int(rank / weight))], 2)
+        return round(sorted(slow)[min(len(slow) - 1, int(rank - len(fast) * weight))], 2)
 
 
 # -- reading the cluster -----------------------------------------------------------
@@ -719,7 +722,8 @@ def show(report: dict[str, Any], as_json: bool) -> None:
         )
         for slow in pg["slowest"][:3]:
             lines.append(
-                f"    {slow['count']} x (max {slow['max_ms']} ms) {slow['statement'][:70]}"
+                f"    {slow['count']} of ~{slow['estimated']} >= {SLOW_MS:g} ms (max "
+                f"{slow['max_ms']} ms, p99 {slow['p99_ms']}): {slow['statement'][:60]}"
             )
     if "dag" in report:
         g = report["dag"]
@@ -791,11 +795,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--dag-runs and --w1-warmup must be 0 or more, --w1-runs at least 1")
     if not 0 < args.pg_sample <= 1 or args.sample_interval <= 0 or args.settle < 0:
         parser.error("--pg-sample must be in (0, 1], --sample-interval > 0, --settle >= 0")
-    try:
-        return asyncio.run(interruptible(bench(args)))
-    except KeyboardInterrupt:
-        print("interrupted: processes, brokers and the database removed", file=sys.stderr)
-        return 130
+    return run_interruptible(
+        bench(args), "interrupted: processes, broker, data and database removed"
+    )
 
 
 if __name__ == "__main__":
