@@ -95,8 +95,9 @@ from tideflow.testing.brokers import PrivateBroker, free_port  # noqa: E402
 KINDS = ("redis", "nats")
 PG_LOG = "/var/log/postgresql/postgresql-15-main.log"
 SLOW_MS = 10.0
-MIN_SAMPLED = 100
-"""Sampled statements a p99 is estimated from, at least."""
+MIN_LOGGED = 100
+"""Logged statements (sampled under 10 ms, and every slower one) a p99 is estimated from,
+at least."""
 MIB = 2**20
 PAGE = os.sysconf("SC_PAGE_SIZE")
 TERMINAL = ("succeeded", "failed", "cancelled", "timed_out")
@@ -225,8 +226,8 @@ class PgLog:
         }
         if p99 is None:
             out["p99_note"] = (
-                f"{len(fast)} statements under {SLOW_MS:g} ms sampled: too few to estimate a "
-                f"p99 (at least {MIN_SAMPLED}; raise --pg-sample)"
+                f"{len(fast) + len(slow)} statements logged: too few to estimate a p99 (at "
+                f"least {MIN_LOGGED}; raise --pg-sample)"
             )
         by_text: dict[str, tuple[list[float], list[float]]] = {}
         for ms, text in logged:
@@ -248,11 +249,11 @@ class PgLog:
     def _p99(self, fast: Sequence[float], slow: Sequence[float]) -> float | None:
         """The p99 of statements whose sample under 10 ms is ``fast`` (each standing for
         1/rate of them) and whose every one over it is ``slow``; None from too few."""
-        if len(fast) < MIN_SAMPLED:
+        if len(fast) + len(slow) < MIN_LOGGED:
             return None
         weight = 1 / self.rate
         rank = 0.99 * (len(fast) * weight + len(slow))
-        if rank <= len(fast) * weight:
+        if fast and rank <= len(fast) * weight:
             return round(sorted(fast)[min(len(fast) - 1, int(rank / weight))], 2)
         return round(sorted(slow)[min(len(slow) - 1, int(rank - len(fast) * weight))], 2)
 
