@@ -182,19 +182,29 @@ def _bus_url(kind: str, base: str, prefix: str) -> str:
     return f"{base}{'&' if '?' in base else '?'}prefix={prefix}"
 
 
-async def _drop(cluster: Cluster) -> None:
-    """Drop the schema and the bus prefix (each step on its own: one failing does not
-    leave the others behind)."""
+async def execute_or_say(dsn: str, sql: str, failed: str) -> None:
+    """``sql`` on a connection of its own; an error is said on stderr after ``failed``,
+    not raised (a cleanup step: the next ones still run)."""
     import asyncpg
 
     try:
-        conn = await asyncpg.connect(cluster.postgres)
+        conn = await asyncpg.connect(dsn)
         try:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{cluster.schema}" CASCADE')
+            await conn.execute(sql)
         finally:
             await conn.close()
     except Exception as exc:
-        print(f"could not drop schema {cluster.schema}: {exc}", file=sys.stderr)
+        print(f"{failed}: {exc}", file=sys.stderr)
+
+
+async def _drop(cluster: Cluster) -> None:
+    """Drop the schema and the bus prefix (each step on its own: one failing does not
+    leave the others behind)."""
+    await execute_or_say(
+        cluster.postgres,
+        f'DROP SCHEMA IF EXISTS "{cluster.schema}" CASCADE',
+        f"could not drop schema {cluster.schema}",
+    )
     try:
         if cluster.bus_kind == "redis":
             import redis.asyncio as aioredis

@@ -81,6 +81,7 @@ from cluster import (  # noqa: E402
     Row,
     cluster,
     dispatches,
+    execute_or_say,
     measure,
     quantile,
     run_interruptible,
@@ -154,14 +155,9 @@ async def scratch_database(base: str, name: str, sample_rate: float) -> AsyncIte
     try:
         yield _database_url(base, name)
     finally:
-        try:
-            admin = await asyncpg.connect(base)
-            try:
-                await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            finally:
-                await admin.close()
-        except Exception as exc:
-            print(f"could not drop database {name}: {exc}", file=sys.stderr)
+        await execute_or_say(
+            base, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', f"could not drop {name}"
+        )
 
 
 class PgLog:
