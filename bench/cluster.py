@@ -128,6 +128,11 @@ class Cluster:
     schema: str
     prefix: str
     tmp: Path
+    postgres: str = POSTGRES
+    """The PostgreSQL database the schema is in."""
+    broker: str = ""
+    """The broker's own URL (the bus URL without the prefix and any proxy): where the
+    prefix is deleted from at the end."""
     procs: list[Proc] = field(default_factory=list)
 
     def spawn(self, name: str, args: list[str]) -> Proc:
@@ -142,11 +147,14 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
-    async def server(self, store: str | None = None) -> Proc:
-        """A `tideflow server` (on ``store``, another URL of the same store, if given)."""
-        args = ["server"] + (["--store", store] if store else [])
+    async def server(self, store: str | None = None, extra: Sequence[str] = ()) -> Proc:
+        """A `tideflow server` (on ``store``, another URL of the same store, if given;
+        ``extra``: more of its options, such as ``--http``)."""
+        args = ["server"] + (["--store", store] if store else []) + list(extra)
         proc = self.spawn("server", args)
         await proc.wait_log("serving:")
+        if "--http" in extra:
+            await proc.wait_log("HTTP API listening on")
         return proc
 
     async def worker(self, concurrency: int, prefetch: int) -> Proc:
@@ -174,24 +182,34 @@ def _bus_url(kind: str, base: str, prefix: str) -> str:
     return f"{base}{'&' if '?' in base else '?'}prefix={prefix}"
 
 
-async def _drop(cluster: Cluster) -> None:
-    """Drop the schema and the bus prefix (each step on its own: one failing does not
-    leave the others behind)."""
+async def execute_or_say(dsn: str, sql: str, failed: str) -> None:
+    """``sql`` on a connection of its own; an error is said on stderr after ``failed``,
+    not raised (a cleanup step: the next ones still run)."""
     import asyncpg
 
     try:
-        conn = await asyncpg.connect(POSTGRES)
+        conn = await asyncpg.connect(dsn)
         try:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{cluster.schema}" CASCADE')
+            await conn.execute(sql)
         finally:
             await conn.close()
     except Exception as exc:
-        print(f"could not drop schema {cluster.schema}: {exc}", file=sys.stderr)
+        print(f"{failed}: {exc}", file=sys.stderr)
+
+
+async def _drop(cluster: Cluster) -> None:
+    """Drop the schema and the bus prefix (each step on its own: one failing does not
+    leave the others behind)."""
+    await execute_or_say(
+        cluster.postgres,
+        f'DROP SCHEMA IF EXISTS "{cluster.schema}" CASCADE',
+        f"could not drop schema {cluster.schema}",
+    )
     try:
         if cluster.bus_kind == "redis":
             import redis.asyncio as aioredis
 
-            client = aioredis.from_url(BUSES["redis"])
+            client = aioredis.from_url(cluster.broker or BUSES["redis"])
             try:
                 keys = [k async for k in client.scan_iter(match=f"{cluster.prefix}:*", count=1000)]
                 for i in range(0, len(keys), 1000):
@@ -214,7 +232,10 @@ async def _drop(cluster: Cluster) -> None:
         print(f"could not delete bus prefix {cluster.prefix}: {exc}", file=sys.stderr)
 
 
-async def interruptible(work: Coroutine[Any, Any, int]) -> int:
+INTERRUPTED = "interrupted: processes stopped, schema and bus prefix removed"
+
+
+async def interruptible(work: Coroutine[Any, Any, int], said: str = INTERRUPTED) -> int:
     """``work``, cancelled (and so cleaned up) by SIGTERM as by Ctrl-C; 130 then."""
     task = asyncio.ensure_future(work)
     loop = asyncio.get_running_loop()
@@ -222,10 +243,20 @@ async def interruptible(work: Coroutine[Any, Any, int]) -> int:
     try:
         return await task
     except asyncio.CancelledError:
-        print("interrupted: processes stopped, schema and bus prefix removed", file=sys.stderr)
+        print(said, file=sys.stderr)
         return 130
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
+
+
+def run_interruptible(work: Coroutine[Any, Any, int], said: str = INTERRUPTED) -> int:
+    """A bench script's exit status: ``work`` run to its end, or 130 after SIGTERM or
+    Ctrl-C, once it has cleaned up (``said`` says what was removed)."""
+    try:
+        return asyncio.run(interruptible(work, said))
+    except KeyboardInterrupt:
+        print(said, file=sys.stderr)
+        return 130
 
 
 @contextlib.asynccontextmanager
@@ -238,26 +269,37 @@ async def cluster(
     server_store: str | None = None,
     bus_base: str | None = None,
     keep_logs: bool = False,
+    servers: Sequence[Sequence[str]] = ((),),
+    postgres: str = POSTGRES,
+    broker: str | None = None,
 ) -> AsyncIterator[Cluster]:
     """A running cluster in a fresh schema and bus prefix, removed on exit.
     ``server_store``: the server's own store URL, ``{schema}`` in it replaced by the
     cluster's schema; ``bus_base``: the broker's URL for every process (both: proxies
-    in front of PostgreSQL and the broker, for bench/idle.py)."""
+    in front of PostgreSQL and the broker, for bench/idle.py). ``servers``: one server
+    per item, each with those options besides (``--http``); ``postgres``/``broker``: the database and broker instead of $TIDEFLOW_BENCH_*
+    (bench/scale.py's own)."""
     token = f"{os.getpid()}_{uuid.uuid4().hex[:8]}"
     schema, prefix = f"cbench_{token}", f"cbench_{token}"
-    store = f"{POSTGRES}{'&' if '?' in POSTGRES else '?'}schema={schema}"
+    store = f"{postgres}{'&' if '?' in postgres else '?'}schema={schema}"
     tmp = Path(tempfile.mkdtemp(prefix="tideflow-cbench-"))
+    broker = broker or BUSES[bus_kind]
     running = Cluster(
         bus_kind=bus_kind,
         store=store,
-        bus=_bus_url(bus_kind, bus_base or BUSES[bus_kind], prefix),
+        bus=_bus_url(bus_kind, bus_base or broker, prefix),
         schema=schema,
         prefix=prefix,
         tmp=tmp,
+        postgres=postgres,
+        broker=broker,
     )
     failed = True
     try:
-        await running.server(server_store.format(schema=schema) if server_store else None)
+        for extra in servers:
+            await running.server(
+                server_store.format(schema=schema) if server_store else None, extra
+            )
         for _ in range(workers):
             await running.worker(concurrency, prefetch)
         yield running
@@ -341,6 +383,12 @@ def quantile(values: Sequence[float], q: int) -> float:
 def dispatch_latencies(plan: Plan, history: Sequence[Any]) -> list[float]:
     """Seconds from the latest upstream completion to the start, for each step of one run
     with upstream steps (first attempts only; the bench's steps never fail)."""
+    return [latency for _, latency in dispatches(plan, history)]
+
+
+def dispatches(plan: Plan, history: Sequence[Any]) -> list[tuple[float, float]]:
+    """(start time, dispatch latency in seconds) of each step of one run with upstream
+    steps: ``dispatch_latencies`` with the time each dispatch ended, for windows."""
     completed: dict[str, float] = {}
     started: dict[str, float] = {}
     for entry in history:
@@ -355,12 +403,12 @@ def dispatch_latencies(plan: Plan, history: Sequence[Any]) -> list[float]:
             completed[key] = float(event["time"])
             if event.get("started_at") is not None:
                 started.setdefault(key, float(event["started_at"]))
-    out = []
+    out: list[tuple[float, float]] = []
     for step_id, spec in plan.specs.items():
         if not spec.depends_on or step_id not in started:
             continue
         ready = max(completed[d] for d in spec.depends_on)
-        out.append(started[step_id] - ready)
+        out.append((started[step_id], started[step_id] - ready))
     return out
 
 
@@ -521,11 +569,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--repeat, --workers, --concurrency and --runs must be at least 1")
     if args.warmup < 0:
         parser.error("--warmup must be 0 or more")
-    try:
-        return asyncio.run(interruptible(bench(args)))
-    except KeyboardInterrupt:
-        print("interrupted: processes stopped, schema and bus prefix removed", file=sys.stderr)
-        return 130
+    return run_interruptible(bench(args))
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from cluster import BUSES, POSTGRES, Cluster, cluster, interruptible  # noqa: E402
+from cluster import BUSES, POSTGRES, Cluster, cluster, run_interruptible  # noqa: E402
 
 from tideflow.client import Client  # noqa: E402
 from tideflow.dsl import compile_definition  # noqa: E402
@@ -350,10 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--runs and --repeat must be at least 1, --idle positive")
     if not (math.isfinite(args.sweep_interval) and args.sweep_interval >= 0):
         parser.error("--sweep-interval must be 0 (no sweep) or a number of seconds")
-    try:
-        return asyncio.run(interruptible(main_async(args)))
-    except KeyboardInterrupt:
-        return 130
+    return run_interruptible(main_async(args))
 
 
 if __name__ == "__main__":

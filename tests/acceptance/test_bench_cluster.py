@@ -1,4 +1,4 @@
-"""bench/cluster.py and bench/idle.py keep working against a real cluster (their numbers
+"""bench/cluster.py, bench/idle.py and bench/scale.py keep working against a real cluster (their numbers
 are read by people, not asserted here)."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -66,3 +67,37 @@ def test_idle_bench_counts_the_sweeps_statements(postgres_url: str, redis_url: s
     implied = result["sql_implied"]
     assert isinstance(implied, dict) and implied["sweep"] >= 3  # a round at least
     assert implied["sweep"] <= implied["sweep_at_most"] and implied["other"] == 0
+
+
+@pytest.mark.slow
+def test_scale_bench_drains_a_burst_and_a_dag_burst_and_reports_every_row(
+    postgres_url: str, redis_url: str
+) -> None:
+    (row,) = _bench(
+        "scale.py",
+        *("--bus", "redis", "--runs", "50", "--dag-runs", "2", "--w1-runs", "20"),
+        *("--w1-warmup", "5", "--settle", "0.5", "--sample-interval", "0.5"),
+    )
+    report: Any = row  # nested JSON: read as it is
+    assert (report["bus"], report["servers"], report["workers"]) == ("redis", 1, 2)
+    assert report["w1"]["workload"] == "W1" and report["w1"]["steps"] == 200
+    burst = report["burst"]
+    assert (burst["runs"], burst["steps"]) == (50, 500)
+    assert burst["statuses"] == {"succeeded": 50} and burst["all_succeeded"] is True
+    assert burst["ratio_to_w1"] > 0 and burst["first_1pct_runs"] == 1
+    # every chained step but the first of each run, in exactly one window of the drain
+    assert sum(w["n"] for w in burst["dispatch"].values()) == 50 * 9
+    assert set(burst["dispatch"]) == {"first_third", "middle_third", "last_third"}
+    assert report["sweep_repairs"] == {"outbox": 0, "schedule_slot": 0, "start": 0, "timer": 0}
+    assert [p["process"] for p in report["rss"]] == ["server-0", "worker-0", "worker-1"]
+    assert all(p["after_warmup_mib"] > 0 and p["after_drain_mib"] > 0 for p in report["rss"])
+    assert set(report["broker"]) == {"used_memory_mib"}
+    assert report["broker"]["used_memory_mib"]["idle"] > 0
+    assert report["database"]["after_mib"] >= report["database"]["before_mib"] > 0
+    statements = report["pg_statements"]
+    assert "error" in statements or statements["slow_count"] >= 0
+    dag = report["dag"]
+    assert dag["statuses"] == {"succeeded": 2} and dag["steps"] == 600
+    assert dag["dispatch_first_10pct"]["n"] == dag["dispatch_last_10pct"]["n"] > 0
+    finished = [s["finished"] for s in report["samples"]]
+    assert finished and finished == sorted(finished)
