@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tideflow.model.events import ErrorInfo
+from tideflow.model.plan import Priority
 from tideflow.model.states import RUN_TERMINAL, RunStatus, StepStatus
 
 TimerKind = Literal[
@@ -170,6 +171,10 @@ class RunState:
     trace: str | None = None
     """The W3C ``traceparent`` of the run's span, fixed when the run was created with
     tracing on (tideflow.observability.tracing); None otherwise. No event changes it."""
+    priority: Priority = Priority.NORMAL
+    """The run's place in its engine's admission queue (runtime/admission.py): pending
+    runs are admitted high before normal before low, then oldest first. Fixed when the
+    run is created."""
 
     @property
     def is_terminal(self) -> bool:
@@ -186,6 +191,7 @@ def new_run_state(
     parent_run_id: str | None = None,
     parent_step_key: str | None = None,
     trace: str | None = None,
+    priority: Priority = Priority.NORMAL,
 ) -> RunState:
     """A pending run; ``RunStarted`` makes it run."""
     return RunState(
@@ -197,4 +203,5 @@ def new_run_state(
         parent_run_id=parent_run_id,
         parent_step_key=parent_step_key,
         trace=trace,
+        priority=priority,
     )

@@ -79,6 +79,7 @@ class Runtime:
         max_run_input: int = storable.MAX_RUN_INPUT,
         interceptors: Sequence[Interceptor] = (),
         run_cache_size: int = DEFAULT_RUN_CACHE_SIZE,
+        max_active_runs: int | None = None,
         lease: bool | None = None,
         lease_ttl: float = DEFAULT_TTL,
         wait_for_engine: float = 0.0,
@@ -95,6 +96,10 @@ class Runtime:
         docs/observability.md); None: no tracing, and OpenTelemetry is not imported.
         ``interceptors`` wrap every attempt the workers run, outermost first (see
         tideflow.worker.interceptors): metrics, tracing, your own policies.
+        ``max_active_runs``: the admission bound (runtime/admission.py): at most this many
+        runs are active at once, the others wait ``pending`` and are admitted by priority,
+        then age; None: a tenth of ``run_cache_size`` (the cache is made to hold at least
+        the bound).
         ``sweep_interval``: seconds between two rounds of the reconciliation sweep
         (runtime/sweep.py; 0 turns it off); only a runtime that recovers (the store's
         engine) sweeps.
@@ -183,6 +188,7 @@ class Runtime:
             new_event_id=self.new_event_id,
             batch_size=batch_size,
             run_cache_size=run_cache_size,
+            max_active_runs=max_active_runs,
             sweep_interval=sweep if recover else 0.0,
             ownership=ownership,
             tracing=self.tracing,

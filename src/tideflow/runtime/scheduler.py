@@ -35,8 +35,10 @@ from tideflow.bus.base import NO_HEADERS, TRACEPARENT, Bus, EventBatch, Headers
 from tideflow.bus.closing import cancel_and_wait
 from tideflow.core.decide import decide
 from tideflow.errors import NotFound
-from tideflow.model.events import EngineFailed, Event
+from tideflow.model.events import EngineFailed, Event, RunRetried, RunStarted
 from tideflow.model.plan import Plan
+from tideflow.model.states import RunStatus
+from tideflow.runtime.admission import Admission
 from tideflow.runtime.commits import Outcome, commit_apart
 from tideflow.runtime.observers import Observers
 from tideflow.runtime.partitions import Ownership
@@ -101,6 +103,11 @@ class Scheduler:
         self._forgetting: asyncio.Task[None] | None = None
         self._stopping = False
         relay.on_relayed = self._forget_soon
+        self.admission: Admission | None = None
+        """The engine's admission bound (runtime/admission.py): a ``RunStarted`` it holds
+        is acknowledged and skipped (the run stays pending), and ``held`` is called once
+        per batch that held any."""
+        self.held: Callable[[], None] = _nothing
         self.spans: BatchSpans | None = None
         """Told of every committed batch with its events' trace headers (tracing on:
         ``ApplySpans``, a span per run per batch); None: nothing, and no header is read."""
@@ -395,14 +402,24 @@ class Scheduler:
         run in memory with its plan is applied without an await (every event's path)."""
         batch: list[AppliedEvent] = []
         failed: set[str] = set()
+        admission = self.admission
+        held = False
         for event in events:
             run_id = event.run_id
             if run_id in failed:
                 continue
+            starting = False
+            if admission is not None and type(event) is RunStarted:
+                if not admission.gate(run_id, event.parent_run_id is not None):
+                    held = True  # acknowledged with the batch; the run stays pending, queued
+                    continue
+                starting = True
             about = logcontext.run_id.set(run_id)  # its log lines are the run's
             try:
                 found = self._cached(run_id) or await self._load(event)
                 if found is None:
+                    if starting and admission is not None:
+                        admission.settle(run_id, False)
                     continue
                 live, plan = found
                 try:
@@ -415,6 +432,11 @@ class Scheduler:
                     )
                     failed.add(run_id)
                     continue
+                if admission is not None and (starting or type(event) is RunRetried):
+                    status = live.state.status
+                    admission.settle(
+                        run_id, status is not RunStatus.PENDING and not live.state.is_terminal
+                    )
                 if decision.changed:
                     self._in_flight.add(run_id)
                     seq, snapshot = live.next_seq()
@@ -433,6 +455,8 @@ class Scheduler:
         if failed:
             batch = [a for a in batch if a.event.run_id not in failed]
             self._in_flight.difference_update(failed)
+        if held:
+            self.held()
         return batch
 
     async def _run_failed(
@@ -536,6 +560,10 @@ class Scheduler:
             )
             return None
         return live, plan
+
+
+def _nothing() -> None:
+    return None
 
 
 async def _next_unless(
