@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from tideflow.errors import InputValidationError
 from tideflow.model.events import ErrorInfo
 from tideflow.model.plan import Priority
 from tideflow.model.states import RUN_TERMINAL, RunStatus, StepStatus
@@ -205,3 +206,17 @@ def new_run_state(
         trace=trace,
         priority=priority,
     )
+
+
+def run_priority(priority: Priority | str | None) -> Priority:
+    """A run's priority as given to ``start`` (None: normal); a clear error for another
+    word."""
+    if priority is None:
+        return Priority.NORMAL
+    try:
+        return Priority(priority)
+    except ValueError:
+        raise InputValidationError(
+            f"priority {priority!r}: give high, normal or low (the run's place in the "
+            "queue of runs waiting to be admitted)"
+        ) from None

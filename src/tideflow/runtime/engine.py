@@ -20,6 +20,7 @@ from tideflow.bus.closing import cancel_and_wait
 from tideflow.client import EngineLink
 from tideflow.model.commands import RunFinished, StartChildRun
 from tideflow.model.events import Event, RunStarted, TaskStarted
+from tideflow.model.plan import Priority
 from tideflow.model.run import RunState
 from tideflow.model.states import RunStatus
 from tideflow.runtime.admission import Admission, Admitter, check_bound, default_bound
@@ -341,7 +342,7 @@ class Engine(EngineLink, Runs):
                 cursor = page.next_cursor
 
     def admission_state(self) -> tuple[int, int]:
-        """``(active, bound)`` of this engine (what `tideflow queues` and `runs why` show)."""
+        """``(active, bound)`` of this engine (what its metrics and `runs why` show)."""
         return len(self.admission.active), self.admission.bound
 
     async def start_child(self, command: StartChildRun) -> RunState:
@@ -352,9 +353,11 @@ class Engine(EngineLink, Runs):
         parent = command.run_id if command.wait else None
         step = command.step_key if command.wait else None
         key = f"child:{command.child_run_id}"
+        parent_run = self.runs.hit(command.run_id)  # a child queues as its parent did
+        priority = Priority.NORMAL if parent_run is None else parent_run.state.priority
         if self.tracing is None:
             run_id, state = await catalog.create(
-                plan, command.child_run_id, key, command.input, parent, step
+                plan, command.child_run_id, key, command.input, parent, step, priority=priority
             )
         else:
             with self.tracing.run_span(
@@ -365,7 +368,14 @@ class Engine(EngineLink, Runs):
                 parent_run_id=command.run_id,
             ) as trace:
                 run_id, state = await catalog.create(
-                    plan, command.child_run_id, key, command.input, parent, step, trace
+                    plan,
+                    command.child_run_id,
+                    key,
+                    command.input,
+                    parent,
+                    step,
+                    trace,
+                    priority=priority,
                 )
         if state is None:
             return await self._live(run_id)

@@ -30,7 +30,7 @@ from tideflow.client import Client
 from tideflow.errors import RuntimeNotStarted
 from tideflow.model import storable
 from tideflow.model.events import Event, TaskStarted
-from tideflow.model.plan import Plan
+from tideflow.model.plan import Plan, Priority
 from tideflow.model.run import RunState
 from tideflow.model.states import RunStatus, SignalOutcome
 from tideflow.runtime import gc_tuning
@@ -368,6 +368,12 @@ class Runtime:
         return frozenset(self._engine.relay.relayed)
 
     @property
+    def admission(self) -> tuple[int, int]:
+        """``(active, bound)``: the runs this engine admitted and that have not ended, and
+        its admission bound (runtime/admission.py)."""
+        return self._engine.admission_state()
+
+    @property
     def pending_effects(self) -> int:
         """Effects of committed batches that failed and are being tried again (the relay)."""
         return self._engine.relay.pending
@@ -386,11 +392,18 @@ class Runtime:
         version: str | None = None,
         run_id: str | None = None,
         idempotency_key: str | None = None,
+        priority: Priority | str | None = None,
     ) -> str:
-        """Start a run and return its id (the existing run's id for a reused idempotency key)."""
+        """Start a run and return its id (the existing run's id for a reused idempotency
+        key); ``priority``: its place in the admission queue (high, normal, low)."""
         self._require_started()
         return await self.client.start(
-            workflow, input, version=version, run_id=run_id, idempotency_key=idempotency_key
+            workflow,
+            input,
+            version=version,
+            run_id=run_id,
+            idempotency_key=idempotency_key,
+            priority=priority,
         )
 
     async def run(self, workflow: str | Plan | Any, input: Any = None, **kwargs: Any) -> RunResult:
