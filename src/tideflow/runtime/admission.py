@@ -254,8 +254,6 @@ class Admitter:
         while (room := book.room) > 0:
             limit = max(PAGE_MIN, 2 * room)
             page = await self._read(limit, after)
-            if page:
-                after = page[-1]
             candidates = [
                 p
                 for p in page
@@ -264,6 +262,12 @@ class Admitter:
                 and (before is None or p.created_at < before)
             ]
             mine = candidates[:room]
+            # read on after what was looked at: the last run admitted when room ran out
+            # before the page did (room may free while it starts), else the whole page
+            if len(candidates) > len(mine):
+                after = mine[-1]
+            elif page:
+                after = page[-1]
             if mine:
                 run_ids = [p.run_id for p in mine]
                 book.reserve(run_ids)
