@@ -41,6 +41,7 @@ import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from tideflow.bus.closing import cancel_and_wait
+from tideflow.model.events import RunStarted
 from tideflow.store.base import PendingRun
 
 log = logging.getLogger("tideflow.admission")
@@ -102,6 +103,8 @@ class Admission:
         self.held = 0
         """How many starts were held so far (the admitter reads it to know whether a
         start was held while it read the queue)."""
+        self.admitting: dict[str, RunStarted] = {}
+        """The starts the admitter is applying: the only ones of their runs that pass."""
 
     @property
     def room(self) -> int:
@@ -110,16 +113,17 @@ class Admission:
     def has_room(self) -> bool:
         return len(self.active) < self.bound
 
-    def gate(self, run_id: str, child: bool) -> bool:
-        """A ``RunStarted`` arrived: True to apply it now (the admitter's own start, a
-        duplicate, a child run: it counts as active from here), False to hold it (the run
-        stays pending; the start only wakes the admitter, which admits in the store's
-        order, whatever order the starts arrived in)."""
-        active = self.active
-        if run_id in active:
+    def gate(self, event: RunStarted) -> bool:
+        """A ``RunStarted`` is about to be applied: True to apply it (the admitter's own,
+        or a child run's: it counts as active from here), False to hold it. A held start
+        changes nothing (the run stays pending, or it started already: a duplicate); it
+        only wakes the admitter, which admits in the store's order, whatever order the
+        starts arrived in, at the time it admits."""
+        run_id = event.run_id
+        if self.admitting.get(run_id) is event:
             return True
-        if child:
-            active.add(run_id)
+        if event.parent_run_id is not None:
+            self.active.add(run_id)
             return True
         self.waiting = True
         self.held += 1

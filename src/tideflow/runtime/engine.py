@@ -311,21 +311,35 @@ class Engine(EngineLink, Runs):
     async def _admit(self, run_ids: list[str]) -> None:
         """Start these runs from the queue (the admitter reserved them as active): one
         batch of fresh ``RunStarted`` events, timed now (a run starts when admitted)."""
-        now = self._clock.now()
-        events: list[Event] = []
+        admission = self.admission
+        states: list[RunState] = []
         for run_id in run_ids:
             try:
                 state = (await self.runs.get(run_id)).state
             except Exception as exc:  # a damaged run must not keep the others from starting
                 log.error("run %s cannot be started: %s: %s", run_id, type(exc).__name__, exc)
-                self.admission.ended(run_id)
+                admission.ended(run_id)
                 continue
             if state.status is not RunStatus.PENDING:  # started or cancelled since the read
-                self.admission.settle(run_id, not state.is_terminal)
+                admission.settle(run_id, not state.is_terminal)
                 continue
-            events.append(started_event(state, now))
-        if events:
-            await self.scheduler.apply(events)
+            states.append(state)
+        now = self._clock.now()  # one admission: one time, after the loads
+        events = [started_event(state, now) for state in states]
+        admitting = admission.admitting
+        for event in events:
+            admitting[event.run_id] = event
+        committed: set[str] = set()
+        try:
+            if events:
+                committed = await self.scheduler.apply(list[Event](events))
+        finally:
+            for event in events:
+                admitting.pop(event.run_id, None)
+        for event in events:  # not committed (the store failed): still queued, read again
+            if event.event_id not in committed:
+                admission.ended(event.run_id)
+                self.admitter.recheck()
 
     async def _count_active(self, owns: Owns) -> None:
         """Count the runs of ``owns`` that are active (started, not ended): at start, and

@@ -410,7 +410,7 @@ class Scheduler:
                 continue
             starting = False
             if admission is not None and type(event) is RunStarted:
-                if not admission.gate(run_id, event.parent_run_id is not None):
+                if not admission.gate(event):
                     held = True  # acknowledged with the batch; the run stays pending, queued
                     continue
                 starting = True

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tideflow.dsl import compile_definition
+from tideflow.model.events import RunStarted
 from tideflow.model.plan import Plan, Priority
 from tideflow.runtime.admission import (
     Admission,
@@ -56,15 +57,21 @@ PARENT = plan(
 # -- the bookkeeping -------------------------------------------------------------------
 
 
-def test_a_start_only_wakes_the_admitter_but_a_child_or_an_admitted_run_goes_at_once() -> None:
+def started(run_id: str, parent: str | None = None) -> RunStarted:
+    return RunStarted(event_id=f"{run_id}:started", run_id=run_id, time=0.0, parent_run_id=parent)
+
+
+def test_a_start_only_wakes_the_admitter_but_its_own_or_a_childs_goes_at_once() -> None:
     book = Admission(2)
-    assert not book.gate("a", child=False)  # held: admitted from the store, in order
+    assert not book.gate(started("a"))  # held: admitted from the store, in order
     assert book.waiting and book.held == 1
     book.reserve(["a"])
-    assert book.gate("a", child=False)  # the admitter's own start
-    assert book.gate("kid", child=True)  # never waits
+    assert not book.gate(started("a"))  # reserved: still only the admitter's own passes
+    own = book.admitting["a"] = started("a")
+    assert book.gate(own)
+    assert book.gate(started("kid", parent="p"))  # never waits
     assert book.active == {"a", "kid"} and book.room == 0
-    assert book.gate("kid2", child=True)  # over the bound: a child still never waits
+    assert book.gate(started("kid2", parent="p"))  # over the bound: a child still never waits
     assert book.room == 0
     book.settle("kid2", False)  # a duplicate of an ended run, a run not stored
     book.ended("a")
@@ -155,7 +162,7 @@ async def test_a_start_held_while_the_admitter_read_keeps_it_reading() -> None:
 
     async def read_then_hold(limit: int, after: PendingRun | None) -> list[PendingRun]:
         page = await real(limit, after)
-        book.gate("late", child=False)  # a start arrives during the read
+        book.gate(started("late"))  # a start arrives during the read
         return page
 
     admitter._read = read_then_hold
