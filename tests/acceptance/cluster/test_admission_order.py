@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -25,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from harness import FLOWS, Cluster  # noqa: E402
+from harness import FLOWS, Cluster, eventually  # noqa: E402
 
 from tideflow import Client  # noqa: E402
 from tideflow.runtime.runtime import Runtime  # noqa: E402
@@ -148,3 +149,22 @@ def test_a_burst_is_admitted_in_order_within_the_bound_by_a_server(cluster: Clus
 
     asyncio.run(drive())
     assert "repaired" not in server.text()  # the sweep had nothing to repair
+
+
+@pytest.mark.slow
+def test_queues_and_why_show_the_runs_held_by_the_bound(cluster: Cluster) -> None:
+    """No worker: the two admitted runs stay active, the three others wait their turn."""
+    cluster.server("--max-active-runs", "2")
+    run_ids = [cluster.start("chain", {"x": n}) for n in range(5)]
+
+    def counted() -> dict[str, int] | None:
+        done = cluster.cli("queues", "--store", cluster.store, "--json")
+        assert done.returncode == 0, done.stderr
+        runs: dict[str, int] = json.loads(done.stdout)["runs"]
+        return runs if runs == {"active": 2, "pending": 3} else None
+
+    eventually(counted, "two runs active, three pending")
+    shown = cluster.cli("queues", "--store", cluster.store)
+    assert "runs: 2 active (admitted, not ended), 3 pending" in shown.stdout, shown.stderr
+    why = cluster.cli("runs", "why", run_ids[-1])
+    assert "pending: 2 run(s) ahead of it" in why.stdout, why.stdout + why.stderr
