@@ -168,3 +168,40 @@ def test_queues_and_why_show_the_runs_held_by_the_bound(cluster: Cluster) -> Non
     assert "runs: 2 active (admitted, not ended), 3 pending" in shown.stdout, shown.stderr
     why = cluster.cli("runs", "why", run_ids[-1])
     assert "pending: 2 run(s) ahead of it" in why.stdout, why.stdout + why.stderr
+
+
+@pytest.mark.slow
+def test_a_server_that_takes_over_counts_the_active_runs_and_admits_in_order(
+    cluster: Cluster,
+) -> None:
+    """A server is killed at its bound, no worker running: the one that takes its
+    partitions over counts the runs it left active (it admits nobody past the bound) and
+    admits the queued ones in order once a worker runs them."""
+    first = cluster.server("--max-active-runs", "2")
+
+    async def submit() -> list[str]:
+        async with Client.connect(store=cluster.store, bus=cluster.bus) as client:
+            plan = await client.register(FLOWS / "chain.yaml")
+            return [await client.start(plan.name, {"x": n}) for n in range(6)]
+
+    async def pending() -> int:
+        async with Client.connect(store=cluster.store, bus=cluster.bus) as client:
+            return await client.store.count_pending()
+
+    run_ids = asyncio.run(submit())
+    eventually(lambda: asyncio.run(pending()) == 4, "two runs admitted, four queued")
+    first.kill()
+    cluster.server("--max-active-runs", "2")
+    cluster.worker()
+
+    async def drain() -> None:
+        async with Client.connect(store=cluster.store, bus=cluster.bus) as client:
+            stop = asyncio.Event()
+            sampler = asyncio.create_task(sample_running(client.store, stop))
+            for run_id in run_ids:
+                await client.wait(run_id, timeout=60)
+            stop.set()
+            most, _ = await sampler
+            check_admission(await seen_runs(client.store, run_ids), 2, (most, 4))
+
+    asyncio.run(drain())
