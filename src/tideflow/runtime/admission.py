@@ -103,8 +103,9 @@ class Admission:
         self.held = 0
         """How many starts were held so far (the admitter reads it to know whether a
         start was held while it read the queue)."""
-        self.admitting: dict[str, RunStarted] = {}
-        """The starts the admitter is applying: the only ones of their runs that pass."""
+        self.admitting: dict[str, RunStarted | None] = {}
+        """The runs being admitted, with the start that admits them (None while it is
+        being made): the only start of such a run that passes."""
 
     @property
     def room(self) -> int:
@@ -120,10 +121,13 @@ class Admission:
         only wakes the admitter, which admits in the store's order, whatever order the
         starts arrived in, at the time it admits."""
         run_id = event.run_id
-        if self.admitting.get(run_id) is event:
-            return True
+        admitting = self.admitting
+        if run_id in admitting:  # the admitter's own passes; another copy of it does not
+            return admitting[run_id] is event
         if event.parent_run_id is not None:
             self.active.add(run_id)
+            return True
+        if run_id in self.active:  # a duplicate (stale), or a start whose commit failed
             return True
         self.waiting = True
         self.held += 1
@@ -212,6 +216,20 @@ class Admitter:
                 )
                 await asyncio.sleep(RETRY_DELAY)
                 self._wanted.set()
+
+    async def head(self, room: int) -> list[PendingRun]:
+        """The next ``room`` runs this engine would admit (its own, not active), in order."""
+        book = self.admission
+        found: list[PendingRun] = []
+        after: PendingRun | None = None
+        while len(found) < room:
+            limit = max(PAGE_MIN, 2 * room)
+            page = await self._read(limit, after)
+            found += [p for p in page if p.run_id not in book.active and self.owns(p.run_id)]
+            if len(page) < limit:
+                break
+            after = page[-1]
+        return found[:room]
 
     async def repair(self, before: float) -> int:
         """The sweep's part (runtime/sweep.py): when this admitter is idle, admit what the

@@ -13,6 +13,7 @@ import asyncio
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from tideflow.bus.base import NO_HEADERS, Bus, Headers, partition_of, with_headers
@@ -143,6 +144,7 @@ class Engine(EngineLink, Runs):
         self._watching: asyncio.Task[None] | None = None
         self.scheduler.admission = self.admission
         self.scheduler.held = self.admitter.wake
+        self.scheduler.arrived = (self._admit_arrived, self._admitted_arrived)
         self.sweep = Sweep(
             store=store,
             runs=self.runs,
@@ -312,6 +314,17 @@ class Engine(EngineLink, Runs):
         """Start these runs from the queue (the admitter reserved them as active): one
         batch of fresh ``RunStarted`` events, timed now (a run starts when admitted)."""
         admission = self.admission
+        admitting = admission.admitting
+        for run_id in run_ids:  # their starts from the stream are not the admission's
+            admitting[run_id] = None
+        try:
+            await self._admit_loaded(run_ids)
+        finally:
+            for run_id in run_ids:
+                admitting.pop(run_id, None)
+
+    async def _admit_loaded(self, run_ids: list[str]) -> None:
+        admission = self.admission
         states: list[RunState] = []
         for run_id in run_ids:
             try:
@@ -326,20 +339,42 @@ class Engine(EngineLink, Runs):
             states.append(state)
         now = self._clock.now()  # one admission: one time, after the loads
         events = [started_event(state, now) for state in states]
-        admitting = admission.admitting
         for event in events:
-            admitting[event.run_id] = event
+            admission.admitting[event.run_id] = event
         committed: set[str] = set()
-        try:
-            if events:
-                committed = await self.scheduler.apply(list[Event](events))
-        finally:
-            for event in events:
-                admitting.pop(event.run_id, None)
+        if events:
+            committed = await self.scheduler.apply(list[Event](events))
         for event in events:  # not committed (the store failed): still queued, read again
             if event.event_id not in committed:
                 admission.ended(event.run_id)
                 self.admitter.recheck()
+
+    async def _admit_arrived(self, starts: list[RunStarted]) -> dict[str, RunStarted]:
+        """Starts that arrived in a batch (the scheduler's): those of the runs at the head
+        of the queue, in order up to the first whose start is not here, go in this batch
+        (timed now: their admission), with no hop through the admitter; the others only
+        wake it. Nothing is admitted here while runs wait (the admitter has the queue)."""
+        admission = self.admission
+        room = admission.room
+        if admission.waiting or room == 0:
+            return {}
+        arrived = {event.run_id: event for event in starts}
+        head = await self.admitter.head(min(room, len(arrived)))
+        now = self._clock.now()
+        going: dict[str, RunStarted] = {}
+        for run in head:
+            event = arrived.get(run.run_id)
+            if event is None or run.run_id in admission.active:  # an older run's start is
+                break  # not here: the admitter admits them in order
+            going[run.run_id] = replace(event, time=now)
+        admission.reserve(list(going))
+        admission.admitting.update(going)
+        return going
+
+    def _admitted_arrived(self, going: dict[str, RunStarted]) -> None:
+        """The batch that applied ``going`` is done (committed or not)."""
+        for run_id in going:
+            self.admission.admitting.pop(run_id, None)
 
     async def _count_active(self, owns: Owns) -> None:
         """Count the runs of ``owns`` that are active (started, not ended): at start, and

@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from tideflow import faults, logcontext
@@ -108,6 +108,15 @@ class Scheduler:
         is acknowledged and skipped (the run stays pending), and ``held`` is called once
         per batch that held any."""
         self.held: Callable[[], None] = _nothing
+        self.arrived: (
+            tuple[
+                Callable[[list[RunStarted]], Awaitable[dict[str, RunStarted]]],
+                Callable[[dict[str, RunStarted]], None],
+            ]
+            | None
+        ) = None
+        """The engine's fast path for the starts of a batch (``Engine._admit_arrived``):
+        those it returns (by run id) replace theirs and pass; then it is told they went."""
         self.spans: BatchSpans | None = None
         """Told of every committed batch with its events' trace headers (tracing on:
         ``ApplySpans``, a span per run per batch); None: nothing, and no header is read."""
@@ -400,9 +409,27 @@ class Scheduler:
     async def _apply_all(self, events: list[Event]) -> list[AppliedEvent]:
         """Apply each event; a run whose event cannot be applied drops out of the batch. A
         run in memory with its plan is applied without an await (every event's path)."""
+        admission = self.admission
+        going: dict[str, RunStarted] = {}
+        if admission is not None and self.arrived is not None:
+            starts = [e for e in events if type(e) is RunStarted and e.parent_run_id is None]
+            if starts:
+                going = await self.arrived[0](starts)
+                if going:
+                    events = [
+                        going.get(e.run_id, e) if type(e) is RunStarted else e for e in events
+                    ]
+        try:
+            return await self._apply_each(events, admission)
+        finally:
+            if going and self.arrived is not None:
+                self.arrived[1](going)
+
+    async def _apply_each(
+        self, events: list[Event], admission: Admission | None
+    ) -> list[AppliedEvent]:
         batch: list[AppliedEvent] = []
         failed: set[str] = set()
-        admission = self.admission
         held = False
         for event in events:
             run_id = event.run_id

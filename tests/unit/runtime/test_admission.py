@@ -66,9 +66,12 @@ def test_a_start_only_wakes_the_admitter_but_its_own_or_a_childs_goes_at_once() 
     assert not book.gate(started("a"))  # held: admitted from the store, in order
     assert book.waiting and book.held == 1
     book.reserve(["a"])
-    assert not book.gate(started("a"))  # reserved: still only the admitter's own passes
+    book.admitting["a"] = None  # being admitted: only the admitter's own start passes
+    assert not book.gate(started("a"))
     own = book.admitting["a"] = started("a")
     assert book.gate(own)
+    del book.admitting["a"]
+    assert book.gate(started("a"))  # admitted: a duplicate (stale), or one that comes again
     assert book.gate(started("kid", parent="p"))  # never waits
     assert book.active == {"a", "kid"} and book.room == 0
     assert book.gate(started("kid2", parent="p"))  # over the bound: a child still never waits
