@@ -14,12 +14,15 @@ first and a run's latency does not grow with the backlog behind it.
 
 How starts flow:
 
-- a ``RunStarted`` the scheduler meets (a client's start, a schedule's or a trigger's)
-  only wakes the admitter (``Admission.gate``): it is acknowledged and skipped, and the
-  run stays ``pending`` in the store. Nothing is lost, a start message costs the event
-  stream nothing (events of admitted runs never wait behind starts, nor starts behind
-  events), and the order in which starts arrive (several partitions, retried publishes)
-  decides nothing;
+- the ``RunStarted`` events of a batch the scheduler applies (a client's start, a
+  schedule's or a trigger's) are checked against the head of the queue (one indexed
+  read, ``Engine._admit_arrived``): those of the next runs in order, while there is
+  room and nothing waits, are applied in that batch, timed at their admission; any
+  other only wakes the admitter (``Admission.gate``): it is acknowledged and skipped,
+  and the run stays ``pending`` in the store. Nothing is lost, a start message costs
+  the event stream nothing (events of admitted runs never wait behind starts, nor
+  starts behind events), and the order in which starts arrive (several partitions,
+  retried publishes) decides nothing;
 - the ``Admitter`` reads the head of the queue from the store (``Store.pending_runs``,
   index ``runs_pending``) whenever a start arrived, room frees (a run ended) or
   partitions were taken, and starts what fits, in order, in one batch of fresh
