@@ -31,6 +31,7 @@ from tideflow.cli.common import (
     err,
     fail_usage,
     known_run,
+    opened_store,
     parse_json_option,
     parse_since,
     resume_command,
@@ -121,7 +122,10 @@ def list_cmd(
 
     after = parse_since(since, time.time()) if since is not None else None
     filter = RunFilter(status=status, workflow=workflow, created_after=after)
-    page = run_async(_list(store, bus, server, token, filter, limit, cursor))
+    if as_json or bus or server:
+        page = run_async(_list(store, bus, server, token, filter, limit, cursor))
+    else:
+        page = run_async(_table_page(store, filter, limit, cursor))
     if as_json:
         write_json(
             {"runs": [summary_json(run) for run in page.runs], "next_cursor": page.next_cursor}
@@ -146,6 +150,27 @@ async def _list(
 ) -> RunPage:
     async with reached(url, bus, server, token) as client:
         return await client.list(filter, limit=limit, cursor=cursor)
+
+
+async def _table_page(url: str, filter: RunFilter, limit: int, cursor: str | None) -> RunPage:
+    """The page as the table shows it, read from the store alone: no engine is started
+    and no definition compiled. The table shows each run's definition title (read from
+    the stored definitions, as ``Client.list`` reads it from the plan) and no output: the
+    outputs are left out, they would need their plans to be masked (``--json`` has them)."""
+    from dataclasses import replace
+
+    async with opened_store(url) as store:
+        page = await store.list_runs(filter, limit=limit, cursor=cursor)
+        titles = (
+            {(d.name, d.version): d.title for d in await store.list_definitions()}
+            if page.runs
+            else {}
+        )
+    runs = [
+        replace(run, output=None, title=titles.get((run.workflow, run.version)))
+        for run in page.runs
+    ]
+    return replace(page, runs=runs)
 
 
 # -- runs show ----------------------------------------------------------------------------

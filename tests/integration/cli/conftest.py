@@ -91,6 +91,25 @@ def tideflow(
     )
 
 
+def command_paths() -> list[list[str]]:
+    """Every command `tideflow` runs, as its words (``["runs", "list"]``), in help order:
+    read from the click commands (the root group builds each on demand)."""
+    import typer
+    import typer.main
+
+    root = typer.main.get_command(app)
+    context = typer.Context(root)
+    found: list[list[str]] = []
+    for name in root.list_commands(context):  # type: ignore[attr-defined]
+        command = root.get_command(context, name)  # type: ignore[attr-defined]
+        subcommands = getattr(command, "commands", None)
+        if subcommands is None:
+            found.append([name])
+        else:
+            found += [[name, sub] for sub in subcommands]
+    return found
+
+
 def invoke(*args: str, env: dict[str, str] | None = None) -> Result:
     """`tideflow ARGS` in this process (stdout and stderr captured apart)."""
     return CliRunner().invoke(app, list(args), env=env)

@@ -9,15 +9,13 @@ import pytest
 
 from tideflow.cli.main import app
 
+from .conftest import command_paths
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def _commands() -> list[str]:
-    found = [command.name or "" for command in app.registered_commands]
-    for group in app.registered_groups:
-        assert group.typer_instance is not None
-        found += [f"{group.name} {c.name}" for c in group.typer_instance.registered_commands]
-    return found
+    return [" ".join(words) for words in command_paths()]
 
 
 def _section(path: str, heading: str) -> str:

@@ -6,9 +6,7 @@ import sqlite3
 
 import pytest
 
-from tideflow.cli.main import app
-
-from .conftest import Workdir, invoke, stdout_json, tideflow, waiting_runs
+from .conftest import Workdir, command_paths, invoke, stdout_json, tideflow, waiting_runs
 
 
 def test_a_damaged_sqlite_file_is_one_line_naming_the_file(workdir: Workdir) -> None:
@@ -59,18 +57,7 @@ def test_resume_on_a_missing_store_has_nothing_to_do(workdir: Workdir) -> None:
     assert not workdir.db.exists()
 
 
-def _commands() -> list[list[str]]:
-    found = []
-    for command in app.registered_commands:
-        found.append([command.name or ""])
-    for group in app.registered_groups:
-        assert group.typer_instance is not None
-        for command in group.typer_instance.registered_commands:
-            found.append([group.name or "", command.name or ""])
-    return found
-
-
-@pytest.mark.parametrize("command", _commands(), ids=" ".join)
+@pytest.mark.parametrize("command", command_paths(), ids=" ".join)
 def test_every_command_has_help_with_examples(command: list[str]) -> None:
     done = invoke(*command, "--help")
     assert done.exit_code == 0
