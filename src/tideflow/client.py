@@ -47,8 +47,8 @@ from tideflow.errors import (
 from tideflow.model import storable
 from tideflow.model.events import CancelRequested, Event, RunRetried, RunStarted, SignalReceived
 from tideflow.model.masking import mask
-from tideflow.model.plan import Plan
-from tideflow.model.run import RunState
+from tideflow.model.plan import Plan, Priority
+from tideflow.model.run import RunState, run_priority
 from tideflow.model.schedules import ScheduleRow
 from tideflow.model.states import RUN_RETRYABLE, RunStatus, SignalOutcome
 from tideflow.model.versions import version_key
@@ -92,6 +92,11 @@ class EngineLink(ABC):
         """The run's effects this engine failed to carry out and tries again: (what,
         tries); an engine elsewhere is not asked (its outbox rows are read instead)."""
         return []
+
+    def admission_state(self) -> tuple[int, int] | None:
+        """``(active, bound)`` of the engine's admission (runtime/admission.py); None for
+        an engine elsewhere (each server has its own: see its metrics)."""
+        return None
 
     @abstractmethod
     async def deliver(self, events: Sequence[Event], headers: Headers = NO_HEADERS) -> None:
@@ -298,10 +303,16 @@ class Client:
         version: str | None = None,
         run_id: str | None = None,
         idempotency_key: str | None = None,
+        priority: Priority | str | None = None,
     ) -> str:
         """Start a run and return its id (the existing run's id for a reused idempotency key)."""
         started, _ = await self.launch(
-            workflow, input, version=version, run_id=run_id, idempotency_key=idempotency_key
+            workflow,
+            input,
+            version=version,
+            run_id=run_id,
+            idempotency_key=idempotency_key,
+            priority=priority,
         )
         return started
 
@@ -313,13 +324,14 @@ class Client:
         version: str | None = None,
         run_id: str | None = None,
         idempotency_key: str | None = None,
+        priority: Priority | str | None = None,
     ) -> tuple[str, bool]:
         """``start``, saying whether a run was created: ``(run_id, True)``; for an
         idempotency key already used nothing starts: ``(the existing run's id, False)``.
         ``workflow`` may be a file (``flow.yaml``, ``flow.py[:name]``), registered first:
         what a request names goes through ``launch_registered`` instead."""
         plan = await self._catalog.resolve(workflow, version)
-        return await self._launch(plan, input, run_id, idempotency_key)
+        return await self._launch(plan, input, run_id, idempotency_key, priority)
 
     async def launch_registered(
         self,
@@ -329,28 +341,39 @@ class Client:
         version: str | None = None,
         run_id: str | None = None,
         idempotency_key: str | None = None,
+        priority: Priority | str | None = None,
     ) -> tuple[str, bool]:
         """``launch`` by the name of a registered workflow only (``Catalog.registered``):
         ``name`` is never read as a file or imported as a module, whatever it looks like
         (the HTTP API's ``POST /runs``, where the caller does not own the server's files).
         ``NotFound`` naming nothing but ``name`` and ``version`` for any other."""
         plan = await self._catalog.registered(name, version)
-        return await self._launch(plan, input, run_id, idempotency_key)
+        return await self._launch(plan, input, run_id, idempotency_key, priority)
 
     async def _launch(
-        self, plan: Plan, input: Any, run_id: str | None, idempotency_key: str | None
+        self,
+        plan: Plan,
+        input: Any,
+        run_id: str | None,
+        idempotency_key: str | None,
+        priority: Priority | str | None,
     ) -> tuple[str, bool]:
+        """``priority``: the run's place in the admission queue (runtime/admission.py:
+        high, normal, low; None: normal)."""
         catalog = self._catalog
+        rank = run_priority(priority)
         await catalog.admit_input(plan, input)
         run_id = run_id or uuid.uuid4().hex
         if self.tracing is None:
-            stored_id, state = await catalog.create(plan, run_id, idempotency_key, input)
+            stored_id, state = await catalog.create(
+                plan, run_id, idempotency_key, input, priority=rank
+            )
         else:  # the run's span, under the caller's: its context is stored with the run
             with self.tracing.run_span(
                 run_id=run_id, workflow=plan.name, version=plan.version
             ) as trace:
                 stored_id, state = await catalog.create(
-                    plan, run_id, idempotency_key, input, trace=trace
+                    plan, run_id, idempotency_key, input, trace=trace, priority=rank
                 )
         if state is not None:
             await self._link.start_run(state, started_event(state, self._clock.now()))
@@ -558,6 +581,10 @@ class Client:
     def relaying(self, run_id: str) -> builtins.list[tuple[str, int]]:
         """The run's effects the engine tries again after a failure (`EngineLink`)."""
         return self._link.relaying(run_id)
+
+    def admission(self) -> tuple[int, int] | None:
+        """``(active, bound)`` of the engine's admission, when it is in this process."""
+        return self._link.admission_state()
 
     async def why(self, run_id: str) -> Diagnosis:
         """Why the run is where it is: what each of its unfinished steps waits for, read

@@ -43,6 +43,7 @@ from tideflow.api.problem_types import ERRORS, TYPE_PREFIX
 from tideflow.bus.base import QueueStats, WorkerBeat
 from tideflow.errors import Diagnostic, RemoteProblem, ServerUnreachable, TideflowError
 from tideflow.model.plan import Plan, Priority
+from tideflow.model.run import run_priority
 from tideflow.model.states import RUN_TERMINAL, RunStatus, SignalOutcome
 from tideflow.model.versions import version_key
 from tideflow.runtime.result import RunResult, StepResult
@@ -297,9 +298,15 @@ class HttpClient:
         version: str | None = None,
         run_id: str | None = None,
         idempotency_key: str | None = None,
+        priority: Priority | str | None = None,
     ) -> str:
         started, _ = await self.launch(
-            workflow, input, version=version, run_id=run_id, idempotency_key=idempotency_key
+            workflow,
+            input,
+            version=version,
+            run_id=run_id,
+            idempotency_key=idempotency_key,
+            priority=priority,
         )
         return started
 
@@ -311,6 +318,7 @@ class HttpClient:
         version: str | None = None,
         run_id: str | None = None,
         idempotency_key: str | None = None,
+        priority: Priority | str | None = None,
     ) -> tuple[str, bool]:
         """``start``, saying whether a run was created. ``workflow`` is a registered
         name, or (as for `Client.start`) a Plan, a Workflow builder or a definition file
@@ -324,7 +332,12 @@ class HttpClient:
             registered = await self.register_for_start(workflow)
             workflow, version = registered.name, registered.version
         return await self.launch_registered(
-            workflow, input, version=version, run_id=run_id, idempotency_key=idempotency_key
+            workflow,
+            input,
+            version=version,
+            run_id=run_id,
+            idempotency_key=idempotency_key,
+            priority=priority,
         )
 
     async def launch_registered(
@@ -335,6 +348,7 @@ class HttpClient:
         version: str | None = None,
         run_id: str | None = None,
         idempotency_key: str | None = None,
+        priority: Priority | str | None = None,
     ) -> tuple[str, bool]:
         """``POST /runs``: a run of the workflow registered as ``name`` (as
         `Client.launch_registered`; a name that is no workflow name is a `RemoteProblem`
@@ -344,6 +358,7 @@ class HttpClient:
             ("version", version),
             ("run_id", run_id),
             ("idempotency_key", idempotency_key),
+            ("priority", None if priority is None else run_priority(priority).value),
         ):
             if value is not None:
                 request[key] = value

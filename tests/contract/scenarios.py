@@ -14,7 +14,7 @@ from tideflow.core.decide import Decision, decide
 from tideflow.dsl import compile_definition
 from tideflow.model import codec
 from tideflow.model.events import Event
-from tideflow.model.plan import Plan
+from tideflow.model.plan import Plan, Priority
 from tideflow.model.run import RunState
 from tideflow.store.base import AppliedEvent, Store
 from tideflow.testing.harness import CoreHarness
@@ -94,9 +94,16 @@ class Driver:
     """Outbox ids to forget with the next commit."""
 
     async def new_run(
-        self, plan: Plan, run_id: str, *, now: float = T0, key: str | None = None
+        self,
+        plan: Plan,
+        run_id: str,
+        *,
+        now: float = T0,
+        key: str | None = None,
+        priority: Priority = Priority.NORMAL,
     ) -> CoreHarness:
         h = CoreHarness(plan, run_id=run_id, now=now)
+        h.state.priority = priority
         # event ids are unique across runs, as the runtime's are (the harness counts per run)
         h._ids = itertools.count(1000 * next(_EVENT_ID_BLOCKS) + 1)
         h.on_decision = lambda event, decision: self._record(h, event, decision)

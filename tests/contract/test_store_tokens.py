@@ -11,7 +11,7 @@ from tideflow.model.tokens import ApiToken, Role
 from tideflow.store.base import Store, StoreError
 from tideflow.store.sqlfiles import migrations
 
-from .conftest import Backend
+from .conftest import UNDO_SCHEMA_11, Backend
 from .scenarios import UNDO_SCHEMA_6, UNDO_SCHEMA_10, Driver, short_plan
 
 T0 = 1_000_000.0
@@ -115,7 +115,7 @@ async def test_a_store_at_schema_4_upgrades_to_hold_tokens(sql_backend: Backend)
     h = await driver.new_run(short_plan(), "kept")
     await driver.play([lambda: h.start()])
     await store.close()
-    for statement in (*UNDO_SCHEMA_10, *UNDO_SCHEMA_6):
+    for statement in (*UNDO_SCHEMA_11, *UNDO_SCHEMA_10, *UNDO_SCHEMA_6):
         await sql_backend.raw(statement)
     await sql_backend.raw("DROP TABLE api_tokens")
     await sql_backend.raw("DELETE FROM schema_version WHERE version > 4")

@@ -358,6 +358,7 @@ def _run_routes(app: FastAPI, client: Client) -> None:
                 version=body.version,
                 run_id=body.run_id,
                 idempotency_key=body.idempotency_key,
+                priority=body.priority,
             )
         response.status_code = 201 if created else 200
         response.headers["Location"] = f"/runs/{run_id}"

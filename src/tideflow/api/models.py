@@ -11,7 +11,7 @@ from pydantic_core import PydanticCustomError
 from tideflow.api.times import Time, shown_time
 from tideflow.bus.base import QueueStats, WorkerBeat
 from tideflow.dsl.schema_values import NAME_RE
-from tideflow.model.plan import Plan
+from tideflow.model.plan import Plan, Priority
 from tideflow.model.states import SignalOutcome
 from tideflow.runtime.result import RunResult
 from tideflow.runtime.why import Diagnosis, WhyKind
@@ -137,6 +137,11 @@ class StartRun(Request):
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$",
         description="The new run's id (default: a fresh one); a stored run's id is a 409 "
         "run-exists.",
+    )
+    priority: Priority | None = Field(
+        None,
+        description="The run's place in the queue of runs waiting to be admitted: high, "
+        "normal (the default) or low (docs/concepts.md, Admission).",
     )
 
 

@@ -174,6 +174,16 @@ def server_cmd(
             help="Seconds between two reconciliation sweeps (due timers, unrelayed outbox rows, runs never started: what a lost notification leaves); 0 turns the sweep off.",
         ),
     ] = 30.0,
+    max_active_runs: Annotated[
+        int | None,
+        typer.Option(
+            "--max-active-runs",
+            envvar="TIDEFLOW_MAX_ACTIVE_RUNS",
+            metavar="RUNS",
+            min=1,
+            help="Admission bound: at most this many runs of this server's partitions are active at once; the others wait pending and are admitted by priority, then oldest first, as runs end (default: a tenth of the run cache, 1000).",
+        ),
+    ] = None,
     http: Annotated[
         str | None,
         typer.Option(
@@ -347,6 +357,7 @@ def server_cmd(
             "max_step_output": limits.step_output,
             "max_run_input": limits.run_input,
             "sweep_interval": sweep_interval,
+            "max_active_runs": max_active_runs,
             **_worker_metrics(metrics, embedded),
         },
         services=services,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -35,12 +35,24 @@ def queues_cmd(
     as_json: JsonOption = False,
     server: ServerOption = None,
     token: TokenOption = None,
+    store: Annotated[
+        str | None,
+        typer.Option(
+            "--store",
+            metavar="URL",
+            help="Also show the runs of the cluster's store: active (admitted, not ended) and pending (waiting to be admitted, oldest first by priority). Each server's bound is its metric tideflow_runs_active_bound.",
+        ),
+    ] = None,
 ) -> None:
     """Show the task queues of a cluster's bus: per queue and priority, the tasks
     waiting (depth), delivered and not settled (held), the age of the oldest
     waiting one, and the workers reading the queue (consumers); then the workers,
     each with the queues it reads and its last heartbeat (a worker whose process
     died is listed as stopped, with the time its heartbeat stopped, for a day).
+
+    With --store, the runs too: how many are active (admitted by a server and not
+    ended: at most the sum of the servers' --max-active-runs, child runs aside) and how
+    many are pending (stored, waiting for a server to admit them).
 
     A queue with tasks and no consumer gets a warning on stderr: its tasks stay
     queued (never lost, never failed) until a worker for it starts
@@ -57,14 +69,16 @@ def queues_cmd(
     check_server(ctx, server)
     read = _read_remote(server, token) if server else _read(_bus_url(bus))
     rows, beats = run_async(read)
+    runs = run_async(_read_runs(store)) if store else None
     if as_json:
-        write_json(
-            {
-                "queues": [row_json(r) for r in rows],
-                "unserved": unserved(rows),
-                "workers": [beat_json(b) for b in beats],
-            }
-        )
+        found: dict[str, Any] = {
+            "queues": [row_json(r) for r in rows],
+            "unserved": unserved(rows),
+            "workers": [beat_json(b) for b in beats],
+        }
+        if runs is not None:
+            found["runs"] = {"active": runs[0], "pending": runs[1]}
+        write_json(found)
     else:
         console = table_console()
         if rows:
@@ -73,6 +87,12 @@ def queues_cmd(
             console.print("no task queue on this bus yet", markup=False)
         if beats:
             console.print(workers_table(beats, time.time()))
+        if runs is not None:
+            console.print(
+                f"runs: {runs[0]:,} active (admitted, not ended), {runs[1]:,} pending "
+                "(waiting to be admitted)",
+                markup=False,
+            )
     for line in warnings(rows):
         err.print(f"[bold yellow]warning:[/] {escape(line)}", markup=True)
 
@@ -105,6 +125,29 @@ async def _read(url: str) -> tuple[list[QueueStats], list[WorkerBeat]]:
         return await bus.queue_stats(), await bus.worker_beats()
     finally:
         await bus.close()
+
+
+async def _read_runs(url: str) -> tuple[int, int]:
+    """``(active, pending)`` runs of the store: started and not ended, and waiting to be
+    admitted (runtime/admission.py)."""
+    from tideflow.store import open_store
+    from tideflow.store.base import RunFilter
+
+    store = open_store(url, auto_upgrade=False)
+    await store.open()
+    try:
+        active = 0
+        for status in ("running", "compensating"):  # admitted runs: bounded by the bounds
+            cursor: str | None = None
+            while True:
+                page = await store.list_runs(RunFilter(status=status), limit=1000, cursor=cursor)
+                active += len(page.runs)
+                if page.next_cursor is None:
+                    break
+                cursor = page.next_cursor
+        return active, await store.count_pending()
+    finally:
+        await store.close()
 
 
 def queues_table(rows: Sequence[QueueStats]) -> Table:

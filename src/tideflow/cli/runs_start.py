@@ -25,6 +25,7 @@ from tideflow.cli.common import (
     StoreOption,
     display_url,
     err,
+    fail_usage,
     known_run,
     out,
     parse_json_option,
@@ -37,6 +38,7 @@ from tideflow.cli.render import print_result
 
 if TYPE_CHECKING:
     from tideflow.client import Client
+    from tideflow.model.plan import Priority
     from tideflow.remote_http import HttpClient
     from tideflow.runtime.result import RunResult
 
@@ -71,6 +73,14 @@ def start_cmd(
         str | None,
         typer.Option("--idempotency-key", help="At most one run per key: a reuse returns it."),
     ] = None,
+    priority: Annotated[
+        str | None,
+        typer.Option(
+            "--priority",
+            metavar="high|normal|low",
+            help="The run's place in the queue of runs waiting to be admitted (default: normal): a server keeps --max-active-runs runs active and admits the others high first, then oldest first.",
+        ),
+    ] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait for the run to end.")] = False,
     timeout: TimeoutOption = None,
     as_json: JsonOption = False,
@@ -91,9 +101,15 @@ def start_cmd(
       tideflow runs start flows/order.yaml --input '{"order_id": "A1"}' --bus redis://mq:6379/0
       tideflow runs start order-fulfillment -i @order.json --wait --json
     """
+    from tideflow.errors import TideflowError
+    from tideflow.model.run import run_priority
     from tideflow.runtime.definitions import is_python_reference
 
     check_server(ctx, server)
+    try:
+        rank = run_priority(priority)
+    except TideflowError as exc:
+        raise fail_usage(f"--priority: {exc.message}") from None
     value = parse_json_option(input, "--input")
     use_working_directory_modules()
     # over HTTP a definition file is read here and registered first (the server cannot
@@ -102,7 +118,7 @@ def start_cmd(
     file = workflow if server and local else None
     target = (store, bus, server, token)
     run_id, name, result = run_async(
-        _start(target, workflow, file, value, version, idempotency_key, wait, timeout)
+        _start(target, workflow, file, value, (version, idempotency_key, rank), wait, timeout)
     )
     if result is None and wait:
         err.print(f"run {run_id} had not ended after {timeout:g}s; it goes on", markup=False)
@@ -124,19 +140,22 @@ async def _start(
     workflow: str,
     file: str | None,
     value: object,
-    version: str | None,
-    key: str | None,
+    how: tuple[str | None, str | None, Priority],
     wait: bool,
     timeout: float | None,
 ) -> tuple[str, tuple[str, str], RunResult | None]:
+    """``how``: the version, the idempotency key and the priority."""
     from tideflow.remote_http import HttpClient
 
     store, bus, server, token = target
+    version, key, priority = how
     async with reached(store, bus, server, token) as client:
         if isinstance(client, HttpClient) and file is not None:
             registered = await client.register_for_start(file)
             workflow, version = registered.name, version or registered.version
-        run_id = await client.start(workflow, value, version=version, idempotency_key=key)
+        run_id = await client.start(
+            workflow, value, version=version, idempotency_key=key, priority=priority
+        )
         summary = await client.summary(run_id)
         cluster = bool(bus or server)
         result = await ended(client, run_id, timeout, cluster=cluster) if wait else None

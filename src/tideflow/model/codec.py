@@ -147,6 +147,7 @@ def state_to_data(state: RunState) -> dict[str, Any]:
         "compensation": _shallow(comp) if comp is not None else None,
         "retries": state.retries,
         "trace": state.trace,
+        "priority": state.priority._value_,
     }
 
 
@@ -195,6 +196,7 @@ def _build(data: dict[str, Any]) -> RunState:
         compensation=CompensationState(**comp) if comp is not None else None,
         retries=data.get("retries", 0),
         trace=data.get("trace"),  # absent before tracing
+        priority=Priority(data.get("priority", "normal")),  # absent before admission
     )
 
 

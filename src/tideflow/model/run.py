@@ -17,7 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from tideflow.errors import InputValidationError
 from tideflow.model.events import ErrorInfo
+from tideflow.model.plan import Priority
 from tideflow.model.states import RUN_TERMINAL, RunStatus, StepStatus
 
 TimerKind = Literal[
@@ -170,6 +172,10 @@ class RunState:
     trace: str | None = None
     """The W3C ``traceparent`` of the run's span, fixed when the run was created with
     tracing on (tideflow.observability.tracing); None otherwise. No event changes it."""
+    priority: Priority = Priority.NORMAL
+    """The run's place in its engine's admission queue (runtime/admission.py): pending
+    runs are admitted high before normal before low, then oldest first. Fixed when the
+    run is created."""
 
     @property
     def is_terminal(self) -> bool:
@@ -186,6 +192,7 @@ def new_run_state(
     parent_run_id: str | None = None,
     parent_step_key: str | None = None,
     trace: str | None = None,
+    priority: Priority = Priority.NORMAL,
 ) -> RunState:
     """A pending run; ``RunStarted`` makes it run."""
     return RunState(
@@ -197,4 +204,19 @@ def new_run_state(
         parent_run_id=parent_run_id,
         parent_step_key=parent_step_key,
         trace=trace,
+        priority=priority,
     )
+
+
+def run_priority(priority: Priority | str | None) -> Priority:
+    """A run's priority as given to ``start`` (None: normal); a clear error for another
+    word."""
+    if priority is None:
+        return Priority.NORMAL
+    try:
+        return Priority(priority)
+    except ValueError:
+        raise InputValidationError(
+            f"priority {priority!r}: give high, normal or low (the run's place in the "
+            "queue of runs waiting to be admitted)"
+        ) from None

@@ -63,7 +63,8 @@ OUTBOX_LIMIT = 10_000
 """The outbox backlog is counted up to this many rows (a scrape reads no more)."""
 SWEEP_KINDS = ("timer", "outbox", "start", "schedule_slot")
 """What the sweep repairs (``tideflow_sweep_repairs_total{kind}``): due timers no wheel
-held, unrelayed outbox rows, pending runs never started, schedule slots no wake-up fired."""
+held, unrelayed outbox rows, pending runs whose start was lost (admissible, older than one
+interval, missed by the idle admitter), schedule slots no wake-up fired."""
 TRACKED_RUNS = 100_000
 """Runs whose attempts in flight are remembered (for dispatch latency and duration); past
 this the oldest is forgotten (its attempts are then not timed, nothing else changes)."""
@@ -92,6 +93,9 @@ class _Levels:
 
     queues: list[QueueStats] | None = None
     active_runs: int | None = None
+    admitted: int | None = None
+    bound: int | None = None
+    pending: int | None = None
     outbox: int | None = None
     relay_pending: int | None = None
 
@@ -134,6 +138,22 @@ class _LevelsCollector(Collector):
             yield from queue_families(levels.queues)
         for name, doc, value in (
             ("tideflow_active_runs", "Runs in the store that have not ended", levels.active_runs),
+            (
+                "tideflow_runs_active",
+                "Runs this server admitted that have not ended (at most its admission bound, "
+                "but for child runs)",
+                levels.admitted,
+            ),
+            (
+                "tideflow_runs_active_bound",
+                "This server's admission bound (--max-active-runs)",
+                levels.bound,
+            ),
+            (
+                "tideflow_runs_pending",
+                "Runs stored pending: waiting to be admitted (store-wide)",
+                levels.pending,
+            ),
             (
                 "tideflow_outbox_backlog",
                 f"Outbox rows whose effect is not done yet (counted up to {OUTBOX_LIMIT})",
@@ -395,14 +415,19 @@ async def _read_levels(rt: Runtime, errors: list[BaseException]) -> _Levels:
     """The levels of ``rt`` now: each read bounded by ``SCRAPE_TIMEOUT``; one that fails is
     None and its error goes to ``errors``."""
     done = rt.relayed_outbox  # read before the outbox: see Relay.owed
-    queues, unfinished, outbox = await asyncio.gather(
+    queues, unfinished, outbox, pending = await asyncio.gather(
         _bounded(rt.bus.queue_stats(), "the bus's queues", errors),
         _bounded(rt.store.unfinished_runs(), "the store's unfinished runs", errors),
         _bounded(rt.store.pending_outbox(OUTBOX_LIMIT), "the store's outbox", errors),
+        _bounded(rt.store.count_pending(), "the store's pending runs", errors),
     )
+    admitted, bound = rt.admission
     return _Levels(
         queues=queues,
         active_runs=None if unfinished is None else len(unfinished),
+        admitted=admitted,
+        bound=bound,
+        pending=pending,
         outbox=None if outbox is None else sum(row.id not in done for row in outbox),
         relay_pending=rt.pending_effects,
     )

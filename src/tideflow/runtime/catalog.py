@@ -18,7 +18,7 @@ from tideflow.dsl.regexes import stored_definitions
 from tideflow.errors import InputValidationError, NotFound, StepError
 from tideflow.model import storable
 from tideflow.model.events import RunStarted
-from tideflow.model.plan import Plan
+from tideflow.model.plan import Plan, Priority
 from tideflow.model.run import RunState, new_run_state
 from tideflow.runtime.clock import Clock
 from tideflow.runtime.definitions import DefinitionSource, coerce_plan, is_plain_name
@@ -143,10 +143,12 @@ class Catalog:
         parent: str | None = None,
         parent_step: str | None = None,
         trace: str | None = None,
+        priority: Priority = Priority.NORMAL,
     ) -> tuple[str, RunState | None]:
         """Store a new pending run: ``(run_id, state)``; for an idempotency key already
         used nothing is written: ``(the existing run's id, None)``. ``trace``: the
-        ``traceparent`` of the run's span (``RunState.trace``)."""
+        ``traceparent`` of the run's span (``RunState.trace``); ``priority``: its place in
+        the admission queue (``RunState.priority``)."""
         self.plans.add(plan)
         state = new_run_state(
             run_id=run_id,
@@ -157,6 +159,7 @@ class Catalog:
             parent_run_id=parent,
             parent_step_key=parent_step,
             trace=trace,
+            priority=priority,
         )
         state.input = input
         stored_id, created = await self._store.create_run(state, idempotency_key)

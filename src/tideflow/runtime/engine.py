@@ -13,14 +13,19 @@ import asyncio
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from tideflow.bus.base import NO_HEADERS, Bus, Headers, partition_of, with_headers
+from tideflow.bus.closing import cancel_and_wait
 from tideflow.client import EngineLink
 from tideflow.model.commands import RunFinished, StartChildRun
 from tideflow.model.events import Event, RunStarted, TaskStarted
+from tideflow.model.plan import Priority
 from tideflow.model.run import RunState
-from tideflow.runtime.catalog import Catalog
+from tideflow.model.states import RunStatus
+from tideflow.runtime.admission import Admission, Admitter, check_bound, default_bound
+from tideflow.runtime.catalog import Catalog, started_event
 from tideflow.runtime.clock import Clock
 from tideflow.runtime.correlate import Correlator
 from tideflow.runtime.intake import hand_buffered, hand_waiting
@@ -33,7 +38,7 @@ from tideflow.runtime.runs import DEFAULT_RUN_CACHE_SIZE, RunCache
 from tideflow.runtime.scheduler import Scheduler
 from tideflow.runtime.sweep import Sweep
 from tideflow.runtime.timers import TimerWheel
-from tideflow.store.base import Store
+from tideflow.store.base import RunFilter, Store
 
 if TYPE_CHECKING:
     from tideflow.model.commands import DispatchTask
@@ -61,6 +66,7 @@ class Engine(EngineLink, Runs):
         sweep_interval: float = 0.0,
         ownership: Ownership | None = None,
         tracing: Tracing | None = None,
+        max_active_runs: int | None = None,
     ) -> None:
         """``tracing``: tasks (and the signals an ``emit`` step sends) carry their run's
         trace context in their headers, a child run's span is a child of its parent's, and
@@ -69,7 +75,14 @@ class Engine(EngineLink, Runs):
         ``sweep_interval``: seconds between two rounds of the reconciliation sweep
         (runtime/sweep.py), 0 for none; it repairs only the runs this engine owns.
         ``ownership``: in a cluster, the partitions this engine applies (the partition
-        manager changes them: ``take``, ``drop``); None applies every partition."""
+        manager changes them: ``take``, ``drop``); None applies every partition.
+        ``max_active_runs``: the admission bound (runtime/admission.py); None: a tenth of
+        the run cache. The cache is made to hold at least as many runs as are admitted."""
+        bound = check_bound(
+            default_bound(run_cache_size) if max_active_runs is None else max_active_runs
+        )
+        if run_cache_size >= 1:  # (0 is refused by the cache itself)
+            run_cache_size = max(run_cache_size, bound)
         self._store = store
         self.ownership = ownership
         self._bus = bus
@@ -120,6 +133,18 @@ class Engine(EngineLink, Runs):
             self.relay.task_headers = self._task_headers
             self.relay.run_headers = self._run_headers
             self.scheduler.spans = tracing.apply_spans()
+        self.admission = Admission(bound)
+        """Which runs are active, and whether starts wait (runtime/admission.py)."""
+        self.admitter = Admitter(
+            self.admission,
+            read=store.pending_runs,
+            owns=every_run if ownership is None else ownership.owns,
+            start=self._admit,
+        )
+        self._watching: asyncio.Task[None] | None = None
+        self.scheduler.admission = self.admission
+        self.scheduler.held = self.admitter.wake
+        self.scheduler.arrived = (self._admit_arrived, self._admitted_arrived)
         self.sweep = Sweep(
             store=store,
             runs=self.runs,
@@ -129,18 +154,40 @@ class Engine(EngineLink, Runs):
             interval=sweep_interval,
             owns=every_run if ownership is None else ownership.owns,
             observers=self.observers,
+            lost_starts=self.admitter.repair,
         )
 
     # -- lifecycle --------------------------------------------------------------
 
     def start(self) -> None:
         self.scheduler.start()
+        self.admitter.start()
         self.sweep.start()
+        if self.ownership is not None and self._watching is None:
+            self._watching = asyncio.get_running_loop().create_task(
+                self._admit_on_change(self.ownership), name="tideflow-admission-partitions"
+            )
+
+    async def _admit_on_change(self, ownership: Ownership) -> None:
+        """Partitions this engine applies changed: their queued runs are its to admit now
+        (they are not admitted while they are being recovered)."""
+        applied = ownership.applied
+        while True:
+            await ownership.changed(applied)
+            applied = ownership.applied
+            self.admitter.recheck()
+
+    async def _stop_watching(self) -> None:
+        if self._watching is not None:
+            await cancel_and_wait(self._watching)
+            self._watching = None
 
     async def halt(self) -> None:
         """Stop advancing runs (another engine took them over): no more batches, no more
-        sweeps."""
+        sweeps, no more admissions."""
         await self.sweep.stop()
+        await self._stop_watching()
+        await self.admitter.stop()
         await self.scheduler.stop()
 
     async def recover(self, owns: Owns = every_run) -> None:
@@ -154,6 +201,9 @@ class Engine(EngineLink, Runs):
             clock=self._clock,
             owns=owns,
         )
+        await self._count_active(owns)
+        if await self._store.pending_runs(1):  # admitted in order, as room allows, once
+            self.admitter.recheck()  # the engine runs (never while recovery looks)
         try:  # the events buffered for waits a run reached while no engine handed them over
             await hand_waiting(self._store, self._bus, self._clock.now(), owns)
         except Exception as exc:  # they stay buffered, then unmatched: listed, replayable
@@ -181,11 +231,14 @@ class Engine(EngineLink, Runs):
         gone = _runs_in(partitions, self.ownership.partitions)
         self.runs.evict_where(gone)
         self.timers.drop(gone)
+        self.admission.forget(gone)
 
     async def stop(self) -> None:
         """Stop after the batch in progress; what the relay still holds is relayed again by
         the next recovery (the outbox, or the runs' state)."""
         await self.sweep.stop()
+        await self._stop_watching()
+        await self.admitter.stop()
         await self.scheduler.stop()
         self.relay.close()
         self.timers.close()
@@ -205,7 +258,9 @@ class Engine(EngineLink, Runs):
         await self.scheduler.apply(list(events), redeliver=False, relay=relay, headers=headers)
 
     async def start_run(self, state: RunState, event: RunStarted) -> None:
-        if self.ownership is None or self.ownership.owns(state.run_id):
+        if (self.ownership is None or self.ownership.owns(state.run_id)) and (
+            self.admission.has_room()
+        ):  # a run that will wait in the queue is loaded when it is admitted
             self.runs.add(state)
         # the run is stored: its start must go
         await self.relay.send([event], "start run", key=start_key(state.run_id))
@@ -248,6 +303,96 @@ class Engine(EngineLink, Runs):
             for fut in waiters:
                 fut.set_result(result)
         self.runs.evict(command.run_id)
+        admission = self.admission
+        admission.ended(command.run_id)
+        if admission.waiting:
+            self.admitter.wake()
+
+    # -- admission (runtime/admission.py) ---------------------------------------
+
+    async def _admit(self, run_ids: list[str]) -> None:
+        """Start these runs from the queue (the admitter reserved them as active): one
+        batch of fresh ``RunStarted`` events, timed now (a run starts when admitted)."""
+        admission = self.admission
+        admitting = admission.admitting
+        for run_id in run_ids:  # their starts from the stream are not the admission's
+            admitting[run_id] = None
+        try:
+            await self._admit_loaded(run_ids)
+        finally:
+            for run_id in run_ids:
+                admitting.pop(run_id, None)
+
+    async def _admit_loaded(self, run_ids: list[str]) -> None:
+        admission = self.admission
+        states: list[RunState] = []
+        for run_id in run_ids:
+            try:
+                state = (await self.runs.get(run_id)).state
+            except Exception as exc:  # a damaged run must not keep the others from starting
+                log.error("run %s cannot be started: %s: %s", run_id, type(exc).__name__, exc)
+                admission.ended(run_id)
+                continue
+            if state.status is not RunStatus.PENDING:  # started or cancelled since the read
+                admission.settle(run_id, not state.is_terminal)
+                continue
+            states.append(state)
+        now = self._clock.now()  # one admission: one time, after the loads
+        events = [started_event(state, now) for state in states]
+        for event in events:
+            admission.admitting[event.run_id] = event
+        committed: set[str] = set()
+        if events:
+            committed = await self.scheduler.apply(list[Event](events))
+        for event in events:  # not committed (the store failed): still queued, read again
+            if event.event_id not in committed:
+                admission.ended(event.run_id)
+                self.admitter.recheck()
+
+    async def _admit_arrived(self, starts: list[RunStarted]) -> dict[str, RunStarted]:
+        """Starts that arrived in a batch (the scheduler's): those of the runs at the head
+        of the queue, in order up to the first whose start is not here, go in this batch
+        (timed now: their admission), with no hop through the admitter; the others only
+        wake it. Nothing is admitted here while runs wait (the admitter has the queue)."""
+        admission = self.admission
+        room = admission.room
+        if admission.waiting or room == 0:
+            return {}
+        arrived = {event.run_id: event for event in starts}
+        head = await self.admitter.head(min(room, len(arrived)))
+        now = self._clock.now()
+        going: dict[str, RunStarted] = {}
+        for run in head:
+            event = arrived.get(run.run_id)
+            if event is None or run.run_id in admission.active:  # an older run's start is
+                break  # not here: the admitter admits them in order
+            going[run.run_id] = replace(event, time=now)
+        admission.reserve(list(going))
+        admission.admitting.update(going)
+        return going
+
+    def _admitted_arrived(self, going: dict[str, RunStarted]) -> None:
+        """The batch that applied ``going`` is done (committed or not)."""
+        for run_id in going:
+            self.admission.admitting.pop(run_id, None)
+
+    async def _count_active(self, owns: Owns) -> None:
+        """Count the runs of ``owns`` that are active (started, not ended): at start, and
+        when partitions are taken over."""
+        for status in (RunStatus.RUNNING, RunStatus.COMPENSATING):
+            cursor: str | None = None
+            while True:
+                page = await self._store.list_runs(
+                    RunFilter(status=status.value), limit=1000, cursor=cursor
+                )
+                self.admission.reserve([r.run_id for r in page.runs if owns(r.run_id)])
+                if page.next_cursor is None:
+                    break
+                cursor = page.next_cursor
+
+    def admission_state(self) -> tuple[int, int]:
+        """``(active, bound)`` of this engine (what its metrics and `runs why` show)."""
+        return len(self.admission.active), self.admission.bound
 
     async def start_child(self, command: StartChildRun) -> RunState:
         catalog = self._catalog
@@ -257,9 +402,11 @@ class Engine(EngineLink, Runs):
         parent = command.run_id if command.wait else None
         step = command.step_key if command.wait else None
         key = f"child:{command.child_run_id}"
+        parent_run = self.runs.hit(command.run_id)  # a child queues as its parent did
+        priority = Priority.NORMAL if parent_run is None else parent_run.state.priority
         if self.tracing is None:
             run_id, state = await catalog.create(
-                plan, command.child_run_id, key, command.input, parent, step
+                plan, command.child_run_id, key, command.input, parent, step, priority=priority
             )
         else:
             with self.tracing.run_span(
@@ -270,7 +417,14 @@ class Engine(EngineLink, Runs):
                 parent_run_id=command.run_id,
             ) as trace:
                 run_id, state = await catalog.create(
-                    plan, command.child_run_id, key, command.input, parent, step, trace
+                    plan,
+                    command.child_run_id,
+                    key,
+                    command.input,
+                    parent,
+                    step,
+                    trace,
+                    priority=priority,
                 )
         if state is None:
             return await self._live(run_id)

@@ -7,7 +7,8 @@ timer far away; recovery loads none of those. It reads:
   emitted events) are relayed now;
 - once, after an upgrade from schema 1: the runs stored before these rows existed
   (``Store.unindexed_runs``) are loaded and their rows written (``Store.index_run``);
-- the runs created but never started (``status = pending``): started now;
+- the runs created but never started (``status = pending``): not here; the engine's
+  admitter (runtime/admission.py) starts them from the store in order, as its bound allows;
 - the attempts in flight that nobody holds a lease on (``Store.expired_tasks``):
   only their runs are loaded; an attempt that was dispatched but never started is
   dispatched again (same attempt, same idempotency key, its ``schedule_to_start``
@@ -38,7 +39,7 @@ from tideflow.runtime.clock import Clock
 from tideflow.runtime.relay import Relay
 from tideflow.runtime.runs import Plans, RunCache
 from tideflow.runtime.timers import TimerWheel
-from tideflow.store.base import RunFilter, Store, TaskLease
+from tideflow.store.base import Store, TaskLease
 
 log = logging.getLogger("tideflow.runtime")
 
@@ -69,7 +70,6 @@ async def recover(
     pending = [item for item in await store.pending_outbox() if owns(item.run_id)]
     await relay.relay([item.command for item in pending], dict(enumerate(i.id for i in pending)))
     await _index_unindexed(store, runs, plans, now, owns)
-    await _start_pending(store, runs, relay, now, owns)
     await _resume_in_flight(store, runs, plans, relay, now, owns)
     await timers.refill()
 
@@ -130,26 +130,6 @@ def in_flight(plan: Plan, state: RunState, now: float) -> list[TaskLease]:
                 TaskLease(run_id=state.run_id, step_key=c.step_key, attempt=0, dispatched_at=now)
             )
     return leases
-
-
-async def _start_pending(
-    store: Store, runs: RunCache, relay: Relay, now: float, owns: Owns
-) -> None:
-    cursor: str | None = None
-    while True:
-        page = await store.list_runs(RunFilter(status="pending"), limit=500, cursor=cursor)
-        for summary in page.runs:
-            if not owns(summary.run_id):
-                continue
-            try:
-                state = (await runs.get(summary.run_id)).state
-            except Exception as exc:  # a damaged run must not keep the others from starting
-                _cannot_resume(summary.run_id, exc)
-                continue
-            await relay.start(state, now)
-        if page.next_cursor is None:
-            return
-        cursor = page.next_cursor
 
 
 async def _resume_in_flight(

@@ -297,11 +297,6 @@ class Relay:
             effect.key = key
             await self._run(effect)
 
-    async def start(self, state: RunState, now: float) -> None:
-        """Publish a stored pending run's ``RunStarted`` (retried; ``start_key`` while not
-        done)."""
-        await self.send([started_event(state, now)], "start run", key=start_key(state.run_id))
-
     def timer_fired(self, run_id: str, timer_id: str) -> None:
         """The wheel's callback: publish the ``TimerFired`` (retried like any effect)."""
         event = TimerFired(

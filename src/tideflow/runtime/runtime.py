@@ -30,7 +30,7 @@ from tideflow.client import Client
 from tideflow.errors import RuntimeNotStarted
 from tideflow.model import storable
 from tideflow.model.events import Event, TaskStarted
-from tideflow.model.plan import Plan
+from tideflow.model.plan import Plan, Priority
 from tideflow.model.run import RunState
 from tideflow.model.states import RunStatus, SignalOutcome
 from tideflow.runtime import gc_tuning
@@ -79,6 +79,7 @@ class Runtime:
         max_run_input: int = storable.MAX_RUN_INPUT,
         interceptors: Sequence[Interceptor] = (),
         run_cache_size: int = DEFAULT_RUN_CACHE_SIZE,
+        max_active_runs: int | None = None,
         lease: bool | None = None,
         lease_ttl: float = DEFAULT_TTL,
         wait_for_engine: float = 0.0,
@@ -95,6 +96,10 @@ class Runtime:
         docs/observability.md); None: no tracing, and OpenTelemetry is not imported.
         ``interceptors`` wrap every attempt the workers run, outermost first (see
         tideflow.worker.interceptors): metrics, tracing, your own policies.
+        ``max_active_runs``: the admission bound (runtime/admission.py): at most this many
+        runs are active at once, the others wait ``pending`` and are admitted by priority,
+        then age; None: a tenth of ``run_cache_size`` (the cache is made to hold at least
+        the bound).
         ``sweep_interval``: seconds between two rounds of the reconciliation sweep
         (runtime/sweep.py; 0 turns it off); only a runtime that recovers (the store's
         engine) sweeps.
@@ -183,6 +188,7 @@ class Runtime:
             new_event_id=self.new_event_id,
             batch_size=batch_size,
             run_cache_size=run_cache_size,
+            max_active_runs=max_active_runs,
             sweep_interval=sweep if recover else 0.0,
             ownership=ownership,
             tracing=self.tracing,
@@ -362,6 +368,12 @@ class Runtime:
         return frozenset(self._engine.relay.relayed)
 
     @property
+    def admission(self) -> tuple[int, int]:
+        """``(active, bound)``: the runs this engine admitted and that have not ended, and
+        its admission bound (runtime/admission.py)."""
+        return self._engine.admission_state()
+
+    @property
     def pending_effects(self) -> int:
         """Effects of committed batches that failed and are being tried again (the relay)."""
         return self._engine.relay.pending
@@ -380,11 +392,18 @@ class Runtime:
         version: str | None = None,
         run_id: str | None = None,
         idempotency_key: str | None = None,
+        priority: Priority | str | None = None,
     ) -> str:
-        """Start a run and return its id (the existing run's id for a reused idempotency key)."""
+        """Start a run and return its id (the existing run's id for a reused idempotency
+        key); ``priority``: its place in the admission queue (high, normal, low)."""
         self._require_started()
         return await self.client.start(
-            workflow, input, version=version, run_id=run_id, idempotency_key=idempotency_key
+            workflow,
+            input,
+            version=version,
+            run_id=run_id,
+            idempotency_key=idempotency_key,
+            priority=priority,
         )
 
     async def run(self, workflow: str | Plan | Any, input: Any = None, **kwargs: Any) -> RunResult:

@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from tideflow import faults, logcontext
@@ -35,8 +35,10 @@ from tideflow.bus.base import NO_HEADERS, TRACEPARENT, Bus, EventBatch, Headers
 from tideflow.bus.closing import cancel_and_wait
 from tideflow.core.decide import decide
 from tideflow.errors import NotFound
-from tideflow.model.events import EngineFailed, Event
+from tideflow.model.events import EngineFailed, Event, RunRetried, RunStarted
 from tideflow.model.plan import Plan
+from tideflow.model.states import RunStatus
+from tideflow.runtime.admission import Admission
 from tideflow.runtime.commits import Outcome, commit_apart
 from tideflow.runtime.observers import Observers
 from tideflow.runtime.partitions import Ownership
@@ -101,6 +103,20 @@ class Scheduler:
         self._forgetting: asyncio.Task[None] | None = None
         self._stopping = False
         relay.on_relayed = self._forget_soon
+        self.admission: Admission | None = None
+        """The engine's admission bound (runtime/admission.py): a ``RunStarted`` it holds
+        is acknowledged and skipped (the run stays pending), and ``held`` is called once
+        per batch that held any."""
+        self.held: Callable[[], None] = _nothing
+        self.arrived: (
+            tuple[
+                Callable[[list[RunStarted]], Awaitable[dict[str, RunStarted]]],
+                Callable[[dict[str, RunStarted]], None],
+            ]
+            | None
+        ) = None
+        """The engine's fast path for the starts of a batch (``Engine._admit_arrived``):
+        those it returns (by run id) replace theirs and pass; then it is told they went."""
         self.spans: BatchSpans | None = None
         """Told of every committed batch with its events' trace headers (tracing on:
         ``ApplySpans``, a span per run per batch); None: nothing, and no header is read."""
@@ -393,16 +409,44 @@ class Scheduler:
     async def _apply_all(self, events: list[Event]) -> list[AppliedEvent]:
         """Apply each event; a run whose event cannot be applied drops out of the batch. A
         run in memory with its plan is applied without an await (every event's path)."""
+        admission = self.admission
+        going: dict[str, RunStarted] = {}
+        if admission is not None and self.arrived is not None:
+            starts = [e for e in events if type(e) is RunStarted and e.parent_run_id is None]
+            if starts:
+                going = await self.arrived[0](starts)
+                if going:
+                    events = [
+                        going.get(e.run_id, e) if type(e) is RunStarted else e for e in events
+                    ]
+        try:
+            return await self._apply_each(events, admission)
+        finally:
+            if going and self.arrived is not None:
+                self.arrived[1](going)
+
+    async def _apply_each(
+        self, events: list[Event], admission: Admission | None
+    ) -> list[AppliedEvent]:
         batch: list[AppliedEvent] = []
         failed: set[str] = set()
+        held = False
         for event in events:
             run_id = event.run_id
             if run_id in failed:
                 continue
+            starting = False
+            if admission is not None and type(event) is RunStarted:
+                if not admission.gate(event):
+                    held = True  # acknowledged with the batch; the run stays pending, queued
+                    continue
+                starting = True
             about = logcontext.run_id.set(run_id)  # its log lines are the run's
             try:
                 found = self._cached(run_id) or await self._load(event)
                 if found is None:
+                    if starting and admission is not None:
+                        admission.settle(run_id, False)
                     continue
                 live, plan = found
                 try:
@@ -415,6 +459,11 @@ class Scheduler:
                     )
                     failed.add(run_id)
                     continue
+                if admission is not None and (starting or type(event) is RunRetried):
+                    status = live.state.status
+                    admission.settle(
+                        run_id, status is not RunStatus.PENDING and not live.state.is_terminal
+                    )
                 if decision.changed:
                     self._in_flight.add(run_id)
                     seq, snapshot = live.next_seq()
@@ -433,6 +482,8 @@ class Scheduler:
         if failed:
             batch = [a for a in batch if a.event.run_id not in failed]
             self._in_flight.difference_update(failed)
+        if held:
+            self.held()
         return batch
 
     async def _run_failed(
@@ -536,6 +587,10 @@ class Scheduler:
             )
             return None
         return live, plan
+
+
+def _nothing() -> None:
+    return None
 
 
 async def _next_unless(

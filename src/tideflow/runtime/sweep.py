@@ -19,9 +19,12 @@ indexed query per part and nothing more when there is nothing to repair:
   that was pending at the previous round and still is, and that this relay does not
   answer for (``Relay.owed``: being tried, or relayed and waiting for the next commit to
   forget it), is relayed, so what is in flight is never relayed twice beside itself;
-- **runs never started** (``Store.list_runs(status=pending, created_before=…)``, index
-  ``runs_status_created``): a run ``pending`` for longer than one interval whose start the
-  relay is not publishing gets its ``RunStarted`` (one id per run: applied once).
+- **lost starts** (``Store.pending_runs``, index ``runs_pending``): the engine's admitter
+  (runtime/admission.py) admits pending runs from the store whenever room frees or a start
+  arrives; when it is idle with room and the queue still holds a run created more than one
+  interval ago, that run's start was lost (a client whose publish failed after the run
+  was stored): the round admits it, and counts it. A run that waits because the engine is
+  at its admission bound is no repair: it is queued, and the round reads nothing then.
 
 Each part reads at most ``BATCH`` rows a round (what is left comes in the next rounds)
 and keeps only the runs ``owns`` accepts (run id -> this engine owns the run's
@@ -42,18 +45,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from tideflow.bus.closing import cancel_and_wait
-from tideflow.model.states import RunStatus
 from tideflow.runtime.clock import Clock
 from tideflow.runtime.observers import Observers
 from tideflow.runtime.recovery import Owns, every_run
-from tideflow.runtime.relay import Relay, start_key, timer_key
+from tideflow.runtime.relay import Relay, timer_key
 from tideflow.runtime.runs import RunCache
 from tideflow.runtime.timers import TimerWheel
-from tideflow.store.base import RunFilter, Store
+from tideflow.store.base import Store
 
 log = logging.getLogger("tideflow.sweep")
 
@@ -64,6 +66,9 @@ BATCH = 1000
 """Most rows one part reads in a round."""
 STATEMENTS_PER_ROUND = 3
 """SQL statements of a round that finds nothing to repair: one query per part."""
+LostStarts = Callable[[float], Awaitable[int]]
+"""Admit the pending runs the admitter missed (``Admitter.repair``): how many of them were
+created before the given time (their start was lost)."""
 
 
 @dataclass(slots=True)
@@ -81,7 +86,7 @@ class Repairs:
         parts = [
             f"{self.timers} due timer(s) fired" if self.timers else "",
             f"{self.outbox} outbox row(s) relayed" if self.outbox else "",
-            f"{self.starts} pending run(s) started" if self.starts else "",
+            f"{self.starts} pending run(s) whose start was lost admitted" if self.starts else "",
         ]
         return ", ".join(part for part in parts if part) or "nothing"
 
@@ -130,36 +135,6 @@ class OutboxWatch:
         return len(stuck)
 
 
-async def start_pending(
-    store: Store,
-    runs: RunCache,
-    relay: Relay,
-    *,
-    before: float,
-    now: float,
-    owns: Owns = every_run,
-    limit: int = BATCH,
-) -> int:
-    """Publish the start of the runs created before ``before`` and still ``pending`` whose
-    start the relay is not publishing; how many were started."""
-    started = 0
-    page = await store.list_runs(RunFilter(status="pending", created_before=before), limit=limit)
-    for summary in page.runs:
-        run_id = summary.run_id
-        if not owns(run_id) or relay.busy(start_key(run_id)):
-            continue
-        try:
-            state = (await runs.get(run_id)).state
-        except Exception as exc:  # a damaged run must not keep the others from starting
-            log.error("run %s cannot be started: %s: %s", run_id, type(exc).__name__, exc)
-            continue
-        if state.status is not RunStatus.PENDING:  # started since the row was read
-            continue
-        await relay.start(state, now)
-        started += 1
-    return started
-
-
 class Sweep:
     """The engine's periodic task: one ``round`` every ``interval`` seconds."""
 
@@ -174,8 +149,11 @@ class Sweep:
         interval: float = DEFAULT_INTERVAL,
         owns: Owns = every_run,
         observers: Observers | None = None,
+        lost_starts: LostStarts | None = None,
     ) -> None:
+        """``lost_starts``: the engine's admitter's repair (None: no start is repaired)."""
         self.interval = check_interval(interval)
+        self._lost_starts = lost_starts
         self._observers = observers if observers is not None else Observers()
         self.owns = owns
         """Which runs this engine sweeps (set by whoever assigns partitions)."""
@@ -206,7 +184,7 @@ class Sweep:
         repairs = Repairs(
             timers=await fire_due_timers(store, self._timers, relay, before=before, owns=owns),
             outbox=await self._outbox.relay_stuck(store, relay, owns=owns),
-            starts=await start_pending(store, self._runs, relay, before=before, now=now, owns=owns),
+            starts=0 if self._lost_starts is None else await self._lost_starts(before),
         )
         if repairs:
             log.info("sweep repaired what lost notifications left: %s", repairs)
@@ -270,5 +248,4 @@ __all__ = [
     "every_run",
     "fire_due_timers",
     "interval_from_environment",
-    "start_pending",
 ]

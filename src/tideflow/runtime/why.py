@@ -158,6 +158,9 @@ class _Seen:
     """The run's effects the engine (in this process) tries again: (what, tries)."""
     children: Mapping[str, str]
     """Child run id -> its status (``missing`` when it is not stored)."""
+    queue: tuple[int, tuple[int, int] | None] | None = None
+    """A pending run: how many runs are ahead of it in the admission queue, and the
+    ``(active, bound)`` of the engine in this process (None: elsewhere)."""
 
 
 async def diagnose(client: Client, run_id: str, *, now: float | None = None) -> Diagnosis:
@@ -176,6 +179,7 @@ async def diagnose(client: Client, run_id: str, *, now: float | None = None) -> 
         outbox=[] if state.is_terminal else await _outbox(client.store, run_id),
         relaying=client.relaying(run_id),
         children=await _children(client.store, state),
+        queue=await _queue(client, state),
     )
     return Diagnosis(
         run_id=run_id, status=state.status.value, checked_at=at, reasons=tuple(reasons_of(seen))
@@ -188,14 +192,7 @@ def reasons_of(seen: _Seen) -> list[Reason]:
         return [_ended(state)]
     reasons = [seen.engine] if seen.engine is not None else []
     if state.status is RunStatus.PENDING:
-        reasons.append(
-            Reason(
-                kind=WhyKind.NOT_STARTED,
-                text="the run is stored and not started yet: an engine starts it when it "
-                "applies its start",
-                since=state.created_at,
-            )
-        )
+        reasons.append(_not_started(state, seen.queue))
     steps: list[Reason] = []
     for key, step in state.steps.items():
         spec = seen.plan.specs.get(step.step_id)
@@ -206,6 +203,36 @@ def reasons_of(seen: _Seen) -> list[Reason]:
     if seen.outbox or seen.relaying:
         reasons.append(_backlog(seen))
     return reasons
+
+
+def _not_started(state: RunState, queue: tuple[int, tuple[int, int] | None] | None) -> Reason:
+    """A pending run: stored, waiting for its engine to admit it (runtime/admission.py)."""
+    if queue is None:
+        return Reason(
+            kind=WhyKind.NOT_STARTED,
+            text="the run is stored and not started yet: an engine starts it when it admits it",
+            since=state.created_at,
+        )
+    ahead, engine = queue
+    data: dict[str, Any] = {"ahead": ahead, "priority": state.priority.value}
+    text = f"pending: {ahead:,} run(s) ahead of it"
+    if engine is not None:
+        active, bound = engine
+        data |= {"active": active, "bound": bound}
+        text += f" (admission bound {bound:,}, {active:,} active)"
+    return Reason(
+        kind=WhyKind.NOT_STARTED,
+        text=text + f"; runs are admitted by priority ({state.priority.value} here), then "
+        "oldest first, as active runs end",
+        since=state.created_at,
+        data=data,
+    )
+
+
+async def _queue(client: Client, state: RunState) -> tuple[int, tuple[int, int] | None] | None:
+    if state.status is not RunStatus.PENDING:
+        return None
+    return await client.store.count_pending(state.run_id), client.admission()
 
 
 def _backlog(seen: _Seen) -> Reason:

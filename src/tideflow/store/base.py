@@ -46,7 +46,7 @@ from tideflow.model.commands import (
     StartChildRun,
 )
 from tideflow.model.events import Event, Transition
-from tideflow.model.plan import Plan
+from tideflow.model.plan import Plan, Priority
 from tideflow.model.quick import quick_init
 from tideflow.model.run import RunState
 from tideflow.model.schedules import ScheduleRow
@@ -178,6 +178,26 @@ class RunSummary:
             "output": self.output,
             "error": self.error,
         }
+
+
+PRIORITY_RANK: Mapping[Priority, int] = {Priority.HIGH: 0, Priority.NORMAL: 1, Priority.LOW: 2}
+"""A run's priority as stored (``runs.priority``): the admission queue's first key."""
+RANK_PRIORITY: Mapping[int, Priority] = {rank: p for p, rank in PRIORITY_RANK.items()}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, order=True)
+class PendingRun:
+    """A run in the admission queue (``Store.pending_runs``): ordered as admitted, by
+    priority (high first), then age, then run id."""
+
+    rank: int
+    """``PRIORITY_RANK`` of the run's priority."""
+    created_at: float
+    run_id: str
+
+    @property
+    def priority(self) -> Priority:
+        return RANK_PRIORITY[self.rank]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -353,6 +373,17 @@ class Store(ABC):
     @abstractmethod
     async def unfinished_runs(self) -> list[str]:
         """Ids of every run that is not in a terminal state (for recovery)."""
+
+    @abstractmethod
+    async def pending_runs(self, limit: int, after: PendingRun | None = None) -> list[PendingRun]:
+        """The admission queue: up to ``limit`` pending runs in the order they are admitted
+        (``PendingRun``), from just after ``after`` (None: from the head); indexed
+        (``runs_pending``)."""
+
+    @abstractmethod
+    async def count_pending(self, ahead_of: str | None = None) -> int:
+        """How many runs are pending; with ``ahead_of``, how many of them come before that
+        run in the admission queue (0 for a run that is not stored)."""
 
     # -- timers, task leases, waits (rows kept current by ``commit``) -------------
 

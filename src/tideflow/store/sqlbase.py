@@ -25,12 +25,14 @@ from tideflow.model.schedules import ScheduleOrigin, ScheduleRow, ScheduleSpec
 from tideflow.model.tokens import ApiToken, stored_role
 from tideflow.model.versions import latest, version_key
 from tideflow.store.base import (
+    PRIORITY_RANK,
     AppliedEvent,
     DefinitionSummary,
     GatewayEvent,
     HistoryEntry,
     Lease,
     OutboxItem,
+    PendingRun,
     RunFilter,
     RunPage,
     RunSummary,
@@ -217,6 +219,7 @@ def new_run_row(
         state.parent_run_id,
         idempotency_key,
         _state_text(state, sealing, eager=True),  # refused before it is written
+        PRIORITY_RANK[state.priority],
     )
 
 
@@ -657,3 +660,16 @@ def _spec(workflow: str, schedule_id: str, text: str) -> ScheduleSpec:
 
 def _float(value: Any) -> float | None:
     return None if value is None else float(value)
+
+
+QUEUE_HEAD = (-1, 0.0, "")
+"""``pending_runs`` parameters that come before every run of the queue."""
+
+
+def queue_after(after: PendingRun | None) -> tuple[int, float, str]:
+    """The ``(priority, created_at, run_id)`` that ``pending_runs`` reads after."""
+    return QUEUE_HEAD if after is None else (after.rank, after.created_at, after.run_id)
+
+
+def pending_run(row: Sequence[Any]) -> PendingRun:
+    return PendingRun(rank=int(row[1]), created_at=float(row[2]), run_id=str(row[0]))

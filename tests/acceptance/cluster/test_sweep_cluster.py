@@ -95,4 +95,4 @@ def test_the_servers_sweep_starts_a_run_whose_start_the_client_could_not_publish
     cluster.worker()
     run_id = asyncio.run(_start_unpublished(cluster))
     assert asyncio.run(_wait(cluster, run_id)) == ("succeeded", 116)
-    server.wait_log("1 pending run(s) started")
+    server.wait_log("1 pending run(s) whose start was lost admitted")

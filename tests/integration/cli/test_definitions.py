@@ -62,3 +62,28 @@ def test_deactivate_and_activate_a_version(workdir: Workdir) -> None:
     missing = invoke("definitions", "activate", "quick", "9", "--store", workdir.store)
     assert missing.exit_code == 2
     assert "no definition 'quick' version 9" in missing.stderr
+
+
+def test_runs_start_takes_a_priority(workdir: Workdir) -> None:
+    """`runs start --priority`: stored with the run (its place in the admission queue); a
+    word that is no priority is a usage error and starts nothing."""
+    import asyncio
+
+    from tideflow.store import open_store
+
+    assert invoke("definitions", "register", "quick.yaml", "--store", workdir.store).exit_code == 0
+    low = invoke("runs", "start", "quick", "--priority", "low", "--store", workdir.store)
+    assert low.exit_code == 0, low.stderr
+    refused = invoke("runs", "start", "quick", "--priority", "urgent", "--store", workdir.store)
+    assert refused.exit_code == 2
+    assert "--priority: priority 'urgent': give high, normal or low" in refused.stderr
+
+    async def priority_of(run_id: str) -> str:
+        store = open_store(workdir.store)
+        await store.open()
+        try:
+            return (await store.load_run(run_id)).snapshot.priority.value
+        finally:
+            await store.close()
+
+    assert asyncio.run(priority_of(low.stdout.strip())) == "low"

@@ -219,6 +219,17 @@ async def test_a_deactivated_version_starts_no_run_until_it_is_activated(
     problem(await api.post("/definitions/waiting/9/deactivate", headers=JSON_TYPE), 404)
 
 
+async def test_a_run_started_with_a_priority_keeps_it(rt: Runtime, api: httpx.AsyncClient) -> None:
+    await register_waiting(api)
+    body = {"workflow": "waiting", "input": {"order_id": "A1"}, "priority": "high"}
+    started = await api.post("/runs", json=body)
+    assert started.status_code == 201, started.text
+    state = await wait_until(rt, started.json()["run_id"], step_is("ask", "waiting"))
+    assert state.priority == "high"
+    refused = problem(await api.post("/runs", json={**body, "priority": "urgent"}), 422)
+    assert "priority" in str(refused)
+
+
 async def test_start_a_run_signal_it_and_read_it(rt: Runtime, api: httpx.AsyncClient) -> None:
     await register_waiting(api)
     started = await api.post("/runs", json={"workflow": "waiting", "input": {"order_id": "A1"}})

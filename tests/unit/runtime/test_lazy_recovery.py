@@ -168,12 +168,11 @@ async def test_an_expired_lease_is_dispatched_again_and_a_held_one_is_not(url: s
 
 
 async def test_the_run_cache_keeps_only_its_size_of_idle_runs(url: str) -> None:
-    async with Runtime(store=url, run_cache_size=4) as rt:
+    async with Runtime(store=url, run_cache_size=4, max_active_runs=4) as rt:
         run_ids = [await rt.start_run(WAITER) for _ in range(12)]
-        for run_id in run_ids:
+        for run_id in run_ids:  # four wait at a time; the others are queued, not cached
             await wait_until(rt, run_id, step_is("hold", "waiting"))
-        assert len(rt._engine.runs) <= 4
-        for run_id in run_ids:
+            assert len(rt._engine.runs) <= 4
             await rt.signal(run_id, "order.charged", {"n": run_id})
         results = [await rt.wait(run_id, timeout=5) for run_id in run_ids]
     assert [r.steps["hold"].output for r in results] == [{"n": run_id} for run_id in run_ids]
@@ -203,14 +202,14 @@ def test_a_run_cache_needs_room_for_one_run() -> None:
 
 async def test_a_recently_used_run_stays_cached() -> None:
     store = MemoryStore()
-    async with Runtime(store=store, run_cache_size=2) as rt:
-        ids = [await rt.start_run(WAITER) for _ in range(2)]
-        for run_id in ids:
-            await wait_until(rt, run_id, step_is("hold", "waiting"))
-        await rt.state(ids[0])  # used again: now the most recent
-        third = await rt.start_run(WAITER)
-        await wait_until(rt, third, step_is("hold", "waiting"))
-        assert ids[0] in rt._engine.runs and ids[1] not in rt._engine.runs
+    cache = RunCache(store, Plans(store), size=2, busy=lambda _: False)
+    for run_id in ("a", "b"):
+        cache.add(
+            new_run_state(run_id=run_id, workflow="w", version="1", plan_hash="h", created_at=0)
+        )
+    await cache.get("a")  # used again: now the most recent
+    cache.add(new_run_state(run_id="c", workflow="w", version="1", plan_hash="h", created_at=0))
+    assert "a" in cache and "b" not in cache and "c" in cache
 
 
 def downgrade_to_schema_1(path: Path) -> None:
@@ -222,6 +221,8 @@ def downgrade_to_schema_1(path: Path) -> None:
         for table in (*tables, "api_tokens", "definition_triggers", "schedules", *gateway):
             conn.execute(f"DROP TABLE {table}")
         conn.execute("ALTER TABLE definitions DROP COLUMN active")
+        conn.execute("DROP INDEX runs_pending")  # schema 11
+        conn.execute("ALTER TABLE runs DROP COLUMN priority")
         conn.execute("DELETE FROM schema_version WHERE version > 1")
     conn.close()
 

@@ -403,7 +403,7 @@ async def test_the_engine_sweeps_every_interval_on_its_own(
         result = await rt.wait(run_id, timeout=20)
     assert result.status == "succeeded"
     assert any(
-        "1 pending run(s) started" in r.getMessage()
+        "1 pending run(s) whose start was lost admitted" in r.getMessage()
         for r in caplog.records
         if r.name == "tideflow.sweep"
     )

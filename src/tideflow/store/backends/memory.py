@@ -16,6 +16,7 @@ left behind).
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -34,6 +35,7 @@ from tideflow.store import sqlbase as sb
 from tideflow.store.backends.memory_gateway import GatewayRecords
 from tideflow.store.base import (
     ENGINE_LEASE,
+    PRIORITY_RANK,
     AppliedEvent,
     Archive,
     ConcurrencyConflict,
@@ -43,6 +45,7 @@ from tideflow.store.base import (
     InboxListener,
     Lease,
     OutboxItem,
+    PendingRun,
     RunFilter,
     RunPage,
     RunSummary,
@@ -128,6 +131,10 @@ class MemoryStore(GatewayRecords, Store):
         self._schedules: dict[tuple[str, str], ScheduleRow] = {}
         self._inactive: set[tuple[str, str]] = set()
         """(name, version) of the deactivated definition versions."""
+        self._queue: list[PendingRun] = []
+        """The pending runs in admission order (``pending_runs``): the SQL stores' index
+        ``runs_pending``. Runs are mostly created in order, so an insert appends."""
+        self._queued: dict[str, PendingRun] = {}
 
     async def save_definition(self, plan: Plan) -> bool:
         key = (plan.name, plan.version)
@@ -220,7 +227,19 @@ class MemoryStore(GatewayRecords, Store):
             at,
             state.status.value,
         )
+        if state.status._value_ == "pending":
+            entry = PendingRun(
+                rank=PRIORITY_RANK[state.priority], created_at=at, run_id=state.run_id
+            )
+            self._queued[state.run_id] = entry
+            bisect.insort(self._queue, entry)
         return state.run_id, True
+
+    def _dequeue(self, run_id: str) -> None:
+        entry = self._queued.pop(run_id, None)
+        if entry is not None:
+            queue = self._queue
+            del queue[bisect.bisect_left(queue, entry)]
 
     def _run(self, run_id: str) -> _Run:
         try:
@@ -263,6 +282,8 @@ class MemoryStore(GatewayRecords, Store):
                     outbox[outbox_id] = OutboxItem(id=outbox_id, run_id=run.run_id, command=command)
         for run_id, applied in last.items():
             run = runs[run_id]
+            if run.status == "pending" and applied.state.status._value_ != "pending":
+                self._dequeue(run_id)
             run.advance(applied.state, applied.event.time)
             if run_id in snapshots:
                 run.snapshot, run.snapshot_at = snapshots[run_id], len(run.log)
@@ -368,6 +389,24 @@ class MemoryStore(GatewayRecords, Store):
 
     async def unfinished_runs(self) -> list[str]:
         return [run_id for run_id, r in self._runs.items() if r.status not in _TERMINAL]
+
+    async def pending_runs(self, limit: int, after: PendingRun | None = None) -> list[PendingRun]:
+        queue = self._queue
+        start = 0 if after is None else bisect.bisect_right(queue, after)
+        return queue[start : start + limit]
+
+    async def count_pending(self, ahead_of: str | None = None) -> int:
+        if ahead_of is None:
+            return len(self._queue)
+        entry = self._queued.get(ahead_of)
+        if entry is None:
+            run = self._runs.get(ahead_of)
+            if run is None:
+                return 0  # as the SQL stores: a run not stored has nobody ahead
+            # not pending: the runs that would come before it, were it queued
+            rank = PRIORITY_RANK[sb.snapshot_from_row(ahead_of, run.snapshot).priority]
+            entry = PendingRun(rank=rank, created_at=run.created_at, run_id=ahead_of)
+        return bisect.bisect_left(self._queue, entry)
 
     async def pending_outbox(self, limit: int = 1000) -> list[OutboxItem]:
         return list(self._outbox.values())[:limit]

@@ -50,6 +50,7 @@ from tideflow.store.base import (
     DueTimer,
     HistoryEntry,
     OutboxItem,
+    PendingRun,
     RunFilter,
     RunPage,
     RunSummary,
@@ -429,6 +430,17 @@ class PostgresStore(LeaseAndInbox, GatewayRecords, Store):
         async with self._connection() as conn:
             rows = await conn.fetch(Q["unfinished_runs"])
         return [str(row[0]) for row in rows]
+
+    async def pending_runs(self, limit: int, after: PendingRun | None = None) -> list[PendingRun]:
+        async with self._connection() as conn:
+            rows = await conn.fetch(Q["pending_runs"], *sb.queue_after(after), limit)
+        return [sb.pending_run(row) for row in rows]
+
+    async def count_pending(self, ahead_of: str | None = None) -> int:
+        async with self._connection() as conn:
+            if ahead_of is None:
+                return int(await conn.fetchval(Q["count_pending"]))
+            return int(await conn.fetchval(Q["count_pending_ahead"], ahead_of))
 
     async def pending_outbox(self, limit: int = 1000) -> list[OutboxItem]:
         async with self._connection() as conn:

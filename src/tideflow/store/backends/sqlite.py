@@ -55,6 +55,7 @@ from tideflow.store.base import (
     HistoryEntry,
     Lease,
     OutboxItem,
+    PendingRun,
     RunFilter,
     RunPage,
     RunSummary,
@@ -497,6 +498,19 @@ class SqliteStore(GatewayRecords, Store):
     async def unfinished_runs(self) -> list[str]:
         rows = await self._run(lambda: self.conn.execute(Q["unfinished_runs"]).fetchall())
         return [row[0] for row in rows]
+
+    async def pending_runs(self, limit: int, after: PendingRun | None = None) -> list[PendingRun]:
+        params = (*sb.queue_after(after), limit)
+        rows = await self._run(lambda: self.conn.execute(Q["pending_runs"], params).fetchall())
+        return [sb.pending_run(row) for row in rows]
+
+    async def count_pending(self, ahead_of: str | None = None) -> int:
+        if ahead_of is None:
+            row = await self._run(lambda: self.conn.execute(Q["count_pending"]).fetchone())
+        else:
+            query, params = Q["count_pending_ahead"], (ahead_of,)
+            row = await self._run(lambda: self.conn.execute(query, params).fetchone())
+        return int(row[0])
 
     async def pending_outbox(self, limit: int = 1000) -> list[OutboxItem]:
         rows = await self._run(lambda: self.conn.execute(Q["pending_outbox"], (limit,)).fetchall())

@@ -70,8 +70,8 @@ ORDER BY d.name, d.version;
 
 -- name: insert_run
 INSERT INTO runs (run_id, workflow, version, plan_hash, status, created_at, updated_at,
-                  parent_run_id, idempotency_key, last_seq, snapshot_seq, snapshot)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 0, 0, $10)
+                  parent_run_id, idempotency_key, last_seq, snapshot_seq, snapshot, priority)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 0, 0, $10, $11)
 ON CONFLICT DO NOTHING
 RETURNING run_id;
 
@@ -360,3 +360,19 @@ JOIN gateway_event_rows r ON r.event_key = e.event_key
 JOIN waits w ON w.signal = r.wait_row
 WHERE e.status = 'buffered' AND e.buffer_until > $1
 ORDER BY e.received_at, e.event_key, w.run_id LIMIT $2;
+
+-- name: pending_runs
+-- The admission queue from after (priority, created_at, run_id), in order (runs_pending).
+SELECT run_id, priority, created_at FROM runs
+WHERE status = 'pending' AND (priority, created_at, run_id) > ($1, $2, $3)
+ORDER BY priority, created_at, run_id
+LIMIT $4;
+
+-- name: count_pending
+SELECT count(*) FROM runs WHERE status = 'pending';
+
+-- name: count_pending_ahead
+-- The pending runs ahead of run $1 in the admission queue (runs_pending).
+SELECT count(*) FROM runs AS r, runs AS k
+WHERE k.run_id = $1 AND r.status = 'pending'
+  AND (r.priority, r.created_at, r.run_id) < (k.priority, k.created_at, k.run_id);

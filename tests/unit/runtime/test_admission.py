@@ -1,0 +1,303 @@
+"""Admission (runtime/admission.py): a bounded number of active runs per engine, the rest
+pending in the store and admitted by priority, then age, as active runs end."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tideflow.dsl import compile_definition
+from tideflow.model.events import RunStarted
+from tideflow.model.plan import Plan, Priority
+from tideflow.runtime.admission import (
+    Admission,
+    Admitter,
+    bound_from_environment,
+    check_bound,
+    default_bound,
+)
+from tideflow.runtime.runtime import Runtime
+from tideflow.store.backends.memory import MemoryStore
+from tideflow.store.base import PendingRun
+from tideflow.testing.waiting import step_is, wait_until
+
+
+def plan(text: str) -> Plan:
+    return compile_definition(textwrap.dedent(text))
+
+
+WAITER = plan(
+    """
+    name: waiter
+    version: "1"
+    steps:
+      - {id: hold, type: wait, signal: go}
+    """
+)
+CHILD = plan(
+    """
+    name: child
+    version: "1"
+    steps:
+      - {id: hold, type: wait, signal: go}
+    """
+)
+PARENT = plan(
+    """
+    name: parent
+    version: "1"
+    steps:
+      - {id: sub, type: subflow, workflow: child}
+    """
+)
+
+
+# -- the bookkeeping -------------------------------------------------------------------
+
+
+def started(run_id: str, parent: str | None = None) -> RunStarted:
+    return RunStarted(event_id=f"{run_id}:started", run_id=run_id, time=0.0, parent_run_id=parent)
+
+
+def test_a_start_only_wakes_the_admitter_but_its_own_or_a_childs_goes_at_once() -> None:
+    book = Admission(2)
+    assert not book.gate(started("a"))  # held: admitted from the store, in order
+    assert book.waiting and book.held == 1
+    book.reserve(["a"])
+    book.admitting["a"] = None  # being admitted: only the admitter's own start passes
+    assert not book.gate(started("a"))
+    own = book.admitting["a"] = started("a")
+    assert book.gate(own)
+    del book.admitting["a"]
+    assert book.gate(started("a"))  # admitted: a duplicate (stale), or one that comes again
+    assert book.gate(started("kid", parent="p"))  # never waits
+    assert book.active == {"a", "kid"} and book.room == 0
+    assert book.gate(started("kid2", parent="p"))  # over the bound: a child still never waits
+    assert book.room == 0
+    book.settle("kid2", False)  # a duplicate of an ended run, a run not stored
+    book.ended("a")
+    assert book.active == {"kid"} and book.room == 1
+
+
+def test_partitions_given_up_take_their_runs_out_of_the_count() -> None:
+    book = Admission(10)
+    book.reserve(["p0-a", "p1-b", "p0-c"])
+    book.forget(lambda run_id: run_id.startswith("p0"))
+    assert book.active == {"p1-b"}
+
+
+def queue_of(*run_ids: str) -> list[PendingRun]:
+    return [PendingRun(rank=1, created_at=float(n), run_id=r) for n, r in enumerate(run_ids)]
+
+
+def admitter_over(
+    queue: list[PendingRun], bound: int, owns: set[str] | None = None
+) -> tuple[Admitter, list[list[str]]]:
+    started: list[list[str]] = []
+
+    async def read(limit: int, after: PendingRun | None) -> list[PendingRun]:
+        rest = [p for p in queue if after is None or p > after]
+        return rest[:limit]
+
+    async def start(run_ids: list[str]) -> None:
+        started.append(run_ids)
+        for run_id in run_ids:  # started: out of the queue
+            queue[:] = [p for p in queue if p.run_id != run_id]
+
+    return (
+        Admitter(
+            Admission(bound),
+            read=read,
+            owns=(lambda r: True) if owns is None else owns.__contains__,
+            start=start,
+        ),
+        started,
+    )
+
+
+async def test_the_admitter_admits_the_head_of_the_queue_up_to_the_bound() -> None:
+    queue = queue_of(*(f"r{n}" for n in range(200)))
+    admitter, started = admitter_over(queue, bound=3)
+    admitter.recheck()
+    assert [p.run_id for p in await admitter.fill()] == ["r0", "r1", "r2"]
+    assert started == [["r0", "r1", "r2"]]
+    assert admitter.admission.waiting  # the queue holds more
+    assert await admitter.fill() == []  # no room: nothing read, nothing admitted
+    admitter.admission.ended("r1")
+    assert [p.run_id for p in await admitter.fill()] == ["r3"]
+
+
+async def test_the_admitter_skips_other_engines_runs_and_says_when_the_queue_ran_out() -> None:
+    queue = queue_of(*(f"r{n}" for n in range(150)))
+    mine = {"r7", "r140", "r149"}
+    admitter, started = admitter_over(queue, bound=10, owns=mine)
+    admitter.recheck()
+    assert [p.run_id for p in await admitter.fill()] == ["r7", "r140", "r149"]
+    assert started == [["r7"], ["r140", "r149"]]  # one start per page read
+    assert not admitter.admission.waiting  # nothing of its own waits any more
+
+
+async def test_room_freed_while_the_admitter_starts_runs_goes_to_the_next_in_line() -> None:
+    queue = queue_of("a", "b", "c")
+    admitter, _ = admitter_over(queue, bound=2)
+    book = admitter.admission
+    book.reserve(["x"])  # one run active: room for one
+    admitter.recheck()
+    real = admitter._start
+
+    async def start_while_x_ends(run_ids: list[str]) -> None:
+        book.ended("x")  # a run ends meanwhile
+        await real(run_ids)
+
+    admitter._start = start_while_x_ends
+    assert [p.run_id for p in await admitter.fill()] == ["a", "b"]  # b, not past it
+    assert book.waiting  # c still waits
+
+
+async def test_a_start_held_while_the_admitter_read_keeps_it_reading() -> None:
+    queue = queue_of("a")
+    admitter, _ = admitter_over(queue, bound=5)
+    book = admitter.admission
+    admitter.recheck()
+    real = admitter._read
+
+    async def read_then_hold(limit: int, after: PendingRun | None) -> list[PendingRun]:
+        page = await real(limit, after)
+        book.gate(started("late"))  # a start arrives during the read
+        return page
+
+    admitter._read = read_then_hold
+    await admitter.fill()
+    assert book.waiting  # "late" was created after the read: it must be read again
+
+
+def test_the_bound_is_checked_and_read_from_the_environment() -> None:
+    assert default_bound(10_000) == 1000 and default_bound(5) == 1
+    assert check_bound(7) == 7
+    for bad in (0, -1, True, 2.5):
+        with pytest.raises(ValueError, match="max active runs"):
+            check_bound(bad)  # type: ignore[arg-type]
+    assert bound_from_environment({}) is None
+    assert bound_from_environment({"TIDEFLOW_MAX_ACTIVE_RUNS": " 250 "}) == 250
+    with pytest.raises(ValueError, match="TIDEFLOW_MAX_ACTIVE_RUNS='many'"):
+        bound_from_environment({"TIDEFLOW_MAX_ACTIVE_RUNS": "many"})
+    with pytest.raises(ValueError, match="max active runs"):
+        Runtime(max_active_runs=0)
+
+
+# -- an engine -------------------------------------------------------------------------
+
+
+async def started_order(rt: Runtime, run_ids: list[str]) -> list[str]:
+    """The runs that have started, by the time their RunStarted was applied."""
+    times = {}
+    for run_id in run_ids:
+        for entry in await rt.store.history(run_id):
+            if entry.kind == "run_started":
+                times[run_id] = (entry.time, entry.seq)
+    return sorted(times, key=times.__getitem__)
+
+
+async def release(rt: Runtime, run_id: str) -> None:
+    """Let a waiting run end (its slot frees)."""
+    await wait_until(rt, run_id, step_is("hold", "waiting"))
+    await rt.signal(run_id, "go", {})
+    await rt.wait(run_id, timeout=10)
+
+
+async def test_runs_past_the_bound_wait_and_are_admitted_by_priority_then_age() -> None:
+    async with Runtime(store=MemoryStore(), max_active_runs=2) as rt:
+        first = [await rt.start_run(WAITER) for _ in range(2)]
+        for run_id in first:
+            await wait_until(rt, run_id, step_is("hold", "waiting"))
+        low = await rt.start_run(WAITER, priority="low")
+        normal = [await rt.start_run(WAITER) for _ in range(2)]
+        high = await rt.start_run(WAITER, priority=Priority.HIGH)
+        assert rt.admission == (2, 2)
+        queued = [low, *normal, high]
+        assert [(await rt.store.get_run(r)).status for r in queued] == ["pending"] * 4
+        assert await rt.store.count_pending() == 4
+        for run_id in [*first, high, *normal]:  # each end admits the next in line
+            await release(rt, run_id)
+        await release(rt, low)
+        assert await started_order(rt, [*first, *queued]) == [*first, high, *normal, low]
+        assert rt.admission == (0, 2)
+
+
+async def test_a_child_of_an_active_parent_is_admitted_at_once() -> None:
+    async with Runtime(store=MemoryStore(), max_active_runs=1) as rt:
+        await rt.register(CHILD)
+        parent = await rt.start_run(PARENT)
+        waiting = await wait_until(rt, parent, step_is("sub", "running"))
+        child = waiting.steps["sub"].child_run_id
+        assert child is not None
+        await wait_until(rt, child, step_is("hold", "waiting"))  # over the bound: no deadlock
+        assert rt.admission == (2, 1)
+        other = await rt.start_run(WAITER)  # not a child: it waits for room
+        await rt.signal(child, "go", {})
+        assert (await rt.wait(parent, timeout=10)).status == "succeeded"
+        await release(rt, other)
+
+
+async def test_a_cancelled_pending_run_leaves_the_queue() -> None:
+    async with Runtime(store=MemoryStore(), max_active_runs=1) as rt:
+        holder = await rt.start_run(WAITER)
+        await wait_until(rt, holder, step_is("hold", "waiting"))
+        queued = await rt.start_run(WAITER)
+        await rt.cancel(queued)
+        assert (await rt.wait(queued, timeout=10)).status == "cancelled"
+        assert await rt.store.count_pending() == 0
+        assert rt.admission == (1, 1)  # the cancelled run took no slot
+        await release(rt, holder)
+        later = await rt.start_run(WAITER)
+        await release(rt, later)  # admitted: the queue and the count are right
+
+
+async def test_a_new_engine_counts_the_active_runs_and_admits_from_the_store(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    async with Runtime(store=url, max_active_runs=2) as rt:
+        run_ids = [await rt.start_run(WAITER) for _ in range(2)]
+        for run_id in run_ids:
+            await wait_until(rt, run_id, step_is("hold", "waiting"))
+        run_ids += [await rt.start_run(WAITER) for _ in range(3)]
+    async with Runtime(store=url, max_active_runs=2) as rt:
+        assert rt.admission == (2, 2)
+        assert await rt.store.count_pending() == 3
+        for run_id in run_ids:
+            await release(rt, run_id)
+        assert await started_order(rt, run_ids) == run_ids
+
+
+async def test_why_says_how_many_runs_are_ahead_of_a_pending_one() -> None:
+    async with Runtime(store=MemoryStore(), max_active_runs=1) as rt:
+        holder = await rt.start_run(WAITER)
+        await wait_until(rt, holder, step_is("hold", "waiting"))
+        ahead = [await rt.start_run(WAITER) for _ in range(2)]
+        last = await rt.start_run(WAITER, priority="low")
+        diagnosis = await rt.client.why(last)
+        [reason] = [r for r in diagnosis.reasons if r.kind == "not_started"]
+        assert reason.text.startswith("pending: 2 run(s) ahead of it (admission bound 1, 1 active)")
+        assert reason.data == {"ahead": 2, "priority": "low", "active": 1, "bound": 1}
+        for run_id in [holder, *ahead, last]:
+            await release(rt, run_id)
+
+
+async def test_the_sweep_repairs_nothing_for_runs_held_by_the_bound() -> None:
+    from tideflow.testing.clock import ManualClock
+
+    clock = ManualClock()
+    async with Runtime(store=MemoryStore(), clock=clock, max_active_runs=1) as rt:
+        holder = await rt.start_run(WAITER)
+        await wait_until(rt, holder, step_is("hold", "waiting"))
+        queued = []
+        for _ in range(3):
+            clock.advance(1)  # (runs created at one instant are admitted by run id)
+            queued.append(await rt.start_run(WAITER))
+        clock.advance(3600)  # long pending: but queued, not lost
+        assert not await rt._engine.sweep.round()
+        for run_id in [holder, *queued]:
+            await release(rt, run_id)
