@@ -23,6 +23,7 @@ from tideflow.model.run import RunState
 from tideflow.runtime.catalog import Catalog
 from tideflow.runtime.clock import Clock
 from tideflow.runtime.correlate import Correlator
+from tideflow.runtime.gathering import Gathering
 from tideflow.runtime.intake import hand_buffered, hand_waiting
 from tideflow.runtime.observers import Observers
 from tideflow.runtime.partitions import Ownership
@@ -115,6 +116,8 @@ class Engine(EngineLink, Runs):
             ownership=ownership,
             observers=self.observers,
         )
+        self._starts: Gathering[RunStarted, None] = Gathering(self._publish_starts)
+        """Starts published together (``start_run``)."""
         self.tracing = tracing
         if tracing is not None:
             self.relay.task_headers = self._task_headers
@@ -207,8 +210,18 @@ class Engine(EngineLink, Runs):
     async def start_run(self, state: RunState, event: RunStarted) -> None:
         if self.ownership is None or self.ownership.owns(state.run_id):
             self.runs.add(state)
-        # the run is stored: its start must go
-        await self.relay.send([event], "start run", key=start_key(state.run_id))
+        await self._starts(event)  # with the starts made meanwhile: one publication
+
+    async def _publish_starts(self, events: list[RunStarted]) -> list[None]:
+        """Publish the starts of runs just stored, together; when the bus refuses them,
+        each goes as an effect of its own, retried until it goes (the runs are stored:
+        their starts must go)."""
+        try:
+            await self._bus.publish_events(events)
+        except Exception:
+            for event in events:
+                await self.relay.send([event], "start run", key=start_key(event.run_id))
+        return [None] * len(events)
 
     async def state(self, run_id: str) -> RunState:
         """The run's state as committed: a change still being committed is waited for (a
