@@ -2,18 +2,19 @@
 
 A ``Gathering`` wraps a function of a batch (``Store.create_runs``, ``Bus.publish_events``).
 Each caller hands over one item and waits for its own result. There is no timer: when
-nothing is being flushed, the first caller's item goes at once (a lone start is not made
-slower); while a flush is in flight, the items of the callers that come meanwhile gather
-and go together as the next batch (up to ``limit`` items), as soon as that flush ends.
-So under a burst of N concurrent starts, the number of commits is about N / (what
-gathers during one commit), not N.
+nothing is being flushed, the caller flushes its own item at once, in its own task (a
+lone start costs what it did: no task, no turn of the loop); the callers that come while
+a flush is in flight gather, and go together as the next batch (up to ``limit`` items)
+as soon as that flush ends. So under a burst of N concurrent starts, the number of
+commits is about N / (what gathers during one commit), not N. (A flush that never
+yields, as an in-memory store's, gathers nothing: it has nothing to gain.)
 
-The batch is flushed by one task of the gathering, never by a caller: a caller that is
-cancelled does not cancel the others' flush. A flush of several items that raises is
-tried again item by item, so one bad item (a run id taken already, an input the store
-refuses) fails its own caller only (unless ``apart`` says the failure is everyone's:
-the store is down); the function may also return an exception for an
-item (``Store.create_runs`` does), which goes to that item's caller alone.
+The gathered batches are flushed by one task of the gathering, never by a caller: a
+caller that is cancelled does not cancel the others' flush. A flush of several items
+that raises is tried again item by item, so one bad item (a run id taken already, an
+input the store refuses) fails its own caller only (unless ``apart`` says the failure is
+everyone's: the store is down); the function may also return an exception for an item
+(``Store.create_runs`` does), which goes to that item's caller alone.
 """
 
 from __future__ import annotations
@@ -53,18 +54,40 @@ class Gathering(Generic[T, R]):
         self._limit = limit
         self._waiting: deque[tuple[T, asyncio.Future[R]]] = deque()
         self._flusher: asyncio.Task[None] | None = None
+        self._busy = False
+        """Whether a flush is in flight (a caller's own, or the flusher's)."""
         self.batches = 0
         """Flushes made so far (tests and benches read it)."""
 
     async def __call__(self, item: T) -> R:
+        if not self._busy:  # nothing in flight: this item goes now, from this task
+            self._busy = True
+            try:
+                self.batches += 1
+                (result,) = await self._flush([item])
+            finally:
+                self._busy = False
+                if self._waiting:  # what gathered meanwhile goes at once
+                    self._start()
+            if isinstance(result, Exception):
+                raise result
+            return result
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._waiting.append((item, future))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.get_running_loop().create_task(self._flush_all())
         return await future
+
+    def _start(self) -> None:
+        self._busy = True
+        self._flusher = asyncio.get_running_loop().create_task(self._flush_all())
 
     async def _flush_all(self) -> None:
         waiting = self._waiting
+        try:
+            await self._flush_waiting(waiting)
+        finally:
+            self._busy = False
+
+    async def _flush_waiting(self, waiting: deque[tuple[T, asyncio.Future[R]]]) -> None:
         while waiting:
             batch = [waiting.popleft() for _ in range(min(self._limit, len(waiting)))]
             try:
