@@ -220,6 +220,55 @@ async def test_a_run_id_taken_already_is_refused_and_the_stored_run_kept(
         assert await store.create_run(third, key) == ("r3", True)
 
 
+async def test_create_runs_stores_a_batch_and_honours_every_idempotency_key(
+    store: Store,
+) -> None:
+    """A batch of starts is one call: each run gets what ``create_run`` alone would give
+    it, in order: a key used before names the old run, a key used twice in the batch
+    creates the first run only, a taken run id fails that run alone."""
+    plan = short_plan()
+
+    def state(run_id: str, at: float = T0) -> Any:
+        made = new_run_state(
+            run_id=run_id, workflow=plan.name, version="1", plan_hash=plan.hash, created_at=at
+        )
+        made.input = {"id": run_id}
+        return made
+
+    assert await store.create_run(state("old"), "used") == ("old", True)
+    results = await store.create_runs(
+        [
+            (state("a"), "k-a"),
+            (state("b"), "used"),  # a key of an earlier batch
+            (state("c"), None),
+            (state("d"), "k-a"),  # the key of "a", in the same batch
+            (state("old"), "k-old"),  # a run id taken already
+            (state("e"), None),
+            (state("e", T0 + 1), "k-e"),  # a run id taken in the same batch
+            (state("f"), "k-f"),
+        ]
+    )
+    assert results[:4] == [("a", True), ("old", False), ("c", True), ("a", False)]
+    assert isinstance(results[4], RunExists) and "old" in str(results[4])
+    assert results[5] == ("e", True)
+    assert isinstance(results[6], RunExists) and "e" in str(results[6])
+    assert results[7] == ("f", True)
+    stored = sorted(r.run_id for r in (await store.list_runs()).runs)
+    assert stored == ["a", "c", "e", "f", "old"]
+    assert (await store.load_run("e")).snapshot.input == {"id": "e"}
+    assert (await store.load_run("e")).snapshot.created_at == T0
+    # the keys the refused runs named are free; those taken stay taken
+    assert await store.create_runs([(state("g"), "k-old"), (state("h"), "k-e")]) == [
+        ("g", True),
+        ("h", True),
+    ]
+    assert await store.create_runs([(state("i"), "k-f"), (state("j"), "k-a")]) == [
+        ("f", False),
+        ("a", False),
+    ]
+    assert await store.create_runs([]) == []
+
+
 @pytest.mark.parametrize(("batch_size", "snapshot_every"), [(1, 0), (3, 2), (4, 3), (100, 4)])
 async def test_committed_runs_load_back_to_the_same_state(
     store: Store, batch_size: int, snapshot_every: int

@@ -2,7 +2,11 @@
 child run have in common.
 
 A new run is stored ``pending``; whoever created it then hands its ``RunStarted`` to
-the engine (``started_event``), so a run is never started before it is durable.
+the engine (``started_event``), so a run is never started before it is durable. Starts
+made concurrently (a burst of ``POST /runs``, of schedule slots, of child runs) are
+stored together, one ``Store.create_runs`` transaction for what gathered while the
+previous one was being committed (runtime/gathering.py): no timer, so a lone start costs
+what it did.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ from tideflow.model.plan import Plan, Priority
 from tideflow.model.run import RunState, new_run_state
 from tideflow.runtime.clock import Clock
 from tideflow.runtime.definitions import DefinitionSource, coerce_plan, is_plain_name
+from tideflow.runtime.gathering import Gathering
+from tideflow.runtime.poison import Failure, classify
 from tideflow.runtime.runs import Plans
-from tideflow.store.base import Store
+from tideflow.store.base import Created, NewRun, Store
 from tideflow.store.sqlbase import inactive_version
 from tideflow.worker.executors.registry import ExecutorRegistry
 
@@ -55,6 +61,10 @@ class Catalog:
         self._definitions = DefinitionSource(definitions_dir, executors)
         self._max_run_input = max_run_input
         self.plans = Plans(store)
+        self.creating: Gathering[NewRun, Created] = Gathering(
+            store.create_runs, apart=lambda exc: classify(exc) is not Failure.UNAVAILABLE
+        )
+        """New runs stored together (``create``)."""
 
     def compile_stored(self, source: Any) -> Plan:
         """A plan from its stored source (registered once, by whatever rules held then:
@@ -162,7 +172,7 @@ class Catalog:
             priority=priority,
         )
         state.input = input
-        stored_id, created = await self._store.create_run(state, idempotency_key)
+        stored_id, created = await self.creating((state, idempotency_key))
         return stored_id, state if created else None
 
 

@@ -28,6 +28,7 @@ from tideflow.runtime.admission import Admission, Admitter, check_bound, default
 from tideflow.runtime.catalog import Catalog, started_event
 from tideflow.runtime.clock import Clock
 from tideflow.runtime.correlate import Correlator
+from tideflow.runtime.gathering import Gathering
 from tideflow.runtime.intake import hand_buffered, hand_waiting
 from tideflow.runtime.observers import Observers
 from tideflow.runtime.partitions import Ownership
@@ -128,6 +129,8 @@ class Engine(EngineLink, Runs):
             ownership=ownership,
             observers=self.observers,
         )
+        self._starts: Gathering[RunStarted, None] = Gathering(self._publish_starts)
+        """Starts published together (``start_run``)."""
         self.tracing = tracing
         if tracing is not None:
             self.relay.task_headers = self._task_headers
@@ -262,8 +265,18 @@ class Engine(EngineLink, Runs):
             self.admission.has_room()
         ):  # a run that will wait in the queue is loaded when it is admitted
             self.runs.add(state)
-        # the run is stored: its start must go
-        await self.relay.send([event], "start run", key=start_key(state.run_id))
+        await self._starts(event)  # with the starts made meanwhile: one publication
+
+    async def _publish_starts(self, events: list[RunStarted]) -> list[None]:
+        """Publish the starts of runs just stored, together; when the bus refuses them,
+        each goes as an effect of its own, retried until it goes (the runs are stored:
+        their starts must go)."""
+        try:
+            await self._bus.publish_events(events)
+        except Exception:
+            for event in events:
+                await self.relay.send([event], "start run", key=start_key(event.run_id))
+        return [None] * len(events)
 
     async def state(self, run_id: str) -> RunState:
         """The run's state as committed: a change still being committed is waited for (a

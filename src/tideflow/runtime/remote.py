@@ -56,6 +56,7 @@ from tideflow.model.run import RunState
 from tideflow.model.states import RUN_TERMINAL
 from tideflow.runtime.catalog import Catalog
 from tideflow.runtime.clock import Clock, SystemClock
+from tideflow.runtime.gathering import Gathering
 from tideflow.runtime.result import RunResult, result_of
 from tideflow.runtime.runs import Plans, RunCache
 from tideflow.store.base import Store
@@ -91,6 +92,8 @@ class BusLink(EngineLink):
         self._listener: asyncio.Task[None] | None = None
         self._first_try = asyncio.Event()
         """Set once the subscription was first tried (opened or failed)."""
+        self._starts: Gathering[RunStarted, None] = Gathering(self._publish_starts)
+        """Starts published together (``start_run``)."""
 
     async def deliver(self, events: Sequence[Event], headers: Headers = NO_HEADERS) -> None:
         await self._bus.publish_events(with_headers(events, headers))
@@ -118,27 +121,35 @@ class BusLink(EngineLink):
             delay = min(delay * 2, LAST_POLL)
 
     async def start_run(self, state: RunState, event: RunStarted) -> None:
-        """Publish the start of a run just stored; the run is durable already, so a bus
-        that keeps refusing it costs latency, not the run (see the module docstring)."""
+        """Publish the start of a run just stored, with the starts stored meanwhile (one
+        publication for them all: runtime/gathering.py)."""
+        await self._starts(event)
+
+    async def _publish_starts(self, events: list[RunStarted]) -> list[None]:
+        """Publish starts of runs just stored; the runs are durable already, so a bus that
+        keeps refusing them costs latency, not the runs (see the module docstring)."""
         delay = START_FIRST_DELAY
         for tries in range(1, START_TRIES + 1):
             try:
-                await self._bus.publish_events([event])
-                return
+                await self._bus.publish_events(events)
+                break
             except Exception as exc:
                 if tries == START_TRIES:
                     log.warning(
-                        "run %s is stored (pending) but its start could not be published "
-                        "after %d tries (%s: %s): a `tideflow server`'s sweep starts it once "
-                        "it has been pending one sweep interval, or the next server start does",
-                        state.run_id,
+                        "%s stored (pending) but %s could not be published after %d tries "
+                        "(%s: %s): a `tideflow server`'s sweep starts %s once pending one "
+                        "sweep interval, or the next server start does",
+                        _runs(events),
+                        "its start" if len(events) == 1 else "their starts",
                         tries,
                         type(exc).__name__,
                         exc,
+                        "it" if len(events) == 1 else "them",
                     )
-                    return
+                    break
             await asyncio.sleep(delay)
             delay *= 2
+        return [None] * len(events)
 
     async def state(self, run_id: str) -> RunState:
         return await load_state(self._store, self._plans, run_id)
@@ -229,6 +240,14 @@ class BusLink(EngineLink):
         listener, self._listener = self._listener, None
         if listener is not None:
             await cancel_and_wait(listener)
+
+
+def _runs(events: Sequence[Event]) -> str:
+    """``run X is`` / ``N runs (X, Y, Z, …) are``: what a log line says of ``events``."""
+    if len(events) == 1:
+        return f"run {events[0].run_id} is"
+    shown = ", ".join(e.run_id for e in events[:3])
+    return f"{len(events)} runs ({shown}{', …' if len(events) > 3 else ''}) are"
 
 
 async def load_state(store: Store, plans: Plans, run_id: str) -> RunState:

@@ -279,6 +279,11 @@ class Lease:
     """Epoch seconds; once passed, another process may take the lease over."""
 
 
+NewRun = tuple[RunState, str | None]
+"""A run to create and its idempotency key (``Store.create_runs``)."""
+Created = tuple[str, bool]
+"""``(run_id, created)``: the run's id, or that of the run its idempotency key named."""
+
 ENGINE_LEASE = "engine"
 """The lease of embedded mode's one engine (and of a client's moment, runtime/lease.py)."""
 MEMBER_LEASES = "server:"
@@ -340,13 +345,25 @@ class Store(ABC):
 
     # -- runs -------------------------------------------------------------------
 
-    @abstractmethod
     async def create_run(
         self, state: RunState, idempotency_key: str | None = None
     ) -> tuple[str, bool]:
         """Store a new (pending) run: ``(run_id, True)``. With an idempotency key already
         used, nothing is written and the existing run's id comes back: ``(id, False)``;
         ``RunExists`` (nothing written) for a run id that is stored already."""
+        (created,) = await self.create_runs([(state, idempotency_key)])
+        if isinstance(created, Exception):
+            raise created
+        return created
+
+    @abstractmethod
+    async def create_runs(self, runs: Sequence[NewRun]) -> list[Created | Exception]:
+        """``create_run`` for many runs in one transaction (a burst of starts is one
+        commit): for each, in order, ``(run_id, True)``, ``(the id of the run that has
+        its idempotency key, False)`` (a key taken before, or by an earlier run of the
+        same batch), or the error of that run alone (``RunExists``, a state that cannot
+        be stored), which writes nothing of it and leaves the others be. Raises only
+        when nothing could be written (the store is down)."""
 
     @abstractmethod
     async def load_run(self, run_id: str) -> StoredRun:

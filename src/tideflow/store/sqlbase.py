@@ -223,6 +223,19 @@ def new_run_row(
     )
 
 
+def new_run_rows(
+    runs: Sequence[tuple[RunState, str | None]], sealer: Sealer
+) -> list[tuple[Any, ...] | Exception]:
+    """``new_run_row`` of each run, or the error that refuses that run alone."""
+    rows: list[tuple[Any, ...] | Exception] = []
+    for state, idempotency_key in runs:
+        try:
+            rows.append(new_run_row(state, idempotency_key, sealer))
+        except Exception as exc:  # a state that cannot be stored: its caller hears why
+            rows.append(exc)
+    return rows
+
+
 async def learn_plans(
     read_plan: Callable[[str], Awaitable[Plan]], sealer: Sealer, plan_hashes: Iterable[str]
 ) -> None:

@@ -39,11 +39,13 @@ from tideflow.store.base import (
     AppliedEvent,
     Archive,
     ConcurrencyConflict,
+    Created,
     DefinitionSummary,
     DueTimer,
     HistoryEntry,
     InboxListener,
     Lease,
+    NewRun,
     OutboxItem,
     PendingRun,
     RunFilter,
@@ -204,18 +206,25 @@ class MemoryStore(GatewayRecords, Store):
             if name is None or n == name
         ]
 
-    async def create_run(
-        self, state: RunState, idempotency_key: str | None = None
-    ) -> tuple[str, bool]:
+    async def create_runs(self, runs: Sequence[NewRun]) -> list[Created | Exception]:
+        results: list[Created | Exception] = []
+        for state, idempotency_key in runs:
+            try:
+                results.append(self._create_run(state, idempotency_key))
+            except Exception as exc:  # that run's alone: nothing of it was written
+                results.append(exc)
+        return results
+
+    def _create_run(self, state: RunState, idempotency_key: str | None) -> Created:
         if idempotency_key is not None:
             existing = self._idempotency.get(idempotency_key)
             if existing is not None:
                 return existing, False
         if state.run_id in self._runs:
             raise RunExists(f"run {state.run_id} exists already")
+        snapshot = _snapshot(state)
         if idempotency_key is not None:
             self._idempotency[idempotency_key] = state.run_id
-        snapshot = _snapshot(state)
         at = state.created_at
         self._runs[state.run_id] = _Run(
             state.run_id,

@@ -46,9 +46,11 @@ from tideflow.store.base import (
     AppliedEvent,
     Archive,
     ConcurrencyConflict,
+    Created,
     DefinitionSummary,
     DueTimer,
     HistoryEntry,
+    NewRun,
     OutboxItem,
     PendingRun,
     RunFilter,
@@ -358,19 +360,53 @@ class PostgresStore(LeaseAndInbox, GatewayRecords, Store):
 
     # -- runs -------------------------------------------------------------------
 
-    async def create_run(
-        self, state: RunState, idempotency_key: str | None = None
-    ) -> tuple[str, bool]:
-        if not self.sealer.knows(state.plan_hash):
-            await sb.learn_plans(self.get_plan, self.sealer, [state.plan_hash])
-        row = sb.new_run_row(state, idempotency_key, self.sealer)
-        async with self._connection() as conn:
-            if await conn.fetchval(Q["insert_run"], *row):
-                return state.run_id, True
-            existing = await conn.fetchval(Q["run_by_idempotency_key"], idempotency_key)
-        if existing is None:
-            raise RunExists(f"run {state.run_id} exists already")
-        return str(existing), False
+    async def create_runs(self, runs: Sequence[NewRun]) -> list[Created | Exception]:
+        plan_hashes = [state.plan_hash for state, _ in runs]
+        if not all(map(self.sealer.knows, plan_hashes)):
+            await sb.learn_plans(self.get_plan, self.sealer, plan_hashes)
+        rows = sb.new_run_rows(runs, self.sealer)
+        done: list[Created | Exception | None] = [
+            row if isinstance(row, Exception) else None for row in rows
+        ]
+        # One statement for the batch. A run whose id or key an earlier run of the batch
+        # has waits for the next round: which of two equal rows one INSERT keeps is not
+        # said, and the first asked must be the one created.
+        batch: list[int] = []
+        later: list[int] = []
+        ids: set[str] = set()
+        keys: set[str] = set()
+        for i, ((state, key), row) in enumerate(zip(runs, rows, strict=True)):
+            if isinstance(row, Exception):
+                continue
+            if state.run_id in ids or (key is not None and key in keys):
+                later.append(i)
+                continue
+            ids.add(state.run_id)
+            if key is not None:
+                keys.add(key)
+            batch.append(i)
+        if batch:
+            columns = [list(column) for column in zip(*(rows[i] for i in batch), strict=True)]
+            async with self._connection() as conn:
+                inserted = {r[0] for r in await conn.fetch(Q["insert_runs"], *columns)}
+                missed = [runs[i][1] for i in batch if runs[i][0].run_id not in inserted]
+                owners: dict[str, str] = {}
+                if any(key is not None for key in missed):
+                    found = await conn.fetch(Q["runs_by_idempotency_keys"], missed)
+                    owners = {str(key): str(run_id) for key, run_id in found}
+            for i in batch:
+                state, key = runs[i]
+                if state.run_id in inserted:
+                    done[i] = (state.run_id, True)
+                elif key is not None and key in owners:
+                    done[i] = (owners[key], False)
+                else:
+                    done[i] = RunExists(f"run {state.run_id} exists already")
+        if later:
+            again = await self.create_runs([runs[i] for i in later])
+            for i, result in zip(later, again, strict=True):
+                done[i] = result
+        return [result for result in done if result is not None]
 
     async def load_run(self, run_id: str) -> StoredRun:
         async with self._connection() as conn:

@@ -50,10 +50,12 @@ from tideflow.store.base import (
     AppliedEvent,
     Archive,
     ConcurrencyConflict,
+    Created,
     DefinitionSummary,
     DueTimer,
     HistoryEntry,
     Lease,
+    NewRun,
     OutboxItem,
     PendingRun,
     RunFilter,
@@ -414,23 +416,30 @@ class SqliteStore(GatewayRecords, Store):
 
     # -- runs -------------------------------------------------------------------
 
-    async def create_run(
-        self, state: RunState, idempotency_key: str | None = None
-    ) -> tuple[str, bool]:
-        if not self.sealer.knows(state.plan_hash):
-            await sb.learn_plans(self.get_plan, self.sealer, [state.plan_hash])
-        row = sb.new_run_row(state, idempotency_key, self.sealer)
+    async def create_runs(self, runs: Sequence[NewRun]) -> list[Created | Exception]:
+        unknown = [state.plan_hash for state, _ in runs]
+        if not all(map(self.sealer.knows, unknown)):
+            await sb.learn_plans(self.get_plan, self.sealer, unknown)
+        rows = sb.new_run_rows(runs, self.sealer)
 
-        def insert(conn: sqlite3.Connection) -> tuple[str, bool]:
-            if conn.execute(Q["insert_run"], row).rowcount:
-                return state.run_id, True
-            found = conn.execute(Q["run_by_idempotency_key"], (idempotency_key,)).fetchone()
-            if found is None:
-                raise RunExists(f"run {state.run_id} exists already")
-            return found[0], False
+        def insert(conn: sqlite3.Connection) -> list[Created | Exception]:
+            done: list[Created | Exception] = []
+            for (state, key), row in zip(runs, rows, strict=True):
+                if isinstance(row, Exception):
+                    done.append(row)
+                elif conn.execute(Q["insert_run"], row).rowcount:
+                    done.append((state.run_id, True))
+                else:
+                    found = conn.execute(Q["run_by_idempotency_key"], (key,)).fetchone()
+                    done.append(
+                        RunExists(f"run {state.run_id} exists already")
+                        if found is None
+                        else (found[0], False)
+                    )
+            return done
 
-        # A transaction of one statement, made here like a commit of one event: a run
-        # started while nothing else is going on does not wait for two thread hops.
+        # One transaction for the whole batch, made here like a commit of one event: a
+        # run started while nothing else is going on does not wait for two thread hops.
         return await self._commit(insert)
 
     async def load_run(self, run_id: str) -> StoredRun:

@@ -68,15 +68,22 @@ SELECT d.name, d.version, d.hash, d.created_at, d.active, p.source::json ->> 'ti
 FROM definitions AS d JOIN plans AS p ON p.hash = d.hash
 ORDER BY d.name, d.version;
 
--- name: insert_run
+-- name: insert_runs
+-- Many new runs in one statement (Store.create_runs): one array per column.
 INSERT INTO runs (run_id, workflow, version, plan_hash, status, created_at, updated_at,
                   parent_run_id, idempotency_key, last_seq, snapshot_seq, snapshot, priority)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 0, 0, $10, $11)
+SELECT r.run_id, r.workflow, r.version, r.plan_hash, r.status, r.created_at, r.updated_at,
+       r.parent_run_id, r.idempotency_key, 0, 0, r.snapshot, r.priority
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+            $6::double precision[], $7::double precision[], $8::text[], $9::text[],
+            $10::text[], $11::smallint[])
+     AS r(run_id, workflow, version, plan_hash, status, created_at, updated_at,
+          parent_run_id, idempotency_key, snapshot, priority)
 ON CONFLICT DO NOTHING
 RETURNING run_id;
 
--- name: run_by_idempotency_key
-SELECT run_id FROM runs WHERE idempotency_key = $1;
+-- name: runs_by_idempotency_keys
+SELECT idempotency_key, run_id FROM runs WHERE idempotency_key = ANY($1::text[]);
 
 -- name: load_run
 -- One statement, so the snapshot and the events after it come from one consistent view.
