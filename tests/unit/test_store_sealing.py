@@ -4,10 +4,17 @@ keys as the environment gives them, tokens, and which keys of a value are sealed
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 import pytest
 
+from tideflow.dsl import compile_definition
 from tideflow.errors import StateFormatError, StoreError, UnstorableData
+from tideflow.model.events import RunStarted
+from tideflow.model.plan import Plan
+from tideflow.model.run import new_run_state
+from tideflow.store import sqlbase as sb
+from tideflow.store.base import AppliedEvent
 from tideflow.store.sealing import (
     KEY_VARIABLE,
     OLD_KEYS_VARIABLE,
@@ -106,3 +113,37 @@ def test_a_store_without_a_key_says_how_to_make_one() -> None:
     assert sealer.seal({"other": 1}, names, "run r") == {"other": 1}  # nothing to seal
     with pytest.raises(UnstorableData):  # a new run: refused even before a value comes
         sealer.seal({"other": 1}, names, "run r", eager=True)
+
+
+def _plan(name: str, sensitive: list[str]) -> Plan:
+    step: dict[str, Any] = {"id": "a", "type": "noop"}
+    if sensitive:
+        step["sensitive"] = sensitive
+    return compile_definition({"name": name, "version": "1", "steps": [step]})
+
+
+def _applied(run_id: str, plan: Plan, output: Any) -> AppliedEvent:
+    state = new_run_state(
+        run_id=run_id, workflow=plan.name, version="1", plan_hash=plan.hash, created_at=0.0
+    )
+    state.output = output
+    event = RunStarted(event_id=f"{run_id}-start", run_id=run_id, time=1.0)
+    return AppliedEvent(event=event, state=state, transitions=[], commands=[], seq=1)
+
+
+def test_a_commit_seals_only_when_a_plan_of_its_runs_declares_sensitive_names() -> None:
+    plain, vault = _plan("plain", []), _plan("vault", ["card"])
+    sealer = Sealer(where="test", ephemeral=True, environ={})
+    assert not sealer.knows_all({plain.hash})
+    sealer.learn(plain)
+    assert sealer.knows_all({plain.hash}) and not sealer.knows_all({plain.hash, vault.hash})
+    sealer.learn(vault)
+    assert sealer.for_plans({plain.hash}) is None  # its rows are written with no sealer
+    assert sealer.for_plans({plain.hash, vault.hash}) is sealer
+
+    batch = [_applied("p", plain, {"card": "4111"}), _applied("v", vault, {"card": "4111"})]
+    rows = sb.batch_rows(batch, sealer.for_plans({plain.hash, vault.hash}))
+    outputs = {run.run_id: run.output for run in rows.runs}
+    assert outputs["p"] == '{"card":"4111"}'  # a plan that declares none: as it is
+    assert outputs["v"] is not None and "4111" not in outputs["v"]
+    assert sealer.loads(outputs["v"], "row") == {"card": "4111"}

@@ -256,6 +256,8 @@ class Relay:
         early = self._early
         assert early is not None
         for applied in batch:
+            if not applied.state.waiting:  # no wait step waits: none started (most events)
+                continue
             rows = waits_started(applied.state, applied.transitions)
             if rows:
                 run_id = applied.state.run_id

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from tideflow.model.masking import mask
@@ -68,54 +68,58 @@ def result_of(state: RunState, plan: Plan | None = None) -> RunResult:
     (``tideflow.model.masking``): keys that name a credential everywhere, and with the
     plan the fields a step marks `sensitive` in its output (the run's output: those of
     every step). The run state itself keeps the values."""
-    result = _result(state)
-    specs = plan.specs if plan is not None else {}
-    for key, step in result.steps.items():
-        spec = specs.get(state.steps[key].step_id)
-        masked = mask(step.output, spec.sensitive if spec is not None else ())
-        if masked is not step.output:
-            result.steps[key] = replace(step, output=masked)  # a dict of this result's own
-    output = mask(result.output, plan_sensitive(plan))
-    return result if output is result.output else replace(result, output=output)
-
-
-def plan_sensitive(plan: Plan | None) -> list[str]:
-    """Every field name the plan's steps declare sensitive (what a run-wide value, such
-    as the run's output or a history event, is masked by)."""
-    if plan is None:
-        return []
-    names = _PLAN_SENSITIVE.get(plan.hash)
-    if names is None:
-        if len(_PLAN_SENSITIVE) >= 1024:  # plans are few; a bound all the same
-            _PLAN_SENSITIVE.clear()
-        names = sorted({name for spec in plan.specs.values() for name in spec.sensitive})
-        _PLAN_SENSITIVE[plan.hash] = names
-    return names
-
-
-_PLAN_SENSITIVE: dict[str, list[str]] = {}
-"""Plan hash -> ``plan_sensitive`` (every run's result asks for it)."""
-
-
-def _result(state: RunState) -> RunResult:
+    by_step, names = _sensitive(plan)
+    output = state.output
     return RunResult(
         run_id=state.run_id,
         workflow=state.workflow,
         version=state.version,
         status=state.status._value_,  # the attribute: .value is a property (two calls)
-        output=state.output,
+        output=output if output is None else mask(output, names),
         error=state.error.to_dict() if state.error else None,
         steps={
             key: StepResult(
                 status=st.status._value_,
                 attempts=st.attempts,
-                output=st.output,
+                # masked where it is made: no second walk over the steps, no copy
+                output=(
+                    st.output if st.output is None else mask(st.output, by_step.get(st.step_id, ()))
+                ),
                 error=st.error.to_dict() if st.error else None,
             )
             for key, st in state.steps.items()
         },
         compensation=_compensation(state),
     )
+
+
+def plan_sensitive(plan: Plan | None) -> list[str]:
+    """Every field name the plan's steps declare sensitive (what a run-wide value, such
+    as the run's output or a history event, is masked by)."""
+    return _sensitive(plan)[1]
+
+
+_Sensitive = tuple[dict[str, tuple[str, ...]], list[str]]
+"""Step id -> the names that step declares sensitive (steps that declare some), and
+every name of the plan, sorted."""
+
+_NOTHING: _Sensitive = ({}, [])
+
+_SENSITIVE: dict[str, _Sensitive] = {}
+"""Plan hash -> ``_sensitive`` (every run's result asks for it: a plan is read once)."""
+
+
+def _sensitive(plan: Plan | None) -> _Sensitive:
+    if plan is None:
+        return _NOTHING
+    known = _SENSITIVE.get(plan.hash)
+    if known is None:
+        if len(_SENSITIVE) >= 1024:  # plans are few; a bound all the same
+            _SENSITIVE.clear()
+        by_step = {sid: spec.sensitive for sid, spec in plan.specs.items() if spec.sensitive}
+        names = sorted({name for declared in by_step.values() for name in declared})
+        known = _SENSITIVE[plan.hash] = (by_step, names) if by_step else _NOTHING
+    return known
 
 
 def _compensation(state: RunState) -> dict[str, Any] | None:

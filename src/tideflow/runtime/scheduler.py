@@ -51,8 +51,9 @@ log = logging.getLogger("tideflow.scheduler")
 
 CONSUME_RETRY_FIRST = 0.05
 FORGET_AFTER = 0.2
-"""Seconds after an outbox row was relayed before a scheduler that committed nothing since
-has the store forget it, alone (a busy one's next commit forgets it first)."""
+"""Seconds without a commit after which a scheduler has the store forget the outbox rows
+relayed since its last commit, alone (a busy one's next commit forgets them first, and
+then no commit of its own is made: at most one per this many seconds of quiet)."""
 CONSUME_RETRY_MAX = 5.0
 """Seconds before an event stream that failed is opened again (doubling up to the max)."""
 BatchSpans = Callable[[int, Sequence[AppliedEvent], Mapping[str, Headers]], None]
@@ -101,6 +102,9 @@ class Scheduler:
         """Events of runs whose commit failed, until the run is loaded again (see
         ``_settle_doubt``)."""
         self._forgetting: asyncio.Task[None] | None = None
+        self._commits = 0
+        """Batches committed (each forgets every relayed outbox row: ``_forget`` waits
+        for a quiet moment, not for a commit of its own)."""
         self._stopping = False
         relay.on_relayed = self._forget_soon
         self.admission: Admission | None = None
@@ -150,14 +154,21 @@ class Scheduler:
             self._forgetting.add_done_callback(self._later.discard)
 
     async def _forget(self) -> None:
+        """Until no relayed row is left: after ``FORGET_AFTER`` seconds without a commit,
+        one of its own (a busy engine's commits forget the rows: no extra transaction)."""
         try:
-            await asyncio.sleep(FORGET_AFTER)
-            async with self._lock:
-                relayed = self._relay.relayed
-                count = len(relayed)
-                if count:
-                    await self._store.commit([], relayed[:count])
-                    self._relay.forgotten(count)
+            while True:
+                commits = self._commits
+                await asyncio.sleep(FORGET_AFTER)
+                if self._commits == commits:  # quiet
+                    async with self._lock:
+                        relayed = self._relay.relayed
+                        count = len(relayed)
+                        if count:
+                            await self._store.commit([], relayed[:count])
+                            self._relay.forgotten(count)
+                if not self._relay.relayed:
+                    return
         except Exception as exc:  # the rows stay: the next commit (or the stop) forgets them
             log.warning("relayed outbox rows not forgotten yet (%s: %s)", type(exc).__name__, exc)
         finally:
@@ -363,6 +374,7 @@ class Scheduler:
         relayed = self._relay.relayed
         count = len(relayed)
         await self._store.commit(part, relayed[:count] if count else ())
+        self._commits += 1
         if count:
             self._relay.forgotten(count)
         if self._run_retries:

@@ -317,15 +317,28 @@ class Sealer:
         self._environ = environ
         self._keyring: Keyring | None = None
         self._names: dict[str, SensitiveNames | None] = {}
+        self._sealing: set[str] = set()
+        """The plans of ``_names`` that declare sensitive names."""
 
     # names
 
     def learn(self, plan: Plan) -> None:
         if plan.hash not in self._names:
-            self._names[plan.hash] = sensitive_names(plan)
+            names = self._names[plan.hash] = sensitive_names(plan)
+            if names is not None:
+                self._sealing.add(plan.hash)
 
     def knows(self, plan_hash: str) -> bool:
         return plan_hash in self._names
+
+    def knows_all(self, plan_hashes: set[str]) -> bool:
+        return self._names.keys() >= plan_hashes
+
+    def for_plans(self, plan_hashes: set[str]) -> Sealer | None:
+        """This sealer when a plan of ``plan_hashes`` (known ones) declares sensitive
+        names; None when none does: their rows are written as they are, with no walk
+        and no lookup per row (the common case of every commit)."""
+        return None if self._sealing.isdisjoint(plan_hashes) else self
 
     def seal_nothing_for(self, plan_hash: str) -> None:
         """Record that ``plan_hash`` has no plan this store can read (a hand-made state

@@ -108,7 +108,8 @@ class BatchRows:
 
 def batch_rows(batch: Sequence[AppliedEvent], sealer: Sealer | None = None) -> BatchRows:
     """The rows of a batch; with a ``sealer``, the values of the fields a run's plan
-    declares sensitive are sealed in every one of them (a run without: one lookup)."""
+    declares sensitive are sealed in every one of them (a run without: one lookup). A
+    store passes none when no run of the batch has such fields (``Sealer.for_plans``)."""
     history = []
     first_seq: dict[str, int] = {}
     last: dict[str, AppliedEvent] = {}
@@ -118,7 +119,7 @@ def batch_rows(batch: Sequence[AppliedEvent], sealer: Sealer | None = None) -> B
     for applied in batch:
         event = applied.event
         run_id = event.run_id
-        sealing = _sealing(sealer, applied)
+        sealing = None if sealer is None else _sealing(sealer, applied)  # no call: per event
         history.append(_history_row(applied, sealing))
         first_seq.setdefault(run_id, applied.seq)
         last[run_id] = applied

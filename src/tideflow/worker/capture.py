@@ -2,9 +2,12 @@
 kept per attempt and recorded with the attempt's outcome (``TaskCompleted.logs`` /
 ``TaskFailed.logs``), for ``tideflow runs logs``, ``GET /runs/{id}/logs`` and the UI.
 
-Each attempt of a worker pool has a `StepOutput` in the context variable ``CURRENT``
-(the pool sets it in the attempt's asyncio task; a sync python function's pool thread
-runs in a copy of that context, an async one on the task itself). While a pool runs,
+Each attempt of a worker pool has a `Slot` in the context variable ``CURRENT`` (`begin`:
+the pool sets it in the attempt's asyncio task; a sync python function's pool thread
+runs in a copy of that context, an async one on the task itself). The slot gets the
+attempt's `StepOutput` with the first write (`current`), so an attempt that writes nothing
+-- most of them -- costs an empty list and no lock; `end` closes the slot and returns what
+was written. While a pool runs,
 ``sys.stdout`` and ``sys.stderr`` are `_Routed` proxies (`install`): a write made in an
 attempt's context is added to that attempt's `StepOutput`, and every write goes on to the
 stream the proxy replaced, as before (the CLI points ``sys.stdout`` at stderr while steps
@@ -29,16 +32,63 @@ from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from typing import Any, TextIO
 
-__all__ = ["CURRENT", "LIMIT", "STREAMS", "StepOutput", "install", "uninstall"]
+__all__ = [
+    "CURRENT",
+    "LIMIT",
+    "STREAMS",
+    "Slot",
+    "StepOutput",
+    "begin",
+    "current",
+    "end",
+    "install",
+    "uninstall",
+]
 
 LIMIT = 64 * 1024
 """Bytes kept per stream per attempt: the last ones."""
 STREAMS = ("stdout", "stderr", "log")
 LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
 
-CURRENT: ContextVar[StepOutput | None] = ContextVar("tideflow_step_output", default=None)
+Slot = list["StepOutput"]
+"""An attempt's place for its `StepOutput`: empty until the attempt first writes (or its
+output is asked for), then ``[output]``; `end` appends a closed one, so that whichever
+came first stays at index 0 (``list.append`` is atomic: no lock for a quiet attempt)."""
+
+CURRENT: ContextVar[Slot | None] = ContextVar("tideflow_step_output", default=None)
 _LOCK = threading.Lock()
-"""Guards every `StepOutput` (writes are rare; one lock, not one per attempt)."""
+"""Guards every `StepOutput` and the filling of every `Slot` (writes are rare; one lock,
+not one per attempt)."""
+
+
+def begin() -> Slot:
+    """The current context's attempt starts: what it writes from now on is its own (the
+    pool calls this in each attempt's asyncio task)."""
+    slot: Slot = []
+    CURRENT.set(slot)
+    return slot
+
+
+def current() -> StepOutput | None:
+    """The `StepOutput` of the attempt of the current context (made by the first call),
+    or None outside an attempt. After the attempt's `end`, a closed one: writes to it are
+    dropped."""
+    slot = CURRENT.get()
+    if slot is None:
+        return None
+    if not slot:
+        with _LOCK:
+            if not slot:
+                slot.append(StepOutput())
+    return slot[0]
+
+
+def end(slot: Slot) -> dict[str, Any] | None:
+    """Close the attempt's slot: `StepOutput.result` of what it wrote, None when it wrote
+    nothing (then without a lock)."""
+    slot.append(_CLOSED)
+    first = slot[0]
+    return None if first is _CLOSED else first.result()
 
 
 class StepOutput:
@@ -47,10 +97,12 @@ class StepOutput:
     __slots__ = ("_closed", "_dropped", "_redactors", "_tails", "limit")
 
     def __init__(self, limit: int = LIMIT) -> None:
+        # Every attempt makes one and most write nothing: nothing is allocated here but
+        # the object (the containers come with the first write or redactor).
         self.limit = limit
         self._tails: dict[str, bytearray] | None = None
-        self._dropped: dict[str, int] = {}
-        self._redactors: list[Callable[[str], str]] = []
+        self._dropped: dict[str, int] | None = None
+        self._redactors: list[Callable[[str], str]] | None = None
         self._closed = False
 
     def write(self, stream: str, text: str) -> None:
@@ -70,7 +122,7 @@ class StepOutput:
             tail = self._tails.setdefault(stream, bytearray())
             tail += data
             if dropped:
-                self._dropped[stream] = self._dropped.get(stream, 0) + dropped
+                self._count_dropped(stream, dropped)
             if len(tail) > 2 * self.limit:  # cut now and then, not on every write
                 self._cut(stream, tail)
 
@@ -78,11 +130,21 @@ class StepOutput:
         extra = len(tail) - self.limit
         if extra > 0:
             del tail[:extra]
-            self._dropped[stream] = self._dropped.get(stream, 0) + extra
+            self._count_dropped(stream, extra)
+
+    def _count_dropped(self, stream: str, count: int) -> None:
+        if self._dropped is None:
+            self._dropped = {}
+        self._dropped[stream] = self._dropped.get(stream, 0) + count
 
     def redact_with(self, redact: Callable[[str], str]) -> None:
         """Mask with ``redact`` too when the attempt ends (an attempt's secrets)."""
-        self._redactors.append(redact)
+        with _LOCK:
+            if self._closed:  # too late (and never the shared closed one's)
+                return
+            if self._redactors is None:
+                self._redactors = []
+            self._redactors.append(redact)
 
     def result(self) -> dict[str, Any] | None:
         """What the attempt wrote, redacted: ``{stream: {"text", "truncated"}}`` for each
@@ -101,12 +163,18 @@ class StepOutput:
                 if tail is None:
                     continue
                 self._cut(stream, tail)
-                dropped = self._dropped.get(stream, 0)
+                dropped = self._dropped.get(stream, 0) if self._dropped is not None else 0
                 text = bytes(tail).decode("utf-8", "ignore" if dropped else "replace")
-                for redact in self._redactors:
+                for redact in self._redactors or ():
                     text = redact(text)
                 logs[stream] = {"text": text, "truncated": dropped}
             return logs or None
+
+
+_CLOSED = StepOutput()
+_CLOSED._closed = True
+"""What `end` puts in a slot: a write after the attempt ended (an abandoned thread) or
+before none was made finds it and is dropped."""
 
 
 class _Routed:
@@ -123,9 +191,10 @@ class _Routed:
         return self._stream
 
     def write(self, text: str) -> int:
-        out = CURRENT.get()
-        if out is not None:
-            out.write(self._name, text)
+        if CURRENT.get() is not None:
+            out = current()
+            if out is not None:
+                out.write(self._name, text)
         return self._stream.write(text)  # shown live as before (the CLI: on stderr)
 
     def writelines(self, lines: Iterable[str]) -> None:
@@ -147,13 +216,12 @@ class _Records(logging.Handler):
         self.setFormatter(logging.Formatter(LOG_FORMAT))
 
     def handle(self, record: logging.LogRecord) -> bool:
-        out = CURRENT.get()
-        if out is None or record.name.startswith("tideflow"):
+        if CURRENT.get() is None or record.name.startswith("tideflow"):
             return False  # no lock taken for the records of no attempt
         return super().handle(record)
 
     def emit(self, record: logging.LogRecord) -> None:
-        out = CURRENT.get()
+        out = current()
         if out is None:
             return
         try:

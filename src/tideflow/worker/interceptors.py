@@ -180,8 +180,8 @@ class Secrets(Execution):
         except Exception as exc:  # SecretNotFound names where it looked, never a value
             return failure(exc)
         redactor = Redactor([*used_config, *used_input])
-        written = capture.CURRENT.get()
-        if written is not None and redactor:  # what the attempt prints is masked too
+        written = capture.current() if redactor else None
+        if written is not None:  # what the attempt prints is masked too
             written.redact_with(redactor.redact_text)
         with logcontext.with_secrets((*used_config, *used_input)):  # masked in log lines too
             out = await self.next.execute(replace(input, config=config, input=value))

@@ -220,8 +220,7 @@ class WorkerPool:
         ran = False
         task = delivery.body
         logcontext.bind(task.run_id, task.step_id, task.attempt)  # this asyncio task's lines
-        output = capture.StepOutput()  # what the attempt prints and logs (its context's)
-        capture.CURRENT.set(output)
+        written = capture.begin()  # what the attempt prints and logs (its context's)
         slots = self._slots
         try:
             waiter = slots.take()
@@ -248,7 +247,7 @@ class WorkerPool:
                     if out is None:
                         event = self._lost(task, delivery.deliveries)  # it must not run
                     else:
-                        event = self._outcome(task, out, key, output.result())
+                        event = self._outcome(task, out, key, capture.end(written))
                         if reports:
                             event = Message(event, reports)
             finally:

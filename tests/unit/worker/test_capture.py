@@ -13,7 +13,7 @@ from tideflow.model import codec
 from tideflow.model.events import TaskCompleted, TaskFailed
 from tideflow.runtime.runtime import Runtime
 from tideflow.worker import capture
-from tideflow.worker.capture import CURRENT, StepOutput
+from tideflow.worker.capture import Slot, StepOutput
 from tideflow.worker.executors.python import PythonExecutor
 from tideflow.worker.secrets import Redactor
 
@@ -38,11 +38,10 @@ async def python() -> AsyncIterator[PythonExecutor]:
     await executor.aclose()
 
 
-async def _attempt(python: PythonExecutor, spec: str, value: str) -> StepOutput:
-    output = StepOutput()
-    CURRENT.set(output)  # as the pool does, in the attempt's own task
+async def _attempt(python: PythonExecutor, spec: str, value: str) -> Slot:
+    slot = capture.begin()  # as the pool does, in the attempt's own task
     await python.execute(make_ctx(), {"function": spec}, {"name": value})
-    return output
+    return slot
 
 
 async def test_attempts_running_at_once_in_threads_keep_their_lines_apart(
@@ -58,8 +57,8 @@ async def test_attempts_running_at_once_in_threads_keep_their_lines_apart(
         print("not an attempt's")  # no attempt in this context: the stream as before
     finally:
         capture.uninstall()
-    assert first.result() == {"stdout": {"text": "ann 0\nann 1\nann 2\n", "truncated": 0}}
-    assert second.result() == {"stdout": {"text": "bob 0\nbob 1\nbob 2\n", "truncated": 0}}
+    assert capture.end(first) == {"stdout": {"text": "ann 0\nann 1\nann 2\n", "truncated": 0}}
+    assert capture.end(second) == {"stdout": {"text": "bob 0\nbob 1\nbob 2\n", "truncated": 0}}
     out = capsys.readouterr().out  # shown as before, each attempt's lines also kept apart
     assert out.count("ann ") == 3 and out.count("bob ") == 3
     assert out.endswith("not an attempt's\n")
@@ -97,6 +96,40 @@ def test_an_attempt_that_wrote_nothing_stores_nothing() -> None:
         event_id="e", run_id="r", time=1.0, step_key="a", attempt=1, output=1, logs=logs
     )
     assert codec.event_from_data(codec.event_to_data(chatty)) == chatty
+
+
+async def test_a_quiet_attempt_gets_no_output_and_a_late_write_is_dropped() -> None:
+    async def attempt() -> Slot:
+        slot = capture.begin()
+        assert slot == []  # nothing made before the first write
+        return slot
+
+    quiet = await asyncio.create_task(attempt())
+    assert capture.end(quiet) is None
+    assert quiet[0].result() is None
+
+    async def late() -> None:  # an abandoned thread writing after the end, in its context
+        slot = capture.begin()
+        assert capture.end(slot) is None
+        dropped = capture.current()
+        assert dropped is not None
+        dropped.write("stdout", "too late\n")
+        assert dropped.result() is None and capture.end(slot) is None
+
+    await asyncio.create_task(late())
+    assert capture.current() is None  # no attempt in this context
+
+
+async def test_a_slot_keeps_the_output_made_by_the_first_write() -> None:
+    async def attempt() -> Slot:
+        slot = capture.begin()
+        output = capture.current()
+        assert output is not None and capture.current() is output
+        output.write("stderr", "hi\n")
+        return slot
+
+    slot = await asyncio.create_task(attempt())
+    assert capture.end(slot) == {"stderr": {"text": "hi\n", "truncated": 0}}
 
 
 def test_uninstall_puts_the_streams_back() -> None:

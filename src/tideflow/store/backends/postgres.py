@@ -427,11 +427,11 @@ class PostgresStore(LeaseAndInbox, GatewayRecords, Store):
                 async with self._connection() as conn:
                     await conn.execute(Q["delete_outbox"], list(relayed))
             return
-        knows = self.sealer.knows
-        unknown = [a.state.plan_hash for a in batch if not knows(a.state.plan_hash)]
-        if unknown:
-            await sb.learn_plans(self.get_plan, self.sealer, unknown)
-        document = commit_document(sb.batch_rows(batch, self.sealer), index_rows(batch), relayed)
+        plans = {applied.state.plan_hash for applied in batch}
+        if not self.sealer.knows_all(plans):
+            await sb.learn_plans(self.get_plan, self.sealer, plans)
+        rows = sb.batch_rows(batch, self.sealer.for_plans(plans))
+        document = commit_document(rows, index_rows(batch), relayed)
         async with self._connection() as conn:
             try:
                 await conn.execute(Q["commit_batch"], document)

@@ -456,11 +456,10 @@ class SqliteStore(GatewayRecords, Store):
         return StoredRun(snapshot=state, tail=events, last_seq=int(last_seq))
 
     async def commit(self, batch: Sequence[AppliedEvent], relayed: Sequence[str] = ()) -> None:
-        knows = self.sealer.knows
-        unknown = [a.state.plan_hash for a in batch if not knows(a.state.plan_hash)]
-        if unknown:
-            await sb.learn_plans(self.get_plan, self.sealer, unknown)
-        rows = sb.batch_rows(batch, self.sealer)
+        plans = {applied.state.plan_hash for applied in batch}
+        if not self.sealer.knows_all(plans):
+            await sb.learn_plans(self.get_plan, self.sealer, plans)
+        rows = sb.batch_rows(batch, self.sealer.for_plans(plans))
         index = index_rows(batch)
         relayed_rows = [(outbox_id,) for outbox_id in relayed]
 

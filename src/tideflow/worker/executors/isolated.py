@@ -28,7 +28,7 @@ from typing import Any
 
 import orjson
 
-from tideflow.worker.capture import CURRENT, STREAMS, StepOutput
+from tideflow.worker.capture import STREAMS, StepOutput, current
 from tideflow.worker.executors.base import StepContext
 from tideflow.worker.executors.errors import (
     FunctionRaised,
@@ -61,7 +61,7 @@ async def run_isolated(
     Cancelling the call (e.g. by an ``asyncio.timeout`` around it) kills the child
     and everything it started.
     """
-    written = CURRENT.get()
+    written = current()
     files = None if written is None else _Files()
     request = _request(spec, kwargs, ctx, files)
     try:

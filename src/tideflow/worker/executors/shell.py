@@ -21,7 +21,7 @@ import orjson
 
 from tideflow.errors import StepTimeout
 from tideflow.model.action_schemas import SHELL_CONFIG_SCHEMA
-from tideflow.worker.capture import CURRENT, StepOutput
+from tideflow.worker.capture import StepOutput, current
 from tideflow.worker.executors.base import Executor, StepContext
 from tideflow.worker.executors.config import check_config, seconds
 from tideflow.worker.executors.errors import (
@@ -187,7 +187,7 @@ async def _supervise(
     """Wait for the command and its output; kill its process group on timeout or cancel."""
     assert proc.stdout is not None
     assert proc.stderr is not None
-    written = CURRENT.get()  # the attempt's output (worker/capture.py): the streams too
+    written = current()  # the attempt's output (worker/capture.py): the streams too
     readers = [
         asyncio.create_task(_drain(proc.stdout, out, written, "stdout")),
         asyncio.create_task(_drain(proc.stderr, err, written, "stderr")),
