@@ -210,7 +210,7 @@ def _delta(
 SWEEP_STATEMENTS = (
     "FROM timers WHERE fire_at",  # due timers
     "FROM outbox ORDER BY",  # unrelayed outbox rows
-    "FROM runs WHERE status = $1 AND created_at <",  # runs never started
+    "The admission queue from after",  # runs whose start was lost (Admitter.repair)
     "FROM schedules WHERE $1::text IS NULL",  # the schedules' round (runtime/schedule_timers.py)
 )
 

@@ -11,14 +11,29 @@ from types import ModuleType
 ROOT = Path(__file__).resolve().parents[2]
 
 
+BENCH_MODULES = ("cluster", "run", "bench_steps")
+"""bench/scale.py's own imports by plain name; a test package may hold one of those names
+(tests/acceptance/cluster) in ``sys.modules`` already."""
+
+
 def _scale_module() -> ModuleType:
-    sys.path.insert(0, str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location("bench_scale", ROOT / "bench" / "scale.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    """bench/scale.py loaded with bench/'s modules, leaving ``sys.path`` and the modules
+    of the same names that this process imported before as they were."""
+    bench = str(ROOT / "bench")
+    saved = {name: sys.modules.pop(name) for name in BENCH_MODULES if name in sys.modules}
+    sys.path.insert(0, bench)
+    try:
+        spec = importlib.util.spec_from_file_location("bench_scale", ROOT / "bench" / "scale.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # its dataclasses look their module up
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(bench)
+        for name in BENCH_MODULES:
+            sys.modules.pop(name, None)
+        sys.modules.update(saved)
 
 
 def test_pg_log_counts_one_databases_statements_and_weighs_the_sample(tmp_path: Path) -> None:

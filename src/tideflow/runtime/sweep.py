@@ -11,7 +11,7 @@ every ``interval`` seconds (``Runtime(sweep_interval=)``, `tideflow server
 --sweep-interval`, ``TIDEFLOW_SWEEP_INTERVAL``; default 30 s; 0 turns it off), with one
 indexed query per part and nothing more when there is nothing to repair:
 
-- **due timers** (``Store.due_timers``, index ``timers_fire_at``): a timer row due for
+- **due timers** (``Store.due_timers``, index ``timers_due``): a timer row due for
   longer than one interval that the wheel does not hold and the relay is not publishing
   is fired (a second ``TimerFired`` for a timer that fired already changes nothing: the
   core ignores a timer that is no longer armed);
