@@ -179,42 +179,43 @@ class Admission:
         commands only, as the store's task rows do: store/indexrows.py) and make each
         run it touched busy or parked. True when a run was parked and starts wait (the
         admitter has room to fill)."""
-        flight = self.flight
-        touched: dict[str, RunState] = {}
-        for applied in batch:
+        flight, active = self.flight, self.active
+        idle: dict[str, RunState] = {}  # runs left with nothing in flight at some event
+        for applied in batch:  # exact types (no subclasses): on every commit's path
             event = applied.event
             run_id = event.run_id
-            if isinstance(event, _OUTCOMES):
-                steps = flight.get(run_id)
-                if steps is not None:
-                    steps.pop(event.step_key, None)
+            steps = flight.get(run_id)
+            if steps and type(event) in _OUTCOMES:
+                steps.pop(event.step_key, None)  # type: ignore[attr-defined]
             for command in applied.commands:
-                if isinstance(command, DispatchTask):
-                    flight.setdefault(command.run_id, {})[command.step_key] = command.attempt
-                elif isinstance(command, CancelTask):
-                    steps = flight.get(command.run_id)
-                    if steps is not None and steps.get(command.step_key) == command.attempt:
-                        del steps[command.step_key]
-            touched[run_id] = applied.state
-        active = self.active
+                if type(command) is DispatchTask:
+                    if not steps:  # busy (again): it goes on at once, admitted already
+                        if steps is None:
+                            steps = flight[run_id] = {}
+                        active.add(run_id)
+                    steps[command.step_key] = command.attempt
+                elif (
+                    type(command) is CancelTask
+                    and steps
+                    and steps.get(command.step_key) == command.attempt
+                ):
+                    del steps[command.step_key]
+            if not steps:
+                idle[run_id] = applied.state
         released = False
-        for run_id, state in touched.items():
-            if state.is_terminal:
-                flight.pop(run_id, None)
-            elif flight.get(run_id):
-                active.add(run_id)  # busy again: it goes on at once, admitted already
+        for run_id, state in idle.items():
+            if flight.get(run_id):  # busy again later in the batch
                 continue
-            elif state.status is RunStatus.PENDING:  # reserved, its start not applied yet
+            flight.pop(run_id, None)
+            if state.status is RunStatus.PENDING:  # reserved, its start not applied yet
                 continue
-            else:
-                flight.pop(run_id, None)
-            if run_id in active:
+            if run_id in active:  # parked, or ended
                 active.discard(run_id)
                 released = True
         return released and self.waiting
 
 
-_OUTCOMES = (TaskCompleted, TaskFailed, TaskLost)
+_OUTCOMES = frozenset({TaskCompleted, TaskFailed, TaskLost})
 
 
 ReadQueue = Callable[[int, PendingRun | None], Awaitable[list[PendingRun]]]
