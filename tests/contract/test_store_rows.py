@@ -103,6 +103,31 @@ async def test_attempts_in_flight_are_rows_until_their_outcome(store: Store) -> 
     assert await store.expired_tasks(math.inf) == []
 
 
+async def test_tasks_in_flight_are_the_busy_runs_by_run_then_step(store: Store) -> None:
+    plan = compile_definition(WAITER)
+    driver = Driver(store)
+    harnesses = [await driver.new_run(plan, run_id) for run_id in ("c", "a", "b")]
+    for h in harnesses:
+        h.start()
+    await driver.flush()
+    keys = [(t.run_id, t.step_key, t.attempt) for t in await store.tasks_in_flight()]
+    assert keys == [("a", "work", 1), ("b", "work", 1), ("c", "work", 1)]
+    first = await store.tasks_in_flight(None, 2)
+    assert [t.run_id for t in first] == ["a", "b"]
+    assert [t.run_id for t in await store.tasks_in_flight(("b", "work"), 2)] == ["c"]
+    harnesses[2].complete("work")  # b only waits now (a signal, a sleep): it is parked
+    await driver.flush()
+    assert [t.run_id for t in await store.tasks_in_flight()] == ["a", "c"]
+
+
+async def test_a_child_run_in_flight_is_not_a_task_in_flight(store: Store) -> None:
+    driver = Driver(store)
+    h = await driver.new_run(order_plan(), "o")
+    await driver.play(order_script(h)[:5])  # the child run `invoice` is in flight
+    assert ("o", "invoice") in {(t.run_id, t.step_key) for t in await store.expired_tasks(math.inf)}
+    assert ("o", "invoice") not in {(t.run_id, t.step_key) for t in await store.tasks_in_flight()}
+
+
 async def test_a_task_lease_is_claimed_extended_and_expires(store: Store) -> None:
     plan = compile_definition(WAITER)
     driver = Driver(store)

@@ -40,7 +40,7 @@ def queues_cmd(
         typer.Option(
             "--store",
             metavar="URL",
-            help="Also show the runs of the cluster's store: active (admitted, not ended) and pending (waiting to be admitted, oldest first by priority). Each server's bound is its metric tideflow_runs_active_bound.",
+            help="Also show the runs of the cluster's store: active (admitted, not ended: busy or parked, waiting for a signal or timer) and pending (waiting to be admitted, oldest first by priority). Each server bounds its busy runs: its metric tideflow_runs_active_bound.",
         ),
     ] = None,
 ) -> None:
@@ -51,8 +51,9 @@ def queues_cmd(
     died is listed as stopped, with the time its heartbeat stopped, for a day).
 
     With --store, the runs too: how many are active (admitted by a server and not
-    ended: at most the sum of the servers' --max-active-runs, child runs aside) and how
-    many are pending (stored, waiting for a server to admit them).
+    ended: busy ones, at most the sum of the servers' --max-active-runs, and parked
+    ones, waiting for a signal, a timer or a child run) and how many are pending
+    (stored, waiting for a server to admit them).
 
     A queue with tasks and no consumer gets a warning on stderr: its tasks stay
     queued (never lost, never failed) until a worker for it starts
@@ -137,7 +138,7 @@ async def _read_runs(url: str) -> tuple[int, int]:
     await store.open()
     try:
         active = 0
-        for status in ("running", "compensating"):  # admitted runs: bounded by the bounds
+        for status in ("running", "compensating"):  # admitted runs, busy or parked
             cursor: str | None = None
             while True:
                 page = await store.list_runs(RunFilter(status=status), limit=1000, cursor=cursor)

@@ -1,7 +1,15 @@
 """Admission: an engine keeps a bounded number of runs active; the store is the queue.
 
-A run is *active* from the ``RunStarted`` this engine applies until the run ends. At most
-``bound`` runs of the engine's partitions are active (``Runtime(max_active_runs=…)``,
+A run is *active* (busy) while it has work in flight: from its admission until the batch
+that starts it is committed, and then while it has an attempt dispatched or running (a
+task row in the store: from its ``DispatchTask`` to its ``TaskCompleted`` / ``TaskFailed``
+/ ``TaskLost`` or ``CancelTask``; compensation attempts included). A run that only waits
+(signals, events, timers incl. ``sleep`` and retry backoff, a child run) is *parked*: it
+holds no slot, and the next pending run may be admitted. A parked run whose signal, timer
+or child arrives goes on at once (it was admitted already), above the bound for a moment
+if need be. ``Admission.applied`` keeps this from each committed batch (its events and
+commands, never a scan of a run's steps). At most ``bound`` runs of the engine's
+partitions are active (``Runtime(max_active_runs=…)``,
 `tideflow server --max-active-runs`, ``TIDEFLOW_MAX_ACTIVE_RUNS``); the others stay
 durably ``pending`` in the store and are admitted in the store's order (``PendingRun``:
 priority high > normal > low, then ``created_at``, then run id) as active runs end.
@@ -33,7 +41,8 @@ How starts flow:
   admission could deadlock).
 
 In a cluster the bound is per server, over the partitions it owns; on takeover the new
-owner counts the active runs of the partitions it takes and admits from the store.
+owner reads the attempts in flight of the partitions it takes (``Store.tasks_in_flight``,
+the task rows' primary key: the busy runs, not the parked ones) and admits from the store.
 """
 
 from __future__ import annotations
@@ -44,8 +53,11 @@ import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from tideflow.bus.closing import cancel_and_wait
-from tideflow.model.events import RunStarted
-from tideflow.store.base import PendingRun
+from tideflow.model.commands import CancelTask, DispatchTask
+from tideflow.model.events import RunStarted, TaskCompleted, TaskFailed, TaskLost
+from tideflow.model.run import RunState
+from tideflow.model.states import RunStatus
+from tideflow.store.base import AppliedEvent, PendingRun
 
 log = logging.getLogger("tideflow.admission")
 
@@ -99,7 +111,9 @@ class Admission:
     def __init__(self, bound: int) -> None:
         self.bound = check_bound(bound)
         self.active: set[str] = set()
-        """Runs admitted (or being admitted) and not ended."""
+        """Runs busy: being admitted, or with an attempt in flight (the module docstring)."""
+        self.flight: dict[str, dict[str, int]] = {}
+        """Run id -> step key -> attempt of its attempts in flight (only runs with some)."""
         self.waiting = False
         """Whether the store may hold runs this engine has not admitted: a run that ends
         then wakes the admitter."""
@@ -153,6 +167,55 @@ class Admission:
     def forget(self, gone: Callable[[str], bool]) -> None:
         """Partitions were given up: their runs are another engine's to count."""
         self.active = {run_id for run_id in self.active if not gone(run_id)}
+        self.flight = {run_id: f for run_id, f in self.flight.items() if not gone(run_id)}
+
+    def in_flight(self, run_id: str, step_key: str, attempt: int) -> None:
+        """An attempt in flight read from the store (recovery, takeover): its run is busy."""
+        self.flight.setdefault(run_id, {})[step_key] = attempt
+        self.active.add(run_id)
+
+    def applied(self, batch: Sequence[AppliedEvent]) -> bool:
+        """A batch was committed: follow its runs' attempts in flight (its events and
+        commands only, as the store's task rows do: store/indexrows.py) and make each
+        run it touched busy or parked. True when a run was parked and starts wait (the
+        admitter has room to fill)."""
+        flight, active = self.flight, self.active
+        idle: dict[str, RunState] = {}  # runs left with nothing in flight at some event
+        for applied in batch:  # exact types (no subclasses): on every commit's path
+            event = applied.event
+            run_id = event.run_id
+            steps = flight.get(run_id)
+            if steps and type(event) in _OUTCOMES:
+                steps.pop(event.step_key, None)  # type: ignore[attr-defined]
+            for command in applied.commands:
+                if type(command) is DispatchTask:
+                    if not steps:  # busy (again): it goes on at once, admitted already
+                        if steps is None:
+                            steps = flight[run_id] = {}
+                        active.add(run_id)
+                    steps[command.step_key] = command.attempt
+                elif (
+                    type(command) is CancelTask
+                    and steps
+                    and steps.get(command.step_key) == command.attempt
+                ):
+                    del steps[command.step_key]
+            if not steps:
+                idle[run_id] = applied.state
+        released = False
+        for run_id, state in idle.items():
+            if flight.get(run_id):  # busy again later in the batch
+                continue
+            flight.pop(run_id, None)
+            if state.status is RunStatus.PENDING:  # reserved, its start not applied yet
+                continue
+            if run_id in active:  # parked, or ended
+                active.discard(run_id)
+                released = True
+        return released and self.waiting
+
+
+_OUTCOMES = frozenset({TaskCompleted, TaskFailed, TaskLost})
 
 
 ReadQueue = Callable[[int, PendingRun | None], Awaitable[list[PendingRun]]]

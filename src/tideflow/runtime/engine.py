@@ -39,11 +39,14 @@ from tideflow.runtime.runs import DEFAULT_RUN_CACHE_SIZE, RunCache
 from tideflow.runtime.scheduler import Scheduler
 from tideflow.runtime.sweep import Sweep
 from tideflow.runtime.timers import TimerWheel
-from tideflow.store.base import RunFilter, Store
+from tideflow.store.base import Store
 
 if TYPE_CHECKING:
     from tideflow.model.commands import DispatchTask
     from tideflow.observability.tracing import Tracing
+
+PAGE = 1000
+"""Task rows per read when recovery counts the busy runs."""
 
 log = logging.getLogger("tideflow.engine")
 
@@ -346,8 +349,8 @@ class Engine(EngineLink, Runs):
                 log.error("run %s cannot be started: %s: %s", run_id, type(exc).__name__, exc)
                 admission.ended(run_id)
                 continue
-            if state.status is not RunStatus.PENDING:  # started or cancelled since the read
-                admission.settle(run_id, not state.is_terminal)
+            if state.status is not RunStatus.PENDING:  # started or cancelled since the read:
+                admission.settle(run_id, run_id in admission.flight)  # busy or not
                 continue
             states.append(state)
         now = self._clock.now()  # one admission: one time, after the loads
@@ -390,18 +393,17 @@ class Engine(EngineLink, Runs):
             self.admission.admitting.pop(run_id, None)
 
     async def _count_active(self, owns: Owns) -> None:
-        """Count the runs of ``owns`` that are active (started, not ended): at start, and
-        when partitions are taken over."""
-        for status in (RunStatus.RUNNING, RunStatus.COMPENSATING):
-            cursor: str | None = None
-            while True:
-                page = await self._store.list_runs(
-                    RunFilter(status=status.value), limit=1000, cursor=cursor
-                )
-                self.admission.reserve([r.run_id for r in page.runs if owns(r.run_id)])
-                if page.next_cursor is None:
-                    break
-                cursor = page.next_cursor
+        """Count the runs of ``owns`` that are busy (an attempt in flight: their task rows,
+        not the runs that only wait): at start, and when partitions are taken over."""
+        after: tuple[str, str] | None = None
+        while True:
+            page = await self._store.tasks_in_flight(after, PAGE)
+            for task in page:
+                if owns(task.run_id):
+                    self.admission.in_flight(task.run_id, task.step_key, task.attempt)
+            if len(page) < PAGE:
+                break
+            after = (page[-1].run_id, page[-1].step_key)
 
     def admission_state(self) -> tuple[int, int]:
         """``(active, bound)`` of this engine (what its metrics and `runs why` show)."""

@@ -110,7 +110,8 @@ class Scheduler:
         self.admission: Admission | None = None
         """The engine's admission bound (runtime/admission.py): a ``RunStarted`` it holds
         is acknowledged and skipped (the run stays pending), and ``held`` is called once
-        per batch that held any."""
+        per batch that held any, or that parked a run while starts wait; it follows the
+        attempts in flight of every committed batch (``Admission.applied``)."""
         self.held: Callable[[], None] = _nothing
         self.arrived: (
             tuple[
@@ -322,6 +323,8 @@ class Scheduler:
             faults.checkpoint("after_commit")
         if out.committed:
             self._retry_delay = 0.05
+            if self.admission is not None and self.admission.applied(out.committed):
+                self.held()  # a run parked: its slot is free for the next pending run
         if out.down or out.failures:
             self._keep_in_doubt(batch, out)
             if self._observers:

@@ -464,6 +464,14 @@ class Store(ABC):
         lease ran out. Oldest lease first."""
 
     @abstractmethod
+    async def tasks_in_flight(
+        self, after: tuple[str, str] | None = None, limit: int = 10_000
+    ) -> list[TaskLease]:
+        """The attempts in flight of actions (task rows, not a sync child's, attempt 0),
+        by (run id, step key) after ``after``: the busy runs (runtime/admission.py), read
+        on the table's primary key."""
+
+    @abstractmethod
     async def unindexed_runs(self, limit: int = 1000) -> list[str]:
         """Unfinished runs stored before their timer, task and wait rows existed (schema 1):
         ``index_run`` writes them."""

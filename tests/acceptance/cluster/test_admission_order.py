@@ -18,6 +18,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -205,3 +206,48 @@ def test_a_server_that_takes_over_counts_the_active_runs_and_admits_in_order(
             check_admission(await seen_runs(client.store, run_ids), 2, (most, 4))
 
     asyncio.run(drain())
+
+
+def is_waiting(step: Any) -> bool:
+    return step is not None and step.status == "waiting"
+
+
+@pytest.mark.slow
+def test_runs_that_wait_hold_no_slot_before_and_after_a_takeover(cluster: Cluster) -> None:
+    """With the bound at 2, three runs that each wait for a signal hold no slot: a fourth
+    run starts and finishes while they wait, on the first server and on the one that takes
+    its partitions over after it is killed (it counts the busy runs, not the parked ones);
+    the signals then finish the three."""
+    first = cluster.server("--max-active-runs", "2")
+    cluster.worker()
+
+    async def waiting() -> list[str]:
+        async with Client.connect(store=cluster.store, bus=cluster.bus) as client:
+            plan = await client.register(FLOWS / "signal.yaml")
+            await client.register(FLOWS / "chain.yaml")
+            run_ids = [await client.start(plan.name, {"x": n}) for n in range(3)]
+            for run_id in run_ids:
+                while not is_waiting((await client.get(run_id)).steps.get("go")):  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)  # polled until a condition, bounded by wait_for
+            return run_ids
+
+    async def quick() -> None:
+        async with Client.connect(store=cluster.store, bus=cluster.bus) as client:
+            run_id = await client.start("cl-chain", {"x": 1})
+            assert (await client.wait(run_id, timeout=60)).status == "succeeded"
+
+    run_ids = asyncio.run(asyncio.wait_for(waiting(), 60))
+    asyncio.run(quick())  # the three parked runs left the bound's two slots free
+    first.kill()
+    cluster.server("--max-active-runs", "2")
+    asyncio.run(quick())  # the new owner counted no busy run
+
+    async def finish() -> None:
+        async with Client.connect(store=cluster.store, bus=cluster.bus) as client:
+            for run_id in run_ids:
+                await client.signal(run_id, "go", {"bonus": 5})
+            for run_id in run_ids:
+                result = await client.wait(run_id, timeout=60)
+                assert result.status == "succeeded", (run_id, result.status)
+
+    asyncio.run(finish())

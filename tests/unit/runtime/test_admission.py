@@ -1,10 +1,11 @@
-"""Admission (runtime/admission.py): a bounded number of active runs per engine, the rest
-pending in the store and admitted by priority, then age, as active runs end."""
+"""Admission (runtime/admission.py): a bounded number of busy runs per engine, the rest
+pending in the store and admitted by priority, then age, as busy runs end or park."""
 
 from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,12 +37,21 @@ WAITER = plan(
       - {id: hold, type: wait, signal: go}
     """
 )
+BUSY = plan(
+    """
+    name: busy
+    version: "1"
+    steps:
+      - {id: hold, type: python, function: admission.never_run}
+    """
+)
+"""Busy while its attempt is in flight: with no worker (``workers=0``) it stays there."""
 CHILD = plan(
     """
     name: child
     version: "1"
     steps:
-      - {id: hold, type: wait, signal: go}
+      - {id: hold, type: python, function: admission.never_run}
     """
 )
 PARENT = plan(
@@ -50,6 +60,24 @@ PARENT = plan(
     version: "1"
     steps:
       - {id: sub, type: subflow, workflow: child}
+      - {id: work, type: python, function: admission.never_run}
+    """
+)
+QUICK = plan(
+    """
+    name: quick
+    version: "1"
+    steps:
+      - {id: a, type: noop}
+    """
+)
+WAIT_THEN_WORK = plan(
+    """
+    name: wait_then_work
+    version: "1"
+    steps:
+      - {id: hold, type: wait, signal: go}
+      - {id: work, type: python, function: admission.never_run, depends_on: [hold]}
     """
 )
 
@@ -200,21 +228,30 @@ async def started_order(rt: Runtime, run_ids: list[str]) -> list[str]:
     return sorted(times, key=times.__getitem__)
 
 
+def busy_runtime(store: MemoryStore | str, bound: int, **options: Any) -> Runtime:
+    """No worker: a BUSY run's attempt stays in flight, the run holds its slot."""
+    return Runtime(store=store, workers=0, max_active_runs=bound, **options)
+
+
+async def busy(rt: Runtime, run_id: str) -> None:
+    await wait_until(rt, run_id, step_is("hold", "running"))
+
+
 async def release(rt: Runtime, run_id: str) -> None:
-    """Let a waiting run end (its slot frees)."""
-    await wait_until(rt, run_id, step_is("hold", "waiting"))
-    await rt.signal(run_id, "go", {})
-    await rt.wait(run_id, timeout=10)
+    """Let a busy run end (its slot frees): cancelled, as no worker runs its attempt."""
+    await busy(rt, run_id)
+    await rt.cancel(run_id)
+    assert (await rt.wait(run_id, timeout=10)).status == "cancelled"
 
 
 async def test_runs_past_the_bound_wait_and_are_admitted_by_priority_then_age() -> None:
-    async with Runtime(store=MemoryStore(), max_active_runs=2) as rt:
-        first = [await rt.start_run(WAITER) for _ in range(2)]
+    async with busy_runtime(MemoryStore(), 2) as rt:
+        first = [await rt.start_run(BUSY) for _ in range(2)]
         for run_id in first:
-            await wait_until(rt, run_id, step_is("hold", "waiting"))
-        low = await rt.start_run(WAITER, priority="low")
-        normal = [await rt.start_run(WAITER) for _ in range(2)]
-        high = await rt.start_run(WAITER, priority=Priority.HIGH)
+            await busy(rt, run_id)
+        low = await rt.start_run(BUSY, priority="low")
+        normal = [await rt.start_run(BUSY) for _ in range(2)]
+        high = await rt.start_run(BUSY, priority=Priority.HIGH)
         assert rt.admission == (2, 2)
         queued = [low, *normal, high]
         assert [(await rt.store.get_run(r)).status for r in queued] == ["pending"] * 4
@@ -227,31 +264,32 @@ async def test_runs_past_the_bound_wait_and_are_admitted_by_priority_then_age() 
 
 
 async def test_a_child_of_an_active_parent_is_admitted_at_once() -> None:
-    async with Runtime(store=MemoryStore(), max_active_runs=1) as rt:
+    async with busy_runtime(MemoryStore(), 1) as rt:
         await rt.register(CHILD)
         parent = await rt.start_run(PARENT)
         waiting = await wait_until(rt, parent, step_is("sub", "running"))
         child = waiting.steps["sub"].child_run_id
         assert child is not None
-        await wait_until(rt, child, step_is("hold", "waiting"))  # over the bound: no deadlock
+        await busy(rt, child)  # over the bound: no deadlock
         assert rt.admission == (2, 1)
-        other = await rt.start_run(WAITER)  # not a child: it waits for room
-        await rt.signal(child, "go", {})
-        assert (await rt.wait(parent, timeout=10)).status == "succeeded"
+        other = await rt.start_run(BUSY)  # not a child: it waits for room
+        assert (await rt.store.get_run(other)).status == "pending"
+        await rt.cancel(parent)
+        assert (await rt.wait(parent, timeout=10)).status == "cancelled"
         await release(rt, other)
 
 
 async def test_a_cancelled_pending_run_leaves_the_queue() -> None:
-    async with Runtime(store=MemoryStore(), max_active_runs=1) as rt:
-        holder = await rt.start_run(WAITER)
-        await wait_until(rt, holder, step_is("hold", "waiting"))
-        queued = await rt.start_run(WAITER)
+    async with busy_runtime(MemoryStore(), 1) as rt:
+        holder = await rt.start_run(BUSY)
+        await busy(rt, holder)
+        queued = await rt.start_run(BUSY)
         await rt.cancel(queued)
         assert (await rt.wait(queued, timeout=10)).status == "cancelled"
         assert await rt.store.count_pending() == 0
         assert rt.admission == (1, 1)  # the cancelled run took no slot
         await release(rt, holder)
-        later = await rt.start_run(WAITER)
+        later = await rt.start_run(BUSY)
         await release(rt, later)  # admitted: the queue and the count are right
 
 
@@ -259,12 +297,12 @@ async def test_a_new_engine_counts_the_active_runs_and_admits_from_the_store(
     tmp_path: Path,
 ) -> None:
     url = f"sqlite:///{tmp_path / 'store.db'}"
-    async with Runtime(store=url, max_active_runs=2) as rt:
-        run_ids = [await rt.start_run(WAITER) for _ in range(2)]
+    async with busy_runtime(url, 2) as rt:
+        run_ids = [await rt.start_run(BUSY) for _ in range(2)]
         for run_id in run_ids:
-            await wait_until(rt, run_id, step_is("hold", "waiting"))
-        run_ids += [await rt.start_run(WAITER) for _ in range(3)]
-    async with Runtime(store=url, max_active_runs=2) as rt:
+            await busy(rt, run_id)
+        run_ids += [await rt.start_run(BUSY) for _ in range(3)]
+    async with busy_runtime(url, 2) as rt:
         assert rt.admission == (2, 2)
         assert await rt.store.count_pending() == 3
         for run_id in run_ids:
@@ -273,11 +311,11 @@ async def test_a_new_engine_counts_the_active_runs_and_admits_from_the_store(
 
 
 async def test_why_says_how_many_runs_are_ahead_of_a_pending_one() -> None:
-    async with Runtime(store=MemoryStore(), max_active_runs=1) as rt:
-        holder = await rt.start_run(WAITER)
-        await wait_until(rt, holder, step_is("hold", "waiting"))
-        ahead = [await rt.start_run(WAITER) for _ in range(2)]
-        last = await rt.start_run(WAITER, priority="low")
+    async with busy_runtime(MemoryStore(), 1) as rt:
+        holder = await rt.start_run(BUSY)
+        await busy(rt, holder)
+        ahead = [await rt.start_run(BUSY) for _ in range(2)]
+        last = await rt.start_run(BUSY, priority="low")
         diagnosis = await rt.client.why(last)
         [reason] = [r for r in diagnosis.reasons if r.kind == "not_started"]
         assert reason.text.startswith("pending: 2 run(s) ahead of it (admission bound 1, 1 active)")
@@ -290,14 +328,115 @@ async def test_the_sweep_repairs_nothing_for_runs_held_by_the_bound() -> None:
     from tideflow.testing.clock import ManualClock
 
     clock = ManualClock()
-    async with Runtime(store=MemoryStore(), clock=clock, max_active_runs=1) as rt:
-        holder = await rt.start_run(WAITER)
-        await wait_until(rt, holder, step_is("hold", "waiting"))
+    async with busy_runtime(MemoryStore(), 1, clock=clock) as rt:
+        holder = await rt.start_run(BUSY)
+        await busy(rt, holder)
         queued = []
         for _ in range(3):
             clock.advance(1)  # (runs created at one instant are admitted by run id)
-            queued.append(await rt.start_run(WAITER))
+            queued.append(await rt.start_run(BUSY))
         clock.advance(3600)  # long pending: but queued, not lost
         assert not await rt._engine.sweep.round()
         for run_id in [holder, *queued]:
             await release(rt, run_id)
+
+
+# -- parked runs hold no slot ------------------------------------------------------------
+
+
+async def finish_waiters(rt: Runtime, run_ids: list[str]) -> None:
+    for run_id in run_ids:
+        await rt.signal(run_id, "go", {})
+    for run_id in run_ids:
+        assert (await rt.wait(run_id, timeout=10)).status == "succeeded"
+
+
+async def test_runs_that_only_wait_hold_no_slot() -> None:
+    async with Runtime(store=MemoryStore(), max_active_runs=2) as rt:
+        waiting = [await rt.start_run(WAITER) for _ in range(3)]
+        for run_id in waiting:
+            await wait_until(rt, run_id, step_is("hold", "waiting"))
+        assert rt.admission == (0, 2)  # parked: nothing in flight
+        quick = await rt.start_run(QUICK)  # starts and finishes while they wait
+        assert (await rt.wait(quick, timeout=10)).status == "succeeded"
+        await finish_waiters(rt, waiting)
+        assert rt.admission == (0, 2)
+        assert await rt.store.count_pending() == 0
+
+
+async def test_a_parked_run_goes_on_at_once_even_above_the_bound() -> None:
+    async with busy_runtime(MemoryStore(), 1) as rt:
+        parked = await rt.start_run(WAIT_THEN_WORK)
+        await wait_until(rt, parked, step_is("hold", "waiting"))
+        holder = await rt.start_run(BUSY)  # admitted: the parked run left the slot free
+        await busy(rt, holder)
+        assert rt.admission == (1, 1)
+        queued = await rt.start_run(BUSY)
+        await rt.signal(parked, "go", {})  # its signal: busy again, without admission
+        await wait_until(rt, parked, step_is("work", "running"))
+        assert rt.admission == (2, 1)
+        assert (await rt.store.get_run(queued)).status == "pending"
+        for run_id in (parked, holder):  # room again only once both ended
+            await rt.cancel(run_id)
+            await rt.wait(run_id, timeout=10)
+        await release(rt, queued)
+
+
+async def test_a_new_engine_counts_busy_runs_not_parked_ones(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    async with Runtime(store=url, max_active_runs=2) as rt:
+        waiting = [await rt.start_run(WAITER) for _ in range(3)]
+        for run_id in waiting:
+            await wait_until(rt, run_id, step_is("hold", "waiting"))
+    async with Runtime(store=url, max_active_runs=2) as rt:
+        assert rt.admission == (0, 2)
+        quick = await rt.start_run(QUICK)
+        assert (await rt.wait(quick, timeout=10)).status == "succeeded"
+        await finish_waiters(rt, waiting)
+
+
+def test_the_bookkeeping_follows_attempts_in_flight() -> None:
+    from tideflow.model.commands import CancelTask, DispatchTask
+    from tideflow.model.events import TaskCompleted
+    from tideflow.model.run import new_run_state
+    from tideflow.model.states import RunStatus
+    from tideflow.store.base import AppliedEvent
+
+    book = Admission(1)
+    state = new_run_state(run_id="r", workflow="w", version="1", plan_hash="h", created_at=0)
+    state.status = RunStatus.RUNNING
+
+    def applied(event: Any, *commands: Any) -> AppliedEvent:
+        return AppliedEvent(
+            event=event, state=state, transitions=[], commands=list(commands), seq=1
+        )
+
+    def dispatch(key: str) -> DispatchTask:
+        return DispatchTask(
+            run_id="r",
+            step_key=key,
+            step_id=key,
+            type="noop",
+            config={},
+            input={},
+            attempt=1,
+            idempotency_key=f"r:{key}:1",
+            timeout=None,
+        )
+
+    book.reserve(["r"])
+    assert not book.applied([applied(started("r"), dispatch("a"), dispatch("b"))])
+    assert book.active == {"r"} and book.flight == {"r": {"a": 1, "b": 1}}
+    done = TaskCompleted(event_id="e1", run_id="r", time=1.0, step_key="a", attempt=1)
+    assert not book.applied([applied(done)])
+    assert book.active == {"r"}  # b still in flight
+    book.waiting = True  # a pending run waits: parking wakes the admitter
+    cancel = CancelTask(run_id="r", step_key="b", attempt=1)
+    assert book.applied([applied(done, cancel)])
+    assert book.active == set() and book.flight == {}
+    assert not book.applied([applied(done, dispatch("c"))])  # busy again, above the bound
+    assert book.active == {"r"}
+    book.in_flight("s", "x", 2)  # read from the store
+    assert book.active == {"r", "s"} and book.room == 0
+    book.forget(lambda run_id: run_id == "s")
+    assert book.active == {"r"} and "s" not in book.flight

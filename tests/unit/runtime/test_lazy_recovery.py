@@ -168,9 +168,9 @@ async def test_an_expired_lease_is_dispatched_again_and_a_held_one_is_not(url: s
 
 
 async def test_the_run_cache_keeps_only_its_size_of_idle_runs(url: str) -> None:
-    async with Runtime(store=url, run_cache_size=4, max_active_runs=4) as rt:
+    async with Runtime(store=url, run_cache_size=4) as rt:
         run_ids = [await rt.start_run(WAITER) for _ in range(12)]
-        for run_id in run_ids:  # four wait at a time; the others are queued, not cached
+        for run_id in run_ids:  # all twelve wait (parked); the cache keeps four of them
             await wait_until(rt, run_id, step_is("hold", "waiting"))
             assert len(rt._engine.runs) <= 4
             await rt.signal(run_id, "order.charged", {"n": run_id})

@@ -511,6 +511,17 @@ class MemoryStore(GatewayRecords, Store):
         expired.sort(key=lambda t: (t.lease_until, t.run_id, t.step_key))
         return expired[:limit]
 
+    async def tasks_in_flight(
+        self, after: tuple[str, str] | None = None, limit: int = 10_000
+    ) -> list[TaskLease]:
+        found = sorted(
+            (lease for held in self._tasks.values() for lease in held.values() if lease.attempt),
+            key=lambda t: (t.run_id, t.step_key),
+        )
+        if after is not None:
+            found = [t for t in found if (t.run_id, t.step_key) > after]
+        return found[:limit]
+
     async def acquire_lease(
         self, lease: Lease, *, now: float, take_from: str | None = None
     ) -> Lease:

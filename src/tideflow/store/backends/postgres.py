@@ -551,6 +551,14 @@ class PostgresStore(LeaseAndInbox, GatewayRecords, Store):
             row = await conn.fetchval(Q["extend_task"], until, run_id, step_key, attempt, owner)
         return row is not None
 
+    async def tasks_in_flight(
+        self, after: tuple[str, str] | None = None, limit: int = 10_000
+    ) -> list[TaskLease]:
+        run_id, step_key = after or ("", "")
+        async with self._connection() as conn:
+            rows = await conn.fetch(Q["tasks_in_flight"], run_id, step_key, limit)
+        return [sb.task_lease(tuple(row)) for row in rows]
+
     async def expired_tasks(self, before: float, limit: int = 10_000) -> list[TaskLease]:
         async with self._connection() as conn:
             rows = await conn.fetch(Q["expired_tasks"], before, limit)

@@ -592,6 +592,15 @@ class SqliteStore(GatewayRecords, Store):
         params = (until, run_id, step_key, attempt, owner)
         return await self._run(self._transaction, lambda c: _changed(c, "extend_task", params))
 
+    async def tasks_in_flight(
+        self, after: tuple[str, str] | None = None, limit: int = 10_000
+    ) -> list[TaskLease]:
+        run_id, step_key = after or ("", "")
+        rows = await self._run(
+            lambda: self.conn.execute(Q["tasks_in_flight"], (run_id, step_key, limit)).fetchall()
+        )
+        return [sb.task_lease(row) for row in rows]
+
     async def expired_tasks(self, before: float, limit: int = 10_000) -> list[TaskLease]:
         rows = await self._run(
             lambda: self.conn.execute(Q["expired_tasks"], (before, limit)).fetchall()

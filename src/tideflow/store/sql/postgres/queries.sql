@@ -189,6 +189,11 @@ UPDATE task_leases SET lease_until = $1
 WHERE run_id = $2 AND step_key = $3 AND attempt = $4 AND owner = $5
 RETURNING 1;
 
+-- name: tasks_in_flight
+SELECT run_id, step_key, attempt, dispatched_at, started_at, owner, lease_until
+FROM task_leases WHERE attempt > 0 AND (run_id, step_key) > ($1, $2)
+ORDER BY run_id, step_key LIMIT $3;
+
 -- name: expired_tasks
 SELECT run_id, step_key, attempt, dispatched_at, started_at, owner, lease_until
 FROM task_leases WHERE lease_until < $1

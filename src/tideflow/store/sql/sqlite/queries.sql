@@ -147,6 +147,11 @@ WHERE run_id = ? AND step_key = ? AND attempt = ?
 UPDATE task_leases SET lease_until = ?
 WHERE run_id = ? AND step_key = ? AND attempt = ? AND owner = ?;
 
+-- name: tasks_in_flight
+SELECT run_id, step_key, attempt, dispatched_at, started_at, owner, lease_until
+FROM task_leases WHERE attempt > 0 AND (run_id, step_key) > (?, ?)
+ORDER BY run_id, step_key LIMIT ?;
+
 -- name: expired_tasks
 SELECT run_id, step_key, attempt, dispatched_at, started_at, owner, lease_until
 FROM task_leases WHERE lease_until < ?
