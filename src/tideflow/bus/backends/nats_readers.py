@@ -470,10 +470,20 @@ class EventReader:
     async def _batch(self) -> NatsEventBatch | None:
         arrived = self.puller.arrived
         items: list[tuple[Msg, Event]] = []
+        at: dict[int, int] = {}  # stream sequence -> its place in items
         while arrived and len(items) < self.max_batch:
             _, msg = arrived.popleft()
+            sequence = msg.metadata.sequence.stream
+            place = at.get(sequence)
+            if place is not None:
+                # delivered again while it waited here for its batch (it arrived, the loop
+                # was slow, its AckWait ran out): once in the batch, by the later delivery,
+                # whose ack is the one the server waits for
+                items[place] = (msg, items[place][1])
+                continue
             try:
                 items.append((msg, event_from_data(orjson.loads(msg.data))))
+                at[sequence] = len(items) - 1
             except (orjson.JSONDecodeError, StateFormatError, KeyError, TypeError) as exc:
                 await self._drop(msg, f"malformed event message: {exc}")
         if not items:
