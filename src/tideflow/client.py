@@ -53,6 +53,7 @@ from tideflow.model.schedules import ScheduleRow
 from tideflow.model.states import RUN_RETRYABLE, RunStatus, SignalOutcome
 from tideflow.model.versions import version_key
 from tideflow.runtime import schedules
+from tideflow.runtime.admission import AdmissionLevels
 from tideflow.runtime.catalog import started_event
 from tideflow.runtime.correlate import Correlator
 from tideflow.runtime.result import RunResult, plan_sensitive, result_of
@@ -93,9 +94,9 @@ class EngineLink(ABC):
         tries); an engine elsewhere is not asked (its outbox rows are read instead)."""
         return []
 
-    def admission_state(self) -> tuple[int, int] | None:
-        """``(active, bound)`` of the engine's admission (runtime/admission.py); None for
-        an engine elsewhere (each server has its own: see its metrics)."""
+    def admission_state(self) -> AdmissionLevels | None:
+        """The engine's admission now (runtime/admission.py); None for an engine elsewhere
+        (each server has its own: see its metrics)."""
         return None
 
     @abstractmethod
@@ -582,8 +583,8 @@ class Client:
         """The run's effects the engine tries again after a failure (`EngineLink`)."""
         return self._link.relaying(run_id)
 
-    def admission(self) -> tuple[int, int] | None:
-        """``(active, bound)`` of the engine's admission, when it is in this process."""
+    def admission(self) -> AdmissionLevels | None:
+        """The engine's admission now, when the engine is in this process."""
         return self._link.admission_state()
 
     async def why(self, run_id: str) -> Diagnosis:

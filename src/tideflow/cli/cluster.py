@@ -184,6 +184,16 @@ def server_cmd(
             help="Admission bound: at most this many runs of this server's partitions are active at once; the others wait pending and are admitted by priority, then oldest first, as runs end (default: a tenth of the run cache, 1000).",
         ),
     ] = None,
+    max_tasks_in_flight: Annotated[
+        int | None,
+        typer.Option(
+            "--max-tasks-in-flight",
+            envvar="TIDEFLOW_MAX_TASKS_IN_FLIGHT",
+            metavar="TASKS",
+            min=1,
+            help="No run is admitted while this server's runs have this many attempts in flight (dispatched or running): a lower bound keeps a step's wait behind the others short (dispatch latency) for some throughput (default: --max-active-runs).",
+        ),
+    ] = None,
     http: Annotated[
         str | None,
         typer.Option(
@@ -358,6 +368,7 @@ def server_cmd(
             "max_run_input": limits.run_input,
             "sweep_interval": sweep_interval,
             "max_active_runs": max_active_runs,
+            "max_tasks_in_flight": max_tasks_in_flight,
             **_worker_metrics(metrics, embedded),
         },
         services=services,

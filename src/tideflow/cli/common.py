@@ -410,7 +410,7 @@ async def opened_runtime(
     ``wait_for_engine`` seconds for it to go.
     """
     from tideflow.observability.tracing import provider_from_environment
-    from tideflow.runtime.admission import bound_from_environment
+    from tideflow.runtime.admission import bound_from_environment, task_bound_from_environment
     from tideflow.runtime.clock import clock_from_environment
     from tideflow.runtime.lease import ttl_from_environment
     from tideflow.runtime.runtime import Runtime
@@ -421,6 +421,7 @@ async def opened_runtime(
         lease_ttl = ttl_from_environment(os.environ)
         sweep_interval = interval_from_environment(os.environ)
         max_active_runs = bound_from_environment(os.environ)
+        max_tasks_in_flight = task_bound_from_environment(os.environ)
     except ValueError as exc:
         raise fail_usage(str(exc)) from None
     limits = limits or Limits.from_env(os.environ)
@@ -439,6 +440,7 @@ async def opened_runtime(
         wait_for_engine=wait_for_engine,
         sweep_interval=sweep_interval,
         max_active_runs=max_active_runs,
+        max_tasks_in_flight=max_tasks_in_flight,
         tracer_provider=tracer_provider,
     )
     for listener in listeners:

@@ -95,6 +95,8 @@ class _Levels:
     active_runs: int | None = None
     admitted: int | None = None
     bound: int | None = None
+    tasks: int | None = None
+    task_bound: int | None = None
     pending: int | None = None
     outbox: int | None = None
     relay_pending: int | None = None
@@ -148,6 +150,16 @@ class _LevelsCollector(Collector):
                 "tideflow_runs_active_bound",
                 "This server's admission bound (--max-active-runs)",
                 levels.bound,
+            ),
+            (
+                "tideflow_tasks_in_flight",
+                "Attempts of this server's runs in flight: dispatched or running",
+                levels.tasks,
+            ),
+            (
+                "tideflow_tasks_in_flight_bound",
+                "No run is admitted while this many attempts are in flight (--max-tasks-in-flight)",
+                levels.task_bound,
             ),
             (
                 "tideflow_runs_pending",
@@ -421,12 +433,14 @@ async def _read_levels(rt: Runtime, errors: list[BaseException]) -> _Levels:
         _bounded(rt.store.pending_outbox(OUTBOX_LIMIT), "the store's outbox", errors),
         _bounded(rt.store.count_pending(), "the store's pending runs", errors),
     )
-    admitted, bound = rt.admission
+    admission = rt.admission
     return _Levels(
         queues=queues,
         active_runs=None if unfinished is None else len(unfinished),
-        admitted=admitted,
-        bound=bound,
+        admitted=admission.active,
+        bound=admission.bound,
+        tasks=admission.tasks,
+        task_bound=admission.task_bound,
         pending=pending,
         outbox=None if outbox is None else sum(row.id not in done for row in outbox),
         relay_pending=rt.pending_effects,

@@ -10,15 +10,33 @@ or child arrives goes on at once (it was admitted already), above the bound for 
 if need be. ``Admission.applied`` keeps this from each committed batch (its events and
 commands, never a scan of a run's steps). At most ``bound`` runs of the engine's
 partitions are active (``Runtime(max_active_runs=…)``,
-`tideflow server --max-active-runs`, ``TIDEFLOW_MAX_ACTIVE_RUNS``); the others stay
-durably ``pending`` in the store and are admitted in the store's order (``PendingRun``:
-priority high > normal > low, then ``created_at``, then run id) as active runs end.
+`tideflow server --max-active-runs`, ``TIDEFLOW_MAX_ACTIVE_RUNS``), and a run is admitted
+only while the engine's attempts in flight are under a second bound
+(``max_tasks_in_flight``, `--max-tasks-in-flight`, ``TIDEFLOW_MAX_TASKS_IN_FLIGHT``;
+by default the first: a run of a chain has one attempt in flight, a run of a wide DAG
+dozens); the others stay durably ``pending`` in the store and are admitted in the
+store's order (``PendingRun``: priority high > normal > low, then ``created_at``, then
+run id) as active runs end or their attempts finish.
 
 Why a bound: with FIFO task queues every active run advances one step per turn of the
 queue, so a run's latency is about ``steps * active / throughput``. Admitting every run
 of a 100,000-run burst made each of them wait for the whole burst (breadth-first), and
 cycled the run cache (a snapshot load per event). With the bound, the oldest runs finish
 first and a run's latency does not grow with the backlog behind it.
+
+Why a second bound, on attempts: a step's dispatch latency (its upstream's end to its
+start) is the time its task waits behind the others in flight, about ``in flight /
+throughput``. Runs of a chain put one attempt each in flight; 200 runs of a 300-node DAG
+put thousands (each level of each DAG at once), and every dispatch waited ~1 s. Bounding
+the attempts in flight bounds that wait: a lower bound buys lower dispatch latency for
+some throughput (the queue that keeps every worker busy shortens), docs/deployment.md
+has the measured trade. The next run's attempts are not known before it runs, so each
+active run *claims* the most it may have in flight: its attempts in flight, or more, its
+plan's width (``peak_attempts``: the widest level of its graph; 1 for a chain, 36 for
+bench/run.py's 300-node DAG), and a run is admitted while the claims leave room for its
+own (or nothing else is active: a run wider than the bound runs alone). A run admitted
+goes on whatever it dispatches (its attempts may pass the bound for a while, as a
+parked run's may when its signal arrives): only the admission of the next run waits.
 
 How starts flow:
 
@@ -51,10 +69,12 @@ import asyncio
 import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from tideflow.bus.closing import cancel_and_wait
 from tideflow.model.commands import CancelTask, DispatchTask
 from tideflow.model.events import RunStarted, TaskCompleted, TaskFailed, TaskLost
+from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
 from tideflow.model.states import RunStatus
 from tideflow.store.base import AppliedEvent, PendingRun
@@ -62,6 +82,7 @@ from tideflow.store.base import AppliedEvent, PendingRun
 log = logging.getLogger("tideflow.admission")
 
 MAX_ACTIVE_ENV = "TIDEFLOW_MAX_ACTIVE_RUNS"
+MAX_TASKS_ENV = "TIDEFLOW_MAX_TASKS_IN_FLIGHT"
 CACHE_SHARE = 10
 """The default bound is the run cache's size over this: 10,000 cached runs admit 1,000.
 With 1,000 active 10-step runs and a cluster that applies ~6,000 steps/s, a run's
@@ -78,42 +99,144 @@ def default_bound(run_cache_size: int) -> int:
     return max(1, run_cache_size // CACHE_SHARE)
 
 
+_RUNS_HELP = "how many runs an engine keeps active at once (1 or more, e.g. 1000)"
+_TASKS_HELP = (
+    "how many attempts an engine may have in flight before it admits no more runs "
+    "(1 or more, e.g. 1000)"
+)
+
+
 def check_bound(bound: int) -> int:
     """An admission bound must be a whole number of runs, 1 or more."""
     if isinstance(bound, bool) or not isinstance(bound, int) or bound < 1:
         raise ValueError(
-            f"max active runs {bound!r}: give how many runs an engine keeps active at once "
-            "(1 or more, e.g. 1000); the others wait pending and are admitted in order"
+            f"max active runs {bound!r}: give {_RUNS_HELP}; the others wait pending and are "
+            "admitted in order"
         )
+    return bound
+
+
+def check_task_bound(bound: int) -> int:
+    """A bound of attempts in flight must be a whole number, 1 or more."""
+    if isinstance(bound, bool) or not isinstance(bound, int) or bound < 1:
+        raise ValueError(f"max tasks in flight {bound!r}: give {_TASKS_HELP}")
     return bound
 
 
 def bound_from_environment(environ: Mapping[str, str]) -> int | None:
     """``TIDEFLOW_MAX_ACTIVE_RUNS``, or None (the default, from the run cache) when unset."""
-    text = environ.get(MAX_ACTIVE_ENV, "").strip()
+    return _whole(environ, MAX_ACTIVE_ENV, _RUNS_HELP)
+
+
+def task_bound_from_environment(environ: Mapping[str, str]) -> int | None:
+    """``TIDEFLOW_MAX_TASKS_IN_FLIGHT``, or None (the default: the run bound) when unset."""
+    return _whole(environ, MAX_TASKS_ENV, _TASKS_HELP)
+
+
+def _whole(environ: Mapping[str, str], name: str, what: str) -> int | None:
+    text = environ.get(name, "").strip()
     if not text:
         return None
     try:
         number = float(text)
-        if not math.isfinite(number) or number != int(number):
+        if not math.isfinite(number) or number != int(number) or number < 1:
             raise ValueError(text)
-        return check_bound(int(number))
+        return int(number)
     except ValueError:
-        raise ValueError(
-            f"{MAX_ACTIVE_ENV}={text!r}: give how many runs an engine keeps active at once "
-            "(1 or more, e.g. 1000)"
-        ) from None
+        raise ValueError(f"{name}={text!r}: give {what}") from None
+
+
+class AdmissionLevels(NamedTuple):
+    """What an engine's admission holds now (its metrics and `runs why` show it)."""
+
+    active: int
+    """Runs busy (admitted, with work in flight or being started)."""
+    bound: int
+    """At most this many runs are admitted busy (``max_active_runs``)."""
+    tasks: int
+    """Attempts in flight (dispatched or running) of this engine's runs."""
+    task_bound: int
+    """No run is admitted while this many attempts are in flight (``max_tasks_in_flight``)."""
+    claimed: int
+    """What the active runs claim of ``task_bound``: each its attempts in flight or its
+    plan's width, whichever is more."""
+
+
+def peak_attempts(plan: Plan) -> int:
+    """How many attempts a run of ``plan`` may have in flight at once, estimated from its
+    graph: the most action steps at one depth (a step's depth is one more than its
+    deepest upstream step's), a ``map`` counting its ``max_concurrency`` (its items are
+    not known before it runs: without a bound it counts 1), a ``loop`` or ``subflow`` 1.
+    A chain is 1; steps that wait, sleep or set values count nothing."""
+    graph = plan.graph
+    specs = plan.specs
+    depth: dict[str, int] = {}
+    width: dict[int, int] = {}
+    for step_id in _topological(graph.steps, specs):
+        spec = specs[step_id]
+        level = 1 + max((depth.get(up, 0) for up in spec.depends_on), default=0)
+        depth[step_id] = level
+        if spec.map is not None:
+            weight = spec.map.max_concurrency or 1
+        elif spec.is_action or spec.loop is not None:
+            weight = 1
+        else:
+            weight = 0
+        width[level] = width.get(level, 0) + weight
+    return max(1, max(width.values(), default=1))
+
+
+def _topological(steps: Sequence[str], specs: Mapping[str, Any]) -> list[str]:
+    """``steps`` with each after its upstream steps (Kahn's order; no recursion: a graph of
+    10,000 steps in a chain is 10,000 deep)."""
+    inside = set(steps)
+    waiting = {s: sum(1 for up in specs[s].depends_on if up in inside) for s in steps}
+    below: dict[str, list[str]] = {}
+    for s in steps:
+        for up in specs[s].depends_on:
+            if up in inside:
+                below.setdefault(up, []).append(s)
+    ready = [s for s in steps if waiting[s] == 0]
+    order: list[str] = []
+    while ready:
+        s = ready.pop()
+        order.append(s)
+        for down in below.get(s, ()):
+            waiting[down] -= 1
+            if waiting[down] == 0:
+                ready.append(down)
+    return order
 
 
 class Admission:
-    """The bookkeeping (no I/O): which runs are active, whether starts wait."""
+    """The bookkeeping (no I/O): which runs are active, whether starts wait.
 
-    def __init__(self, bound: int) -> None:
+    ``weigh(plan_hash)``: the claim of a run of that plan (``peak_attempts``); runs of a
+    plan it does not know claim 1."""
+
+    def __init__(
+        self,
+        bound: int,
+        task_bound: int | None = None,
+        weigh: Callable[[str], int] | None = None,
+    ) -> None:
         self.bound = check_bound(bound)
+        self.task_bound = self.bound if task_bound is None else check_task_bound(task_bound)
+        self.weigh: Callable[[str], int] = weigh or (lambda plan_hash: 1)
+        self.weights: dict[str, int] = {}
+        """Run id -> its claim (its plan's width), for active runs whose plan is known."""
+        self.last_weight = 1
+        """The claim of the run weighed last: what a run being admitted is taken to claim
+        until its plan is known (the next runs of a burst are likely like the last)."""
+        self.blocked = 0
+        """The claim of the run found at the head of the queue that did not fit (0: none):
+        no room until the claims leave that much (the queue is served in order)."""
         self.active: set[str] = set()
         """Runs busy: being admitted, or with an attempt in flight (the module docstring)."""
         self.flight: dict[str, dict[str, int]] = {}
         """Run id -> step key -> attempt of its attempts in flight (only runs with some)."""
+        self.tasks = 0
+        """How many attempts ``flight`` holds (kept as it changes: read per batch)."""
         self.waiting = False
         """Whether the store may hold runs this engine has not admitted: a run that ends
         then wakes the admitter."""
@@ -124,12 +247,52 @@ class Admission:
         """The runs being admitted, with the start that admits them (None while it is
         being made): the only start of such a run that passes."""
 
+    def claims(self) -> int:
+        """What the active runs claim of the task bound: each its attempts in flight or
+        its plan's width, whichever is more (a run being admitted, plan not known yet,
+        the last weight)."""
+        weights, flight, guess = self.weights, self.flight, self.last_weight
+        total = 0
+        for run_id in self.active:
+            steps = flight.get(run_id)
+            total += max(weights.get(run_id, guess), len(steps) if steps else 0)
+        return total
+
+    def fits(self, weight: int, claimed: int) -> bool:
+        """Whether a run claiming ``weight`` may be admitted beside ``claimed`` (what is
+        active claims): under the task bound, or alone."""
+        return claimed == 0 or claimed + weight <= self.task_bound
+
     @property
     def room(self) -> int:
-        return max(0, self.bound - len(self.active))
+        """How many more runs may be admitted now: under the run bound, and as many runs
+        like the last as the claims leave room for under the task bound, at least one
+        while any is left (the admitter weighs each run before it starts it: ``fits``),
+        none while the run at the head of the queue was found not to fit (``blocked``)."""
+        runs = self.bound - len(self.active)
+        if runs <= 0:
+            return 0
+        claimed = self.claims()
+        if claimed == 0:
+            return max(1, min(runs, self.task_bound // self.last_weight))
+        free = self.task_bound - claimed
+        if free <= 0 or free < self.blocked:
+            return 0
+        return max(1, min(runs, free // self.last_weight))
 
     def has_room(self) -> bool:
+        """Whether the run bound has room (cheap: per start; ``room`` weighs the claims)."""
         return len(self.active) < self.bound
+
+    def levels(self) -> AdmissionLevels:
+        return AdmissionLevels(
+            len(self.active), self.bound, self.tasks, self.task_bound, self.claims()
+        )
+
+    def weighed(self, run_id: str, weight: int) -> None:
+        self.weights[run_id] = weight
+        self.last_weight = weight
+        self.blocked = 0
 
     def gate(self, event: RunStarted) -> bool:
         """A ``RunStarted`` is about to be applied: True to apply it (the admitter's own,
@@ -157,9 +320,16 @@ class Admission:
             self.active.add(run_id)
         else:
             self.active.discard(run_id)
+            self.weights.pop(run_id, None)
 
     def ended(self, run_id: str) -> None:
+        """The run ended: what it had in flight is stale (a worker's late outcome of it
+        changes nothing) and holds no room."""
         self.active.discard(run_id)
+        self.weights.pop(run_id, None)
+        steps = self.flight.pop(run_id, None)
+        if steps:
+            self.tasks -= len(steps)
 
     def reserve(self, run_ids: Sequence[str]) -> None:
         self.active.update(run_ids)
@@ -168,31 +338,44 @@ class Admission:
         """Partitions were given up: their runs are another engine's to count."""
         self.active = {run_id for run_id in self.active if not gone(run_id)}
         self.flight = {run_id: f for run_id, f in self.flight.items() if not gone(run_id)}
+        self.weights = {run_id: w for run_id, w in self.weights.items() if not gone(run_id)}
+        self.tasks = sum(len(steps) for steps in self.flight.values())
 
     def in_flight(self, run_id: str, step_key: str, attempt: int) -> None:
         """An attempt in flight read from the store (recovery, takeover): its run is busy."""
-        self.flight.setdefault(run_id, {})[step_key] = attempt
+        steps = self.flight.setdefault(run_id, {})
+        if step_key not in steps:
+            self.tasks += 1
+        steps[step_key] = attempt
         self.active.add(run_id)
 
     def applied(self, batch: Sequence[AppliedEvent]) -> bool:
         """A batch was committed: follow its runs' attempts in flight (its events and
         commands only, as the store's task rows do: store/indexrows.py) and make each
-        run it touched busy or parked. True when a run was parked and starts wait (the
-        admitter has room to fill)."""
-        flight, active = self.flight, self.active
+        run it touched busy or parked. True when starts wait and room freed (a run was
+        parked or ended, or attempts finished under the task bound): the admitter has
+        room to fill."""
+        flight, active, weights = self.flight, self.active, self.weights
+        tasks = before = self.tasks
         idle: dict[str, RunState] = {}  # runs left with nothing in flight at some event
         for applied in batch:  # exact types (no subclasses): on every commit's path
             event = applied.event
             run_id = event.run_id
             steps = flight.get(run_id)
-            if steps and type(event) in _OUTCOMES:
-                steps.pop(event.step_key, None)  # type: ignore[attr-defined]
+            if (
+                steps and type(event) in _OUTCOMES and steps.pop(event.step_key, None) is not None  # type: ignore[attr-defined]
+            ):
+                tasks -= 1
             for command in applied.commands:
                 if type(command) is DispatchTask:
                     if not steps:  # busy (again): it goes on at once, admitted already
                         if steps is None:
                             steps = flight[run_id] = {}
                         active.add(run_id)
+                        if run_id not in weights:
+                            weights[run_id] = self.last_weight = self.weigh(applied.state.plan_hash)
+                    if command.step_key not in steps:
+                        tasks += 1
                     steps[command.step_key] = command.attempt
                 elif (
                     type(command) is CancelTask
@@ -200,8 +383,10 @@ class Admission:
                     and steps.get(command.step_key) == command.attempt
                 ):
                     del steps[command.step_key]
+                    tasks -= 1
             if not steps:
                 idle[run_id] = applied.state
+        self.tasks = tasks
         released = False
         for run_id, state in idle.items():
             if flight.get(run_id):  # busy again later in the batch
@@ -211,15 +396,19 @@ class Admission:
                 continue
             if run_id in active:  # parked, or ended
                 active.discard(run_id)
+                weights.pop(run_id, None)
                 released = True
-        return released and self.waiting
+        return self.waiting and (released or tasks < before) and self.room > 0
 
 
 _OUTCOMES = frozenset({TaskCompleted, TaskFailed, TaskLost})
 
 
 ReadQueue = Callable[[int, PendingRun | None], Awaitable[list[PendingRun]]]
-StartRuns = Callable[[list[str]], Awaitable[None]]
+StartRuns = Callable[[list[str]], Awaitable[int]]
+"""Start these runs (reserved as active); how many of them, from the first, were dealt
+with (started, or found started or gone): the rest did not fit under the task bound once
+their plans were known, and were given back (pending, not active)."""
 
 
 class Admitter:
@@ -360,13 +549,15 @@ class Admitter:
                 run_ids = [p.run_id for p in mine]
                 book.reserve(run_ids)
                 try:
-                    await self._start(run_ids)
+                    dealt = await self._start(run_ids)
                 except BaseException:
                     for run_id in run_ids:
                         book.ended(run_id)
                     raise
-                admitted.extend(mine)
-                self.admitted += len(mine)
+                admitted.extend(mine[:dealt])
+                self.admitted += dealt
+                if dealt < len(mine):  # the task bound is full: the rest wait their turn
+                    return
             if len(page) < limit and len(candidates) <= room:  # the queue ran out
                 if book.held == held:
                     book.waiting = False
@@ -376,9 +567,14 @@ class Admitter:
 __all__ = [
     "CACHE_SHARE",
     "MAX_ACTIVE_ENV",
+    "MAX_TASKS_ENV",
     "Admission",
+    "AdmissionLevels",
     "Admitter",
     "bound_from_environment",
     "check_bound",
+    "check_task_bound",
     "default_bound",
+    "peak_attempts",
+    "task_bound_from_environment",
 ]

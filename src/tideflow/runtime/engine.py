@@ -24,7 +24,14 @@ from tideflow.model.events import Event, RunStarted, TaskStarted
 from tideflow.model.plan import Priority
 from tideflow.model.run import RunState
 from tideflow.model.states import RunStatus
-from tideflow.runtime.admission import Admission, Admitter, check_bound, default_bound
+from tideflow.runtime.admission import (
+    Admission,
+    AdmissionLevels,
+    Admitter,
+    check_bound,
+    default_bound,
+    peak_attempts,
+)
 from tideflow.runtime.catalog import Catalog, started_event
 from tideflow.runtime.clock import Clock
 from tideflow.runtime.correlate import Correlator
@@ -71,6 +78,7 @@ class Engine(EngineLink, Runs):
         ownership: Ownership | None = None,
         tracing: Tracing | None = None,
         max_active_runs: int | None = None,
+        max_tasks_in_flight: int | None = None,
     ) -> None:
         """``tracing``: tasks (and the signals an ``emit`` step sends) carry their run's
         trace context in their headers, a child run's span is a child of its parent's, and
@@ -81,7 +89,9 @@ class Engine(EngineLink, Runs):
         ``ownership``: in a cluster, the partitions this engine applies (the partition
         manager changes them: ``take``, ``drop``); None applies every partition.
         ``max_active_runs``: the admission bound (runtime/admission.py); None: a tenth of
-        the run cache. The cache is made to hold at least as many runs as are admitted."""
+        the run cache. The cache is made to hold at least as many runs as are admitted.
+        ``max_tasks_in_flight``: no run is admitted while this many attempts are in flight;
+        None: ``max_active_runs``."""
         bound = check_bound(
             default_bound(run_cache_size) if max_active_runs is None else max_active_runs
         )
@@ -139,7 +149,9 @@ class Engine(EngineLink, Runs):
             self.relay.task_headers = self._task_headers
             self.relay.run_headers = self._run_headers
             self.scheduler.spans = tracing.apply_spans()
-        self.admission = Admission(bound)
+        self.admission = Admission(bound, max_tasks_in_flight, weigh=self._weigh)
+        self._widths: dict[str, int] = {}
+        """Plan hash -> ``peak_attempts`` of its plan (what a run of it claims)."""
         """Which runs are active, and whether starts wait (runtime/admission.py)."""
         self.admitter = Admitter(
             self.admission,
@@ -326,20 +338,22 @@ class Engine(EngineLink, Runs):
 
     # -- admission (runtime/admission.py) ---------------------------------------
 
-    async def _admit(self, run_ids: list[str]) -> None:
+    async def _admit(self, run_ids: list[str]) -> int:
         """Start these runs from the queue (the admitter reserved them as active): one
-        batch of fresh ``RunStarted`` events, timed now (a run starts when admitted)."""
+        batch of fresh ``RunStarted`` events, timed now (a run starts when admitted). How
+        many of them, from the first, were dealt with: the others did not fit under the
+        task bound and stay pending."""
         admission = self.admission
         admitting = admission.admitting
         for run_id in run_ids:  # their starts from the stream are not the admission's
             admitting[run_id] = None
         try:
-            await self._admit_loaded(run_ids)
+            return await self._admit_loaded(run_ids)
         finally:
             for run_id in run_ids:
                 admitting.pop(run_id, None)
 
-    async def _admit_loaded(self, run_ids: list[str]) -> None:
+    async def _admit_loaded(self, run_ids: list[str]) -> int:
         admission = self.admission
         states: list[RunState] = []
         for run_id in run_ids:
@@ -353,6 +367,11 @@ class Engine(EngineLink, Runs):
                 admission.settle(run_id, run_id in admission.flight)  # busy or not
                 continue
             states.append(state)
+        fitting = await self._fitting(states)
+        dealt = len(run_ids)
+        if len(fitting) < len(states):
+            dealt = run_ids.index(states[len(fitting)].run_id)
+            states = fitting
         now = self._clock.now()  # one admission: one time, after the loads
         events = [started_event(state, now) for state in states]
         for event in events:
@@ -364,6 +383,48 @@ class Engine(EngineLink, Runs):
             if event.event_id not in committed:
                 admission.ended(event.run_id)
                 self.admitter.recheck()
+        return dealt
+
+    async def _fitting(self, states: list[RunState]) -> list[RunState]:
+        """The first of ``states`` (reserved as active, in the queue's order) whose claims
+        fit under the task bound beside what is active (runtime/admission.py); the others
+        go back to the queue (still pending: read again when room frees)."""
+        admission = self.admission
+        for state in states:  # not weighed yet: each is weighed in its turn
+            admission.weights.pop(state.run_id, None)
+        others = {state.run_id for state in states}
+        claimed = sum(
+            max(admission.weights.get(r, admission.last_weight), len(admission.flight.get(r) or ()))
+            for r in admission.active
+            if r not in others
+        )
+        for n, state in enumerate(states):
+            weight = await self._weight(state.plan_hash)
+            if not admission.fits(weight, claimed):
+                for rest in states[n:]:
+                    admission.ended(rest.run_id)
+                admission.waiting = True
+                admission.blocked = weight
+                return states[:n]
+            admission.weighed(state.run_id, weight)
+            claimed += weight
+        return states
+
+    async def _weight(self, plan_hash: str) -> int:
+        weight = self._widths.get(plan_hash)
+        if weight is None:
+            weight = self._widths[plan_hash] = peak_attempts(await self.plans.get(plan_hash))
+        return weight
+
+    def _weigh(self, plan_hash: str) -> int:
+        """What a run of this plan claims, when the plan is at hand (else 1)."""
+        weight = self._widths.get(plan_hash)
+        if weight is None:
+            plan = self.plans.known(plan_hash)
+            if plan is None:
+                return 1
+            weight = self._widths[plan_hash] = peak_attempts(plan)
+        return weight
 
     async def _admit_arrived(self, starts: list[RunStarted]) -> dict[str, RunStarted]:
         """Starts that arrived in a batch (the scheduler's): those of the runs at the head
@@ -383,9 +444,28 @@ class Engine(EngineLink, Runs):
             if event is None or run.run_id in admission.active:  # an older run's start is
                 break  # not here: the admitter admits them in order
             going[run.run_id] = replace(event, time=now)
+        if going:
+            going = await self._fitting_arrived(going)
         admission.reserve(list(going))
         admission.admitting.update(going)
         return going
+
+    async def _fitting_arrived(self, going: dict[str, RunStarted]) -> dict[str, RunStarted]:
+        """Those of ``going`` (in order) whose claims fit under the task bound; the batch
+        that applies them loads their runs anyway. The others stay pending, for the
+        admitter."""
+        states: list[RunState] = []
+        for run_id in going:
+            try:
+                states.append((await self.runs.get(run_id)).state)
+            except Exception:  # left to the admitter, which says why
+                break
+        self.admission.reserve([state.run_id for state in states])
+        fitting = await self._fitting(states)
+        if len(fitting) < len(going):
+            self.admission.waiting = True
+            self.admitter.wake()
+        return {state.run_id: going[state.run_id] for state in fitting}
 
     def _admitted_arrived(self, going: dict[str, RunStarted]) -> None:
         """The batch that applied ``going`` is done (committed or not)."""
@@ -405,9 +485,9 @@ class Engine(EngineLink, Runs):
                 break
             after = (page[-1].run_id, page[-1].step_key)
 
-    def admission_state(self) -> tuple[int, int]:
-        """``(active, bound)`` of this engine (what its metrics and `runs why` show)."""
-        return len(self.admission.active), self.admission.bound
+    def admission_state(self) -> AdmissionLevels:
+        """This engine's admission now (what its metrics and `runs why` show)."""
+        return self.admission.levels()
 
     async def start_child(self, command: StartChildRun) -> RunState:
         catalog = self._catalog

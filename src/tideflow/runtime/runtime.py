@@ -34,6 +34,7 @@ from tideflow.model.plan import Plan, Priority
 from tideflow.model.run import RunState
 from tideflow.model.states import RunStatus, SignalOutcome
 from tideflow.runtime import gc_tuning
+from tideflow.runtime.admission import AdmissionLevels
 from tideflow.runtime.catalog import Catalog
 from tideflow.runtime.clock import Clock, SystemClock
 from tideflow.runtime.delivery import deliver
@@ -80,6 +81,7 @@ class Runtime:
         interceptors: Sequence[Interceptor] = (),
         run_cache_size: int = DEFAULT_RUN_CACHE_SIZE,
         max_active_runs: int | None = None,
+        max_tasks_in_flight: int | None = None,
         lease: bool | None = None,
         lease_ttl: float = DEFAULT_TTL,
         wait_for_engine: float = 0.0,
@@ -100,6 +102,9 @@ class Runtime:
         runs are active at once, the others wait ``pending`` and are admitted by priority,
         then age; None: a tenth of ``run_cache_size`` (the cache is made to hold at least
         the bound).
+        ``max_tasks_in_flight``: no run is admitted while this many attempts are in flight
+        (a wide DAG dispatches dozens at once: the bound keeps the wait behind them short);
+        None: ``max_active_runs``.
         ``sweep_interval``: seconds between two rounds of the reconciliation sweep
         (runtime/sweep.py; 0 turns it off); only a runtime that recovers (the store's
         engine) sweeps.
@@ -189,6 +194,7 @@ class Runtime:
             batch_size=batch_size,
             run_cache_size=run_cache_size,
             max_active_runs=max_active_runs,
+            max_tasks_in_flight=max_tasks_in_flight,
             sweep_interval=sweep if recover else 0.0,
             ownership=ownership,
             tracing=self.tracing,
@@ -368,9 +374,9 @@ class Runtime:
         return frozenset(self._engine.relay.relayed)
 
     @property
-    def admission(self) -> tuple[int, int]:
-        """``(active, bound)``: the runs this engine admitted and that have not ended, and
-        its admission bound (runtime/admission.py)."""
+    def admission(self) -> AdmissionLevels:
+        """The runs this engine admitted busy and its bound, its attempts in flight and
+        their bound (runtime/admission.py)."""
         return self._engine.admission_state()
 
     @property

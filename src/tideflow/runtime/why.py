@@ -47,6 +47,7 @@ from tideflow.store.base import ENGINE_LEASE, HistoryEntry, OutboxItem, Store
 
 if TYPE_CHECKING:
     from tideflow.client import Client
+    from tideflow.runtime.admission import AdmissionLevels
 
 __all__ = ["OVERDUE", "STUCK", "Diagnosis", "Reason", "WhyKind", "diagnose"]
 
@@ -158,9 +159,9 @@ class _Seen:
     """The run's effects the engine (in this process) tries again: (what, tries)."""
     children: Mapping[str, str]
     """Child run id -> its status (``missing`` when it is not stored)."""
-    queue: tuple[int, tuple[int, int] | None] | None = None
+    queue: tuple[int, AdmissionLevels | None] | None = None
     """A pending run: how many runs are ahead of it in the admission queue, and the
-    ``(active, bound)`` of the engine in this process (None: elsewhere)."""
+    admission of the engine in this process (None: elsewhere)."""
 
 
 async def diagnose(client: Client, run_id: str, *, now: float | None = None) -> Diagnosis:
@@ -205,7 +206,7 @@ def reasons_of(seen: _Seen) -> list[Reason]:
     return reasons
 
 
-def _not_started(state: RunState, queue: tuple[int, tuple[int, int] | None] | None) -> Reason:
+def _not_started(state: RunState, queue: tuple[int, AdmissionLevels | None] | None) -> Reason:
     """A pending run: stored, waiting for its engine to admit it (runtime/admission.py)."""
     if queue is None:
         return Reason(
@@ -217,9 +218,20 @@ def _not_started(state: RunState, queue: tuple[int, tuple[int, int] | None] | No
     data: dict[str, Any] = {"ahead": ahead, "priority": state.priority.value}
     text = f"pending: {ahead:,} run(s) ahead of it"
     if engine is not None:
-        active, bound = engine
-        data |= {"active": active, "bound": bound}
-        text += f" (admission bound {bound:,}, {active:,} active)"
+        data |= {
+            "active": engine.active,
+            "bound": engine.bound,
+            "tasks": engine.tasks,
+            "task_bound": engine.task_bound,
+            "claimed": engine.claimed,
+        }
+        text += f" (admission bound {engine.bound:,}, {engine.active:,} active"
+        if engine.active < engine.bound and engine.claimed:
+            text += (
+                f"; the active runs claim {engine.claimed:,} of the {engine.task_bound:,} "
+                "attempts in flight allowed: a run is admitted when its own claim fits"
+            )
+        text += ")"
     return Reason(
         kind=WhyKind.NOT_STARTED,
         text=text + f"; runs are admitted by priority ({state.priority.value} here), then "
@@ -229,7 +241,7 @@ def _not_started(state: RunState, queue: tuple[int, tuple[int, int] | None] | No
     )
 
 
-async def _queue(client: Client, state: RunState) -> tuple[int, tuple[int, int] | None] | None:
+async def _queue(client: Client, state: RunState) -> tuple[int, AdmissionLevels | None] | None:
     if state.status is not RunStatus.PENDING:
         return None
     return await client.store.count_pending(state.run_id), client.admission()

@@ -129,10 +129,11 @@ def admitter_over(
         rest = [p for p in queue if after is None or p > after]
         return rest[:limit]
 
-    async def start(run_ids: list[str]) -> None:
+    async def start(run_ids: list[str]) -> int:
         started.append(run_ids)
         for run_id in run_ids:  # started: out of the queue
             queue[:] = [p for p in queue if p.run_id != run_id]
+        return len(run_ids)
 
     return (
         Admitter(
@@ -175,9 +176,9 @@ async def test_room_freed_while_the_admitter_starts_runs_goes_to_the_next_in_lin
     admitter.recheck()
     real = admitter._start
 
-    async def start_while_x_ends(run_ids: list[str]) -> None:
+    async def start_while_x_ends(run_ids: list[str]) -> int:
         book.ended("x")  # a run ends meanwhile
-        await real(run_ids)
+        return await real(run_ids)
 
     admitter._start = start_while_x_ends
     assert [p.run_id for p in await admitter.fill()] == ["a", "b"]  # b, not past it
@@ -252,7 +253,7 @@ async def test_runs_past_the_bound_wait_and_are_admitted_by_priority_then_age() 
         low = await rt.start_run(BUSY, priority="low")
         normal = [await rt.start_run(BUSY) for _ in range(2)]
         high = await rt.start_run(BUSY, priority=Priority.HIGH)
-        assert rt.admission == (2, 2)
+        assert rt.admission[:2] == (2, 2)
         queued = [low, *normal, high]
         assert [(await rt.store.get_run(r)).status for r in queued] == ["pending"] * 4
         assert await rt.store.count_pending() == 4
@@ -260,7 +261,7 @@ async def test_runs_past_the_bound_wait_and_are_admitted_by_priority_then_age() 
             await release(rt, run_id)
         await release(rt, low)
         assert await started_order(rt, [*first, *queued]) == [*first, high, *normal, low]
-        assert rt.admission == (0, 2)
+        assert rt.admission[:2] == (0, 2)
 
 
 async def test_a_child_of_an_active_parent_is_admitted_at_once() -> None:
@@ -271,7 +272,7 @@ async def test_a_child_of_an_active_parent_is_admitted_at_once() -> None:
         child = waiting.steps["sub"].child_run_id
         assert child is not None
         await busy(rt, child)  # over the bound: no deadlock
-        assert rt.admission == (2, 1)
+        assert rt.admission[:2] == (2, 1)
         other = await rt.start_run(BUSY)  # not a child: it waits for room
         assert (await rt.store.get_run(other)).status == "pending"
         await rt.cancel(parent)
@@ -287,7 +288,7 @@ async def test_a_cancelled_pending_run_leaves_the_queue() -> None:
         await rt.cancel(queued)
         assert (await rt.wait(queued, timeout=10)).status == "cancelled"
         assert await rt.store.count_pending() == 0
-        assert rt.admission == (1, 1)  # the cancelled run took no slot
+        assert rt.admission[:2] == (1, 1)  # the cancelled run took no slot
         await release(rt, holder)
         later = await rt.start_run(BUSY)
         await release(rt, later)  # admitted: the queue and the count are right
@@ -303,7 +304,7 @@ async def test_a_new_engine_counts_the_active_runs_and_admits_from_the_store(
             await busy(rt, run_id)
         run_ids += [await rt.start_run(BUSY) for _ in range(3)]
     async with busy_runtime(url, 2) as rt:
-        assert rt.admission == (2, 2)
+        assert rt.admission[:2] == (2, 2)
         assert await rt.store.count_pending() == 3
         for run_id in run_ids:
             await release(rt, run_id)
@@ -319,7 +320,16 @@ async def test_why_says_how_many_runs_are_ahead_of_a_pending_one() -> None:
         diagnosis = await rt.client.why(last)
         [reason] = [r for r in diagnosis.reasons if r.kind == "not_started"]
         assert reason.text.startswith("pending: 2 run(s) ahead of it (admission bound 1, 1 active)")
-        assert reason.data == {"ahead": 2, "priority": "low", "active": 1, "bound": 1}
+        assert reason.data == {
+            "ahead": 2,
+            "priority": "low",
+            "active": 1,
+            "bound": 1,
+            "tasks": 1,
+            "task_bound": 1,
+            "claimed": 1,
+        }
+        assert "attempts in flight" not in reason.text  # the run bound is what holds it
         for run_id in [holder, *ahead, last]:
             await release(rt, run_id)
 
@@ -356,11 +366,11 @@ async def test_runs_that_only_wait_hold_no_slot() -> None:
         waiting = [await rt.start_run(WAITER) for _ in range(3)]
         for run_id in waiting:
             await wait_until(rt, run_id, step_is("hold", "waiting"))
-        assert rt.admission == (0, 2)  # parked: nothing in flight
+        assert rt.admission[:2] == (0, 2)  # parked: nothing in flight
         quick = await rt.start_run(QUICK)  # starts and finishes while they wait
         assert (await rt.wait(quick, timeout=10)).status == "succeeded"
         await finish_waiters(rt, waiting)
-        assert rt.admission == (0, 2)
+        assert rt.admission[:2] == (0, 2)
         assert await rt.store.count_pending() == 0
 
 
@@ -370,11 +380,11 @@ async def test_a_parked_run_goes_on_at_once_even_above_the_bound() -> None:
         await wait_until(rt, parked, step_is("hold", "waiting"))
         holder = await rt.start_run(BUSY)  # admitted: the parked run left the slot free
         await busy(rt, holder)
-        assert rt.admission == (1, 1)
+        assert rt.admission[:2] == (1, 1)
         queued = await rt.start_run(BUSY)
         await rt.signal(parked, "go", {})  # its signal: busy again, without admission
         await wait_until(rt, parked, step_is("work", "running"))
-        assert rt.admission == (2, 1)
+        assert rt.admission[:2] == (2, 1)
         assert (await rt.store.get_run(queued)).status == "pending"
         for run_id in (parked, holder):  # room again only once both ended
             await rt.cancel(run_id)
@@ -389,7 +399,7 @@ async def test_a_new_engine_counts_busy_runs_not_parked_ones(tmp_path: Path) -> 
         for run_id in waiting:
             await wait_until(rt, run_id, step_is("hold", "waiting"))
     async with Runtime(store=url, max_active_runs=2) as rt:
-        assert rt.admission == (0, 2)
+        assert rt.admission[:2] == (0, 2)
         quick = await rt.start_run(QUICK)
         assert (await rt.wait(quick, timeout=10)).status == "succeeded"
         await finish_waiters(rt, waiting)
@@ -440,3 +450,178 @@ def test_the_bookkeeping_follows_attempts_in_flight() -> None:
     assert book.active == {"r", "s"} and book.room == 0
     book.forget(lambda run_id: run_id == "s")
     assert book.active == {"r"} and "s" not in book.flight
+
+
+# -- the bound of attempts in flight -----------------------------------------------------
+
+
+def test_the_task_bound_counts_attempts_in_flight_and_frees_room_as_they_end() -> None:
+    from tideflow.model.commands import CancelTask, DispatchTask
+    from tideflow.model.events import ErrorInfo, TaskCompleted, TaskFailed
+    from tideflow.model.run import new_run_state
+    from tideflow.model.states import RunStatus
+    from tideflow.store.base import AppliedEvent
+
+    book = Admission(10, task_bound=3)
+    state = new_run_state(run_id="r", workflow="w", version="1", plan_hash="h", created_at=0)
+    state.status = RunStatus.RUNNING
+
+    def applied(event: Any, *commands: Any) -> AppliedEvent:
+        return AppliedEvent(
+            event=event, state=state, transitions=[], commands=list(commands), seq=1
+        )
+
+    def dispatch(key: str, attempt: int = 1) -> DispatchTask:
+        return DispatchTask(
+            run_id="r",
+            step_key=key,
+            step_id=key,
+            type="noop",
+            config={},
+            input={},
+            attempt=attempt,
+            idempotency_key=f"r:{key}:{attempt}",
+            timeout=None,
+        )
+
+    assert book.levels() == (0, 10, 0, 3, 0) and book.room == 3
+    book.reserve(["r"])
+    assert book.room == 2  # being admitted: counts as the attempt it will dispatch
+    book.waiting = True
+    assert not book.applied([applied(started("r"), dispatch("a"), dispatch("b"), dispatch("c"))])
+    assert book.tasks == 3 and book.room == 0  # 9 runs of room, none of attempts
+    assert book.levels() == (1, 10, 3, 3, 3)
+    again = dispatch("c", attempt=2)  # a retry of c replaces its attempt: still 3
+    assert not book.applied([applied(started("r"), again)])
+    assert book.tasks == 3
+    done = TaskCompleted(event_id="e1", run_id="r", time=1.0, step_key="a", attempt=1)
+    assert book.applied([applied(done)])  # room freed while starts wait: wake the admitter
+    assert book.tasks == 2 and book.room == 1
+    assert not book.applied([applied(done)])  # its duplicate frees nothing
+    failed = TaskFailed(
+        event_id="e2",
+        run_id="r",
+        time=1.0,
+        step_key="b",
+        attempt=1,
+        error=ErrorInfo(type="E", message="x"),
+    )
+    assert book.applied([applied(failed, CancelTask(run_id="r", step_key="c", attempt=2))])
+    assert book.tasks == 0 and book.flight == {} and book.active == set()
+    book.in_flight("s", "x", 1)
+    book.in_flight("s", "y", 1)
+    book.in_flight("s", "y", 1)  # read twice (recovery, then takeover): one attempt
+    book.in_flight("t", "x", 1)
+    assert book.tasks == 3 and book.room == 0
+    book.ended("s")  # what an ended run had in flight is stale
+    assert book.tasks == 1 and book.room == 2
+    book.forget(lambda run_id: run_id == "t")
+    assert book.tasks == 0 and book.room == 3
+
+
+def test_the_task_bound_is_checked_and_read_from_the_environment() -> None:
+    from tideflow.runtime.admission import check_task_bound, task_bound_from_environment
+
+    assert Admission(7).task_bound == 7  # by default, the run bound
+    assert check_task_bound(3) == 3
+    for bad in (0, -1, True, 2.5):
+        with pytest.raises(ValueError, match="max tasks in flight"):
+            check_task_bound(bad)  # type: ignore[arg-type]
+    assert task_bound_from_environment({}) is None
+    assert task_bound_from_environment({"TIDEFLOW_MAX_TASKS_IN_FLIGHT": "64"}) == 64
+    for bad_text in ("0", "-3", "1.5", "lots"):
+        with pytest.raises(ValueError, match="TIDEFLOW_MAX_TASKS_IN_FLIGHT="):
+            task_bound_from_environment({"TIDEFLOW_MAX_TASKS_IN_FLIGHT": bad_text})
+    with pytest.raises(ValueError, match="max tasks in flight"):
+        Runtime(max_tasks_in_flight=0)
+
+
+WIDE = plan(
+    """
+    name: wide
+    version: "1"
+    steps:
+      - {id: a, type: python, function: admission.never_run}
+      - {id: b, type: python, function: admission.never_run}
+      - {id: c, type: python, function: admission.never_run}
+    """
+)
+"""Three attempts in flight at once, held there (no worker)."""
+
+
+async def test_no_run_is_admitted_while_the_attempts_in_flight_are_at_their_bound() -> None:
+    async with busy_runtime(MemoryStore(), 10, max_tasks_in_flight=4) as rt:
+        wide = await rt.start_run(WIDE)
+        for key in "abc":
+            await wait_until(rt, wide, step_is(key, "running"))
+        one = await rt.start_run(BUSY)  # 3 in flight, room for one more attempt
+        await busy(rt, one)
+        waiting = await rt.start_run(BUSY)  # 4 in flight: at the bound, 8 runs of room
+        assert rt.admission == (2, 10, 4, 4, 4)
+        assert (await rt.store.get_run(waiting)).status == "pending"
+        reasons = [r for r in (await rt.client.why(waiting)).reasons if r.kind == "not_started"]
+        assert "the active runs claim 4 of the 4 attempts in flight allowed" in reasons[0].text
+        assert reasons[0].data["tasks"] == 4 and reasons[0].data["task_bound"] == 4
+        await release(rt, one)  # one attempt ends: the next run is admitted
+        await busy(rt, waiting)
+        assert rt.admission == (2, 10, 4, 4, 4)
+        await release(rt, waiting)
+        await rt.cancel(wide)
+        assert (await rt.wait(wide, timeout=10)).status == "cancelled"
+        assert rt.admission == (0, 10, 0, 4, 0)
+
+
+def test_a_runs_claim_is_the_widest_level_of_its_plan() -> None:
+    from tideflow.runtime.admission import peak_attempts
+
+    assert peak_attempts(BUSY) == 1 and peak_attempts(WIDE) == 3
+    assert peak_attempts(WAITER) == 1  # nothing to run: still one of the task bound
+    assert peak_attempts(WAIT_THEN_WORK) == 1
+    diamond = plan(
+        """
+        name: diamond
+        version: "1"
+        steps:
+          - {id: top, type: python, function: m.f}
+          - {id: l, type: python, function: m.f, depends_on: [top]}
+          - {id: r, type: python, function: m.f, depends_on: [top]}
+          - {id: note, type: set, values: {x: 1}, depends_on: [top]}
+          - {id: bottom, type: python, function: m.f, depends_on: [l, r]}
+          - {id: each, type: map, items: "{{ [1, 2, 3] }}", max_concurrency: 5,
+             depends_on: [top], step: {id: one, type: python, function: m.f}}
+        """
+    )
+    assert peak_attempts(diamond) == 7  # l, r and the map's 5 at depth 2; `set` runs nothing
+    chain = compile_definition(
+        {
+            "name": "long",
+            "version": "1",
+            "steps": [{"id": "s0", "type": "noop"}]
+            + [
+                {"id": f"s{i}", "type": "noop", "depends_on": [f"s{i - 1}"]} for i in range(1, 5000)
+            ],
+        }
+    )
+    assert peak_attempts(chain) == 1  # 5,000 deep: no recursion
+
+
+async def test_a_wide_run_waits_until_its_claim_fits_and_the_queue_keeps_its_order() -> None:
+    async with busy_runtime(MemoryStore(), 10, max_tasks_in_flight=4) as rt:
+        first = await rt.start_run(WIDE)
+        for key in "abc":
+            await wait_until(rt, first, step_is(key, "running"))
+        second = await rt.start_run(WIDE)  # claims 3, 1 left: waits
+        light = await rt.start_run(BUSY)  # would fit, but is behind the second
+        assert rt.admission == (1, 10, 3, 4, 3)
+        for run_id in (second, light):
+            assert (await rt.store.get_run(run_id)).status == "pending"
+        await rt.cancel(first)
+        assert (await rt.wait(first, timeout=10)).status == "cancelled"
+        for key in "abc":
+            await wait_until(rt, second, step_is(key, "running"))
+        await busy(rt, light)
+        assert await started_order(rt, [first, second, light]) == [first, second, light]
+        for run_id in (second, light):
+            await rt.cancel(run_id)
+            await rt.wait(run_id, timeout=10)
+        assert rt.admission == (0, 10, 0, 4, 0)
