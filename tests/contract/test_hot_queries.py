@@ -11,7 +11,9 @@ the store while its connections log the plan of every statement they run, those 
 buffers, sent to the client as LOG messages). A scan of a growing table fails the test
 when it touched more than a quarter of the pages of the table or index it scanned: a
 sequential scan does, and so does an index scan on a column that is not the index's
-first (no better than a sequential scan).
+first (no better than a sequential scan). A second run makes ``tideflow_commit``'s plans
+while the tables are empty, then fills them under it: the plans a connection keeps must
+stay key lookups.
 
 SQLite: every named query and the run listings, by ``EXPLAIN QUERY PLAN``: no ``SCAN``
 of a growing table without an index (the queries allowed to, none on a hot path, say why).
@@ -322,7 +324,8 @@ async def test_commit_plans_made_on_empty_tables_stay_key_lookups(logged: Any) -
     every table is empty; then the tables grow under the live runtime, without an
     ANALYZE (which would have the plans made again), and the next commits, on the same
     connections, must still look each row of the batch up by its key (migration 0013
-    turns hash joins, merge joins and sequential scans off for the function)."""
+    turns hash joins, merge joins and sequential scans off for the function; without
+    those settings its runs UPDATE, a hash join, read the whole of `runs` here)."""
     plans, make_store, schema, url = logged
     async with Runtime(store=make_store(max_size=2), workers=4, sweep_interval=0.1) as rt:
         await rt.client.register(compile_definition(LIVE))
