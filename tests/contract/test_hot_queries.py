@@ -11,7 +11,9 @@ the store while its connections log the plan of every statement they run, those 
 buffers, sent to the client as LOG messages). A scan of a growing table fails the test
 when it touched more than a quarter of the pages of the table or index it scanned: a
 sequential scan does, and so does an index scan on a column that is not the index's
-first (no better than a sequential scan).
+first (no better than a sequential scan). A second run makes ``tideflow_commit``'s plans
+while the tables are empty, then fills them under it: the plans a connection keeps must
+stay key lookups.
 
 SQLite: every named query and the run listings, by ``EXPLAIN QUERY PLAN``: no ``SCAN``
 of a growing table without an index (the queries allowed to, none on a hot path, say why).
@@ -186,8 +188,31 @@ FILL = [
 """Ended runs and their rows, as a long-lived store holds them (the timers far ahead)."""
 
 
+FILL_TASKS = (
+    "INSERT INTO task_leases (run_id, step_key, attempt, dispatched_at, started_at, owner,"
+    " lease_until) SELECT 'f' || i, 's', 1, i, i, NULL, 0 FROM generate_series(1, 50000) AS i"
+)
+"""Attempts in flight of the filler runs (the test that fills the tables under a live
+runtime: the statements that end and start attempts look rows up among these)."""
+
+
+async def fill(plans: Plans, conn: Any, schema: str, statements: list[str]) -> None:
+    """Fill the growing tables and note the pages of each table and index."""
+    for statement in statements:
+        await conn.execute(statement)
+    plans.sizes = {
+        str(name): int(count)
+        for name, count in await conn.fetch(
+            "SELECT relname, pg_relation_size(oid) / 8192 FROM pg_class"
+            " WHERE relnamespace = $1::regnamespace AND relkind IN ('r', 'i')",
+            schema,
+        )
+    }
+
+
 @pytest.fixture
-async def explained(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+async def logged(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The plans every pool's connections log, a new schema, and a maker of stores on it."""
     plans = Plans()
     real = asyncpg.create_pool
 
@@ -198,31 +223,28 @@ async def explained(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> Any:
 
     monkeypatch.setattr(asyncpg, "create_pool", create_pool)
     schema = f"hot_{uuid.uuid4().hex[:16]}"
+
+    def make_store(**options: Any) -> PostgresStore:
+        return PostgresStore(postgres_url, schema=schema, compile_plan=compile_stored, **options)
+
     try:
-
-        def make_store() -> PostgresStore:
-            return PostgresStore(postgres_url, schema=schema, compile_plan=compile_stored)
-
-        filled = make_store()
-        await filled.open()
-        try:
-            async with filled.pool.acquire() as conn:
-                for statement in FILL:
-                    await conn.execute(statement)
-                plans.sizes = {
-                    str(name): int(count)
-                    for name, count in await conn.fetch(
-                        "SELECT relname, pg_relation_size(oid) / 8192 FROM pg_class"
-                        " WHERE relnamespace = $1::regnamespace AND relkind IN ('r', 'i')",
-                        schema,
-                    )
-                }
-        finally:
-            await filled.close()
-        plans.logged.clear()
-        yield plans, make_store
+        yield plans, make_store, schema, postgres_url
     finally:
         await drop_schema(postgres_url, schema)
+
+
+@pytest.fixture
+async def explained(logged: Any) -> Any:
+    plans, make_store, schema, _ = logged
+    filled = make_store()
+    await filled.open()
+    try:
+        async with filled.pool.acquire() as conn:
+            await fill(plans, conn, schema, FILL)
+    finally:
+        await filled.close()
+    plans.logged.clear()
+    return plans, make_store
 
 
 async def test_no_hot_query_reads_a_growing_table_whole(explained: Any) -> None:
@@ -272,6 +294,58 @@ async def test_a_statement_no_index_serves_is_caught(explained: Any) -> None:
     finally:
         await store.close()
     assert [relation for relation, *_ in plans.full_scans()] == ["waits"]
+
+
+LIVE = {
+    "name": "live",
+    "version": "1",
+    "steps": [
+        {"id": "a", "type": "noop"},
+        {"id": "nap", "type": "sleep", "duration": "10ms", "depends_on": ["a"]},
+        {"id": "b", "type": "noop", "depends_on": ["nap"]},
+    ],
+}
+
+
+def in_commit(query: str) -> bool:
+    """A statement of tideflow_commit's body (they read the batch's document)."""
+    return "batch->" in query or "batch ?" in query
+
+
+async def live_runs(rt: Runtime, count: int) -> None:
+    ids = await asyncio.gather(*(rt.client.start("live", {}) for _ in range(count)))
+    for run_id in ids:
+        assert (await rt.client.wait(run_id, 30)).status == "succeeded"
+
+
+async def test_commit_plans_made_on_empty_tables_stay_key_lookups(logged: Any) -> None:
+    """PL/pgSQL plans tideflow_commit's statements on a connection's first calls and,
+    after five, keeps a generic plan for the connection's life. Here they are made while
+    every table is empty; then the tables grow under the live runtime, without an
+    ANALYZE (which would have the plans made again), and the next commits, on the same
+    connections, must still look each row of the batch up by its key (migration 0013
+    turns hash joins, merge joins and sequential scans off for the function; without
+    those settings its runs UPDATE, a hash join, read the whole of `runs` here)."""
+    plans, make_store, schema, url = logged
+    async with Runtime(store=make_store(max_size=2), workers=4, sweep_interval=0.1) as rt:
+        await rt.client.register(compile_definition(LIVE))
+        for _ in range(30):  # rounds, until the two connections made 30 commits of runs
+            await live_runs(rt, 5)
+            if sum(in_commit(q) and "UPDATE runs" in q for q, _ in plans.logged) >= 30:
+                break
+        else:
+            raise AssertionError("fewer than 30 commits in 30 rounds")
+        conn = await asyncpg.connect(url, server_settings={"search_path": schema})
+        try:
+            await fill(plans, conn, schema, [*FILL[:-1], FILL_TASKS])
+        finally:
+            await conn.close()
+        plans.logged.clear()
+        await live_runs(rt, 20)
+    statements = {query for query, _ in plans.logged if in_commit(query)}
+    assert any("UPDATE runs" in q for q in statements)
+    assert any("DELETE FROM task_leases" in q for q in statements)
+    assert plans.full_scans() == []
 
 
 # -- SQLite: every named query, by its plan ----------------------------------------

@@ -141,4 +141,4 @@ def test_status_on_postgresql_checks_the_commit_function(pg_store: str) -> None:
     assert done.exit_code == 2
     [problem] = stdout_json(done)["problems"]
     assert problem.startswith("function 'tideflow_commit' is missing (commits fail without it)")
-    assert "0004" in problem
+    assert "0013_commit_set_based.sql" in problem  # the newest migration that makes it

@@ -24,14 +24,17 @@ another applier (migration 0004); its message names the run."""
 def commit_document(rows: sb.BatchRows, index: IndexRows, relayed: Sequence[str]) -> str:
     """The JSON argument of ``tideflow_commit``: each kind of row as a list of rows, a
     kind the batch has none of left out. One text parameter costs the event loop far
-    less than one array per column (the driver checks every element of an array)."""
+    less than one array per column (the driver checks every element of an array).
+
+    A run's row carries its snapshot, if the batch took one (migration 0013): the
+    function writes both with one UPDATE, one new version of the run's row."""
     runs = sorted(rows.runs, key=lambda r: r.run_id)  # the same lock order for every applier
+    snapshots = {run_id: (seq, state) for run_id, seq, state in rows.snapshots}
     timers, untimed = index.timer_rows()
     tasks, starts, done = index.task_rows()
     document: dict[str, Sequence[Any]] = {
-        "runs": [_run_row(r) for r in runs],
+        "runs": [_run_row(r, snapshots.get(r.run_id, _NO_SNAPSHOT)) for r in runs],
         "history": rows.history,
-        "snapshots": rows.snapshots,
         "outbox": rows.outbox,
         "relayed": relayed,
         "timers": timers,
@@ -46,7 +49,10 @@ def commit_document(rows: sb.BatchRows, index: IndexRows, relayed: Sequence[str]
     return sb.dumps({key: value for key, value in document.items() if value})
 
 
-def _run_row(r: sb.RunUpdate) -> tuple[Any, ...]:
+_NO_SNAPSHOT: tuple[None, None] = (None, None)
+
+
+def _run_row(r: sb.RunUpdate, snapshot: tuple[int | None, str | None]) -> tuple[Any, ...]:
     return (
         r.run_id,
         r.status,
@@ -56,6 +62,7 @@ def _run_row(r: sb.RunUpdate) -> tuple[Any, ...]:
         r.error,
         r.last_seq,
         r.expected_seq,
+        *snapshot,
     )
 
 

@@ -1,0 +1,3 @@
+-- tideflow schema version 13 (SQLite): nothing changes. Migration 13 of PostgreSQL writes
+-- each kind of row of tideflow_commit (migration 4) with one statement; SQLite has no such
+-- function (it runs in-process and writes a batch with executemany).
