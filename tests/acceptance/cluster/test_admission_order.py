@@ -156,8 +156,11 @@ def test_a_burst_is_admitted_in_order_within_the_bound_by_a_server(cluster: Clus
 
 def test_the_attempts_in_flight_bound_admits_wide_runs_by_their_claim(cluster: Cluster) -> None:
     """The run bound (100) leaves room; the task bound (6) holds: a run of the fan-out
-    (three steps at one level) claims 3, so two are active at once, admitted in order."""
-    server = cluster.server("--max-active-runs", "100", "--max-tasks-in-flight", "6")
+    (three steps at one level) claims 3, so two are active at once, admitted in order
+    (and the server applies at most 4 events a batch: ``--batch-size``)."""
+    server = cluster.server(
+        "--max-active-runs", "100", "--max-tasks-in-flight", "6", "--batch-size", "4"
+    )
     cluster.worker()
 
     async def drive() -> None:
