@@ -521,6 +521,9 @@ async def _measure_bus(
         "worker_concurrency": args.worker_concurrency,
         "client": "Client.connect (one client.start per run)",
         "concurrency": args.concurrency,
+        "server_settings": {
+            name: os.environ[name] for name in SERVER_SETTINGS if os.environ.get(name)
+        },
     }
     # 1. W1 on this cluster: the reference, and the warm-up
     if args.w1_warmup:
@@ -665,6 +668,16 @@ def _ms(window: dict[str, Any]) -> str:
     return f"p50 {window['p50_ms']} / p99 {window['p99_ms']} ms (n={window['n']})"
 
 
+SERVER_SETTINGS = (
+    "TIDEFLOW_MAX_ACTIVE_RUNS",
+    "TIDEFLOW_MAX_TASKS_IN_FLIGHT",
+    "TIDEFLOW_BATCH_SIZE",
+)
+"""Variables the servers read that change what is measured (they inherit the bench's
+environment): the report names those set, e.g. the latency profile
+``TIDEFLOW_MAX_TASKS_IN_FLIGHT=128 TIDEFLOW_BATCH_SIZE=128``."""
+
+
 def show(report: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(report), flush=True)
@@ -673,7 +686,8 @@ def show(report: dict[str, Any], as_json: bool) -> None:
     lines = [
         f"== {report['bus']}: {report['servers']} server(s), {report['workers']} worker(s) "
         f"(--concurrency {report['worker_concurrency']}), client {report['client']}, "
-        f"{report['concurrency']} starts in flight",
+        f"{report['concurrency']} starts in flight; server settings "
+        + (" ".join(f"{k}={v}" for k, v in report["server_settings"].items()) or "the defaults"),
         f"W1 (same cluster)    {w1['steps_per_s']} steps/s ({w1['steps']} steps in "
         f"{w1['seconds']} s), dispatch p50 {w1['dispatch_p50_ms']} / p99 "
         f"{w1['dispatch_p99_ms']} ms",
