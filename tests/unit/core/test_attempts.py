@@ -287,3 +287,25 @@ def test_a_redelivered_start_of_a_non_idempotent_step_changes_nothing(harness):
     h.lost("a")
     assert h.step_status("a") == "failed"
     assert h.state.steps["a"].error.type == "StepOutcomeUnknown"
+
+
+def test_a_redelivered_start_that_the_bus_delivers_twice_is_recorded_once(harness):
+    """The bus is at least once: the start of delivery 2 may come twice (the deterministic
+    simulation found it applied twice, one event id twice in the history). The first
+    delivery's start coming late changes nothing either; a third delivery is news."""
+    h = harness(HEAD + "steps: [{id: a, type: noop}]\n", auto_start=False)
+    h.started("a", "host/1")
+    assert _redelivered(h, "a", "host/2", 2).changed
+    assert not _redelivered(h, "a", "host/2", 2).changed
+    assert not _redelivered(h, "a", "host/1", 1).changed
+    assert _redelivered(h, "a", "host/3", 3).changed
+    h.complete("a", "ok")
+    assert h.status == "succeeded"
+
+
+def test_the_first_start_reported_may_be_a_redelivery_and_its_copy_is_a_duplicate(harness):
+    """The first delivery's start never got out (its worker died): delivery 2 starts the
+    attempt, and the same event delivered again is a duplicate, not a restart."""
+    h = harness(HEAD + "steps: [{id: a, type: noop}]\n", auto_start=False)
+    assert _redelivered(h, "a", "host/2", 2).changed
+    assert not _redelivered(h, "a", "host/2", 2).changed
