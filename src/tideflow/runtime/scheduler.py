@@ -459,7 +459,12 @@ class Scheduler:
                 if not admission.gate(event):
                     held = True  # acknowledged with the batch; the run stays pending, queued
                     if run_id in self._doubt:
-                        await self._settle_held(event, admission)
+                        try:
+                            await self._settle_held(event, admission)
+                        except StoreUnavailable as exc:  # it comes again (_apply_committed)
+                            self._unloaded[run_id] = exc
+                            self._runs.evict(run_id)
+                            failed.add(run_id)
                     continue
                 starting = True
             about = logcontext.run_id.set(run_id)  # its log lines are the run's
