@@ -21,8 +21,9 @@ import os
 import random
 import socket
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from tideflow.errors import StoreError, TideflowError
 from tideflow.runtime.runtime import Runtime
@@ -32,6 +33,11 @@ from tideflow.testing.sim.faults import Faults
 from tideflow.testing.sim.loop import SimClock, VirtualLoop
 from tideflow.testing.sim.stores import FaultyStore, SimMemoryStore, SimSqliteStore
 from tideflow.testing.sim.workloads import BUILDS, CHILD, JOURNAL, Workload, register_functions
+
+T = TypeVar("T")
+
+REPORTED = 40
+"""Faults a report lists (the first ones: what comes after is mostly periodic reads)."""
 
 SQLITE_EVERY = 5
 """One seed in this many runs on the SQLite store (in memory), the others on memory."""
@@ -70,7 +76,12 @@ class Outcome:
             f"workloads {', '.join(self.workloads)}, restarts at {self.restarts}, "
             f"{len(self.faults)} fault(s), {self.virtual_seconds:.1f} virtual s, "
             f"digest {self.digest}",
-            *(f"  fault {f}" for f in self.faults),
+            *(f"  fault {f}" for f in self.faults[:REPORTED]),
+            *(
+                [f"  ... and {len(self.faults) - REPORTED} more fault(s)"]
+                if len(self.faults) > REPORTED
+                else []
+            ),
             *(f"  VIOLATION {v}" for v in self.violations),
             f"  replay: python -m tideflow.testing.sim --seed {self.seed}",
         ]
@@ -112,6 +123,8 @@ class _World:
             round(plan.uniform(0.0, 90.0), 3) for _ in range(plan.choice((0, 0, 1, 2)))
         )
         self.generation = 0
+        self.sent: dict[str, list[Callable[[Runtime], Awaitable[Any]]]] = {}
+        """Run id -> the requests the simulator made of it, in order."""
         self.outcome = Outcome(
             seed=seed,
             store="sqlite" if sqlite else "memory",
@@ -153,15 +166,17 @@ class _World:
     async def run(self) -> Outcome:
         JOURNAL.clear()
         rt = self.runtime = await self.boot()
-        await self.retrying(lambda: rt.register(CHILD))
+        await self.retrying(lambda rt: rt.register(CHILD))
         began = self.loop.time()
         actions = [asyncio.ensure_future(self.drive(w, began)) for w in self.workloads]
+        redos = actions  # the same list: cancelled together at the end
         try:
             for at in self.restarts:
                 await asyncio.sleep(max(0.0, began + at - self.loop.time()))
+                self.runtime = None  # a client call made meanwhile waits for the next one
                 await _quietly(rt.close())
-                rt = await self.boot()
-                self.runtime = rt
+                rt = self.runtime = await self.boot()
+                redos.append(asyncio.ensure_future(self.again()))
             await self.until_ended(began)
             await asyncio.sleep(SETTLE)
             with self.faults.off():
@@ -178,14 +193,24 @@ class _World:
         return self.outcome
 
     runtime: Runtime | None = None
+    """The live runtime; None while it is being restarted."""
 
-    async def retrying(self, call: Any) -> Any:
-        """A client call, tried again while the faults break it (same ids: idempotent)."""
+    async def retrying(self, call: Callable[[Runtime], Awaitable[T]]) -> T:
+        """A client call on the live runtime, tried again while the faults break it (same
+        ids: idempotent), and again when the runtime was restarted under it: what it did
+        may have been lost with the runtime's bus, as its caller would have been."""
         for _ in range(1000):
+            rt = self.runtime
+            if rt is None:
+                await asyncio.sleep(1.0)
+                continue
             try:
-                return await call()
+                result = await call(rt)
             except (StoreError, TideflowError, ConnectionError):
                 await asyncio.sleep(1.0)
+                continue
+            if rt is self.runtime:
+                return result
         raise AssertionError("a client call failed 1000 times in a row")
 
     # -- what the simulator does to the runs -------------------------------------
@@ -193,23 +218,35 @@ class _World:
     async def drive(self, w: Workload, began: float) -> None:
         """Start the run (its id as idempotency key: a start tried again after a fault
         that came after the write finds the run), then signal or cancel it on time."""
-        await self.retrying(
-            lambda: self.rt().start_run(w.plan, w.input, run_id=w.run_id, idempotency_key=w.run_id)
+        await self.act(
+            w, lambda rt: rt.start_run(w.plan, w.input, run_id=w.run_id, idempotency_key=w.run_id)
         )
         if w.signal is not None:
             at, name, payload = w.signal
             await asyncio.sleep(max(0.0, began + at - self.loop.time()))
-            await self.retrying(
-                lambda: self.rt().signal(w.run_id, name, payload, signal_id=f"{w.run_id}:sig")
+            await self.act(
+                w, lambda rt: rt.signal(w.run_id, name, payload, signal_id=f"{w.run_id}:sig")
             )
         if w.cancel_at is not None:
             await asyncio.sleep(max(0.0, began + w.cancel_at - self.loop.time()))
-            await self.retrying(lambda: self.rt().cancel(w.run_id, "the simulator cancels"))
+            await self.act(w, lambda rt: rt.cancel(w.run_id, "the simulator cancels"))
 
-    def rt(self) -> Runtime:
-        if self.runtime is None:
-            raise RuntimeError("no runtime")
-        return self.runtime
+    async def act(self, w: Workload, call: Callable[[Runtime], Awaitable[Any]]) -> None:
+        self.sent.setdefault(w.run_id, []).append(call)
+        await self.retrying(call)
+
+    async def again(self) -> None:
+        """After a restart: what the simulator asked of the runtime that died may have died
+        with its bus (an event published, not applied yet), as the caller would have with
+        it: each workload's requests are made again, in order (each is idempotent: the
+        run's id as idempotency key, the signal's id, a cancel of a run that is already
+        cancelling changes nothing)."""
+
+        async def redo(calls: list[Callable[[Runtime], Awaitable[Any]]]) -> None:
+            for call in list(calls):
+                await self.retrying(call)
+
+        await asyncio.gather(*(redo(calls) for calls in self.sent.values()))
 
     async def until_ended(self, began: float) -> None:
         """Wait (virtual time) until no run is unfinished, or the horizon passes."""
