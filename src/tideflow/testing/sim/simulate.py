@@ -33,6 +33,7 @@ from tideflow.testing.sim.faults import Faults
 from tideflow.testing.sim.loop import SimClock, VirtualLoop
 from tideflow.testing.sim.stores import FaultyStore, SimMemoryStore, SimSqliteStore
 from tideflow.testing.sim.workloads import BUILDS, CHILD, JOURNAL, Workload, register_functions
+from tideflow.worker.executors.registry import ExecutorRegistry
 
 T = TypeVar("T")
 
@@ -47,6 +48,9 @@ SETTLE = 120.0
 """Virtual seconds left after the last run ended, for effects still being relayed."""
 WORKER = f"{socket.gethostname()}/{os.getpid()}"
 """How this process's worker signs the attempts it starts (in the history)."""
+SWEEP = 30.0
+"""Virtual seconds between two sweep rounds (the default: its repairs are part of what is
+simulated)."""
 TERMINAL = {"succeeded", "failed", "cancelled", "timed_out", "compensated", "compensation_failed"}
 
 
@@ -145,9 +149,10 @@ class _World:
                 store=self.store,
                 bus=SimBus(self.faults, self.clock),
                 clock=self.clock,
+                executors=ExecutorRegistry(discover=False),  # built-ins only: no entry points
                 workers=8,
                 lease=False,
-                sweep_interval=10.0,
+                sweep_interval=SWEEP,
                 gc_threshold=None,
             )
             # Event ids are "<prefix>-<n>"; the prefix is random per runtime: pin it so

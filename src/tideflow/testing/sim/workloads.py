@@ -11,6 +11,7 @@ or an attempt run again after a lost outcome must not change the run's end.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import textwrap
 from collections.abc import Callable
@@ -66,7 +67,9 @@ def register_functions() -> None:
             register(name)(fn)
 
 
+@functools.lru_cache(maxsize=64)
 def _plan(text: str) -> Plan:
+    """Compiled once per text (a plan is immutable; every seed builds its workloads)."""
     return compile_definition(textwrap.dedent(text))
 
 
