@@ -158,6 +158,8 @@ def on_lost(d: Decider, event: TaskLost) -> None:
     st = _current(d, event.step_key, event.attempt)
     if st is None or st.attempt_started_at is None:
         return  # stale, reported twice, or never started (recovery re-dispatches those)
+    if event.started_at is not None and event.started_at != st.attempt_started_at:
+        return  # the loss of an earlier execution, delivered again: this one is live
     ended(d, st)
     if not d.plan.specs[st.step_id].idempotent:
         error = ErrorInfo(

@@ -309,3 +309,23 @@ def test_the_first_start_reported_may_be_a_redelivery_and_its_copy_is_a_duplicat
     h = harness(HEAD + "steps: [{id: a, type: noop}]\n", auto_start=False)
     assert _redelivered(h, "a", "host/2", 2).changed
     assert not _redelivered(h, "a", "host/2", 2).changed
+
+
+def test_a_loss_delivered_again_after_the_attempt_started_anew_changes_nothing(harness):
+    """At least once: recovery's TaskLost came twice, the second copy after the attempt
+    it re-dispatched had started again; it took that live execution for lost and
+    dispatched the attempt a third time (the deterministic simulation found it: one event
+    id twice in a run's history)."""
+    h = harness(HEAD + "steps: [{id: a, type: noop}]\n", auto_start=False)
+    h.started("a")
+    h.now += 600
+    (lost,) = lost_events(h.plan, h.state, h.now)
+    assert lost.started_at == h.state.steps["a"].attempt_started_at
+    assert h.apply(lost).changed
+    h.now += 1
+    h.started("a")
+    before = len(h.dispatched)
+    assert not h.apply(lost).changed
+    assert h.dispatched[before:] == []
+    h.complete("a", "ok")
+    assert h.status == "succeeded"

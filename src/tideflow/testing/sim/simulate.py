@@ -51,11 +51,13 @@ WORKER = f"{socket.gethostname()}/{os.getpid()}"
 SWEEP = 30.0
 """Virtual seconds between two sweep rounds (the default: its repairs are part of what is
 simulated)."""
-TERMINAL = {"succeeded", "failed", "cancelled", "timed_out", "compensated", "compensation_failed"}
 
 
 @dataclass(slots=True)
 class Outcome:
+    """What became of a seed: its scenario, the faults injected, every run's history and
+    the invariants that did not hold (empty: all did)."""
+
     seed: int
     store: str
     rate: float
@@ -328,10 +330,17 @@ class _World:
                     f"{w.run_id}: step {key} made {step.attempts} attempts, "
                     f"its policy allows {allowed}"
                 )
+        ran = {(key, attempt) for run, key, attempt in JOURNAL if run == w.run_id}
+        for key, end in w.steps.items():  # an outcome recorded is one a function returned
+            if end.status == "succeeded" and end.attempts and (key, end.attempts) not in ran:
+                bad.append(f"{w.run_id}: step {key} succeeded, its attempt never ran")
         if w.compensations:
             undone = _compensation_order(self.outcome.histories.get(w.run_id, []))
             if undone != w.compensations:
                 bad.append(f"{w.run_id}: compensated {undone}, expected {w.compensations}")
+            never = [n for n in w.compensations if (f"undo:{n}", 1) not in ran]
+            if never:
+                bad.append(f"{w.run_id}: compensations {never} recorded, never run")
 
 
 def _entry(entry: HistoryEntry) -> dict[str, Any]:
@@ -355,15 +364,11 @@ def _check_history(run_id: str, history: list[HistoryEntry], bad: list[str]) -> 
     completed = Counter(
         (e.event.get("step_key"), e.event.get("compensation", False))
         for e in history
-        if e.kind == "task_completed" and _changed(e)
+        if e.kind == "task_completed" and e.transitions
     )
     again = sorted(str(k) for k, n in completed.items() if n > 1)
     if again:
         bad.append(f"{run_id}: completions applied twice: {again}")
-
-
-def _changed(entry: HistoryEntry) -> bool:
-    return bool(entry.transitions)
 
 
 def _compensation_order(history: list[dict[str, Any]]) -> list[str]:
