@@ -10,7 +10,7 @@ nacks, redelivery) are the local bus's own, on the simulation's clock.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from tideflow.bus.backends.local import BusClock, LocalBus
@@ -51,7 +51,8 @@ class SimBus(LocalBus):
         if fault is Fault.BEFORE:
             raise self.faults.bus_error("publish_tasks", fault)
         if fault is Fault.DELAY:
-            self._defer(LocalBus.publish_tasks(self, list(tasks)))
+            late_tasks = list(tasks)
+            self._defer(lambda: LocalBus.publish_tasks(self, late_tasks))
             return
         await super().publish_tasks(tasks)
         if fault is Fault.DUPLICATE:
@@ -64,7 +65,8 @@ class SimBus(LocalBus):
         if fault is Fault.BEFORE:
             raise self.faults.bus_error("publish_events", fault)
         if fault is Fault.DELAY:
-            self._defer(LocalBus.publish_events(self, list(events)))
+            late_events = list(events)
+            self._defer(lambda: LocalBus.publish_events(self, late_events))
             return
         if fault is Fault.REORDER:
             events = self._shuffled(events)
@@ -112,12 +114,14 @@ class SimBus(LocalBus):
             cursor[run] += 1
         return out
 
-    def _defer(self, publication: object) -> None:
+    def _defer(self, publish: Callable[[], Awaitable[None]]) -> None:
+        """``publish()`` after a seeded delay (the coroutine is made only then: one that
+        never runs, its runtime closed first, is not left unawaited)."""
         delay = self.faults.uniform(0.0, MAX_DELAY)
 
         async def later() -> None:
             await asyncio.sleep(delay)
-            await publication  # type: ignore[misc]
+            await publish()
 
         task = asyncio.get_running_loop().create_task(later())
         self._deferred.add(task)
