@@ -80,6 +80,7 @@ def timer_ids(st: StepState) -> tuple[str, str]:
 def dispatched(d: Decider, st: StepState) -> None:
     """Arm the queue clock of the attempt just dispatched (its timeout waits for the start)."""
     st.attempt_started_at = None
+    st.start_delivery = 0
     limit = d.plan.specs[st.step_id].schedule_to_start
     if limit is not None:
         arm(d, "schedule_to_start", st, d.now + limit, st.attempts)
@@ -135,12 +136,15 @@ def on_started(d: Decider, event: TaskStarted) -> None:
     if st is None:
         return  # stale
     if st.attempt_started_at is not None:
-        if event.delivery > 1 and d.plan.specs[st.step_id].idempotent:
+        if event.delivery > max(st.start_delivery, 1) and d.plan.specs[st.step_id].idempotent:
             # not a duplicate: the attempt's task came to another worker, which runs it
-            # again (an `idempotent: false` one is refused: its start changes nothing)
+            # again (an `idempotent: false` one is refused: its start changes nothing);
+            # the same start delivered twice by the bus is recorded once
+            st.start_delivery = event.delivery
             record_fact(d, st, redelivered_cause("attempt", st.attempts, event))
         return  # a duplicate: the first start counts (and its timeout clock)
     st.attempt_started_at = d.now
+    st.start_delivery = event.delivery
     if st.timers:  # the timeout restarts now, even if armed at dispatch
         for tid in timer_ids(st):
             disarm(d, st, tid)
@@ -154,6 +158,8 @@ def on_lost(d: Decider, event: TaskLost) -> None:
     st = _current(d, event.step_key, event.attempt)
     if st is None or st.attempt_started_at is None:
         return  # stale, reported twice, or never started (recovery re-dispatches those)
+    if event.started_at is not None and event.started_at != st.attempt_started_at:
+        return  # the loss of an earlier execution, delivered again: this one is live
     ended(d, st)
     if not d.plan.specs[st.step_id].idempotent:
         error = ErrorInfo(

@@ -61,6 +61,7 @@ def lost_events(plan: Plan, state: RunState, now: float) -> list[TaskLost]:
             reason="the process running it stopped before reporting an outcome",
             compensation=comp,
             round=state.retries,
+            started_at=started,
         )
         for key, attempt, started, comp in lost
     ]

@@ -175,6 +175,8 @@ def on_lost(d: Decider, event: TaskLost) -> None:
     key = event.step_key
     if not _active(d, key, event.attempt) or comp is None or comp.started_at is None:
         return
+    if event.started_at is not None and event.started_at != comp.started_at:
+        return  # the loss of an earlier execution, delivered again: this one is live
     _drop_timers(d, key)
     comp.started_at = None
     cause = f"compensation attempt {comp.attempt} started but its execution was lost"

@@ -111,6 +111,10 @@ class TaskLost(AttemptEvent):
     ``StepOutcomeUnknown``."""
 
     reason: str = "its worker stopped"
+    started_at: float | None = None
+    """When the lost execution started (recovery knows it; None: not said). A loss of an
+    earlier start of the attempt, delivered again once the attempt was dispatched and
+    started anew, changes nothing."""
 
 
 @quick_init

@@ -70,6 +70,9 @@ class StepState:
     attempt_started_at: float | None = None
     """When a worker started the current attempt (``TaskStarted``); None while it is only
     dispatched. Its ``timeout`` counts from here."""
+    start_delivery: int = 0
+    """The bus delivery of the current attempt's task whose start was recorded last (0:
+    none): a start of a delivery already recorded is the same event delivered twice."""
     input: Any = None
     output: Any = None
     error: ErrorInfo | None = None

@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 from tideflow.core.resume import lost_attempts, lost_events, resume_commands
 from tideflow.core.saga import lost_compensation
+from tideflow.errors import StoreUnavailable
 from tideflow.model.commands import Command, DispatchTask, StartChildRun, StartTimer
 from tideflow.model.plan import Plan
 from tideflow.model.run import RunState
@@ -141,6 +142,8 @@ async def _resume_in_flight(
         try:
             state = (await runs.get(run_id)).state
             plan = await plans.get(state.plan_hash)
+        except StoreUnavailable:
+            raise  # not this run's fault: skipped, it would stay as it is until a restart
         except Exception as exc:
             _cannot_resume(run_id, exc)
             continue

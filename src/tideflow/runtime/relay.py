@@ -49,7 +49,7 @@ from tideflow.bus.base import (
     RunEnded,
     with_headers,
 )
-from tideflow.errors import TideflowError
+from tideflow.errors import StoreUnavailable, TideflowError
 from tideflow.model.commands import (
     CancelChildRun,
     CancelTask,
@@ -388,6 +388,9 @@ class Relay:
     async def _start_child(self, command: StartChildRun) -> None:
         try:
             child = await self._runs.start_child(command)
+        except StoreUnavailable:
+            raise  # the store will be back: the effect is tried again (the child's key
+            # finds the run a failed try may have created), the parent must not fail
         except TideflowError as exc:
             await self._child_not_started(command, exc)
             return

@@ -34,7 +34,7 @@ from tideflow import faults, logcontext
 from tideflow.bus.base import NO_HEADERS, TRACEPARENT, Bus, EventBatch, Headers
 from tideflow.bus.closing import cancel_and_wait
 from tideflow.core.decide import decide
-from tideflow.errors import NotFound
+from tideflow.errors import NotFound, StoreUnavailable
 from tideflow.model.events import EngineFailed, Event, RunRetried, RunStarted
 from tideflow.model.plan import Plan
 from tideflow.model.states import RunStatus
@@ -101,6 +101,8 @@ class Scheduler:
         self._doubt: dict[str, list[AppliedEvent]] = {}
         """Events of runs whose commit failed, until the run is loaded again (see
         ``_settle_doubt``)."""
+        self._unloaded: dict[str, Exception] = {}
+        """Runs of the batch being applied that the store could not load just now."""
         self._forgetting: asyncio.Task[None] | None = None
         self._commits = 0
         """Batches committed (each forgets every relayed outbox row: ``_forget`` waits
@@ -312,6 +314,8 @@ class Scheduler:
         """``headers_of(i)``: the headers of ``events[i]`` (a delivered batch's own)."""
         began = time.time_ns() if self.spans is not None else 0
         batch = await self._apply_all(events)
+        if self._unloaded:
+            await self._not_loaded(events, redeliver, delivered)
         if not batch:
             if delivered is not None:
                 await delivered.ack()  # nothing to commit: duplicates, stale, unknown runs
@@ -454,11 +458,24 @@ class Scheduler:
             if admission is not None and type(event) is RunStarted:
                 if not admission.gate(event):
                     held = True  # acknowledged with the batch; the run stays pending, queued
+                    if run_id in self._doubt:
+                        try:
+                            await self._settle_held(event, admission)
+                        except StoreUnavailable as exc:  # it comes again (_apply_committed)
+                            self._unloaded[run_id] = exc
+                            self._runs.evict(run_id)
+                            failed.add(run_id)
                     continue
                 starting = True
             about = logcontext.run_id.set(run_id)  # its log lines are the run's
             try:
-                found = self._cached(run_id) or await self._load(event)
+                try:
+                    found = self._cached(run_id) or await self._load(event)
+                except StoreUnavailable as exc:  # its events come again (_apply_committed)
+                    self._unloaded[run_id] = exc
+                    self._runs.evict(run_id)
+                    failed.add(run_id)
+                    continue
                 if found is None:
                     if starting and admission is not None:
                         admission.settle(run_id, False)
@@ -500,6 +517,34 @@ class Scheduler:
         if held:
             self.held()
         return batch
+
+    async def _not_loaded(
+        self, events: list[Event], redeliver: bool, delivered: EventBatch | None
+    ) -> None:
+        """Runs of the batch that could not be loaded because the store is unavailable: a
+        passing failure, so their events come again (with the backoff of a failed commit),
+        never dropped as the events of a run that cannot be loaded at all are."""
+        unloaded, self._unloaded = self._unloaded, {}
+        if not redeliver:
+            for run_id in self._in_flight:
+                self._runs.evict(run_id)
+            raise next(iter(unloaded.values()))
+        for run_id, exc in unloaded.items():
+            mine = [e for e in events if e.run_id == run_id]
+            await self._run_failed(run_id, mine, exc, alone=True, delivered=delivered)
+
+    async def _settle_held(self, event: RunStarted, admission: Admission) -> None:
+        """A held start of a run whose start's commit reported a failure: the commit may
+        have gone through all the same (the run is running in the store, its first
+        attempts never dispatched, and no start will come again to load it). Loading the
+        run settles the doubt (the stored effects are relayed) and counts it active when
+        it runs; a run still pending is the admitter's, as any held start's."""
+        found = await self._load(event)
+        if found is not None:
+            state = found[0].state
+            admission.settle(
+                event.run_id, state.status is not RunStatus.PENDING and not state.is_terminal
+            )
 
     async def _run_failed(
         self,
@@ -593,6 +638,8 @@ class Scheduler:
         except NotFound:
             log.warning("event %s for unknown run %s dropped", type(event).__name__, event.run_id)
             return None
+        except StoreUnavailable:
+            raise  # a passing failure: the event comes again (``_not_loaded``)
         except Exception as exc:  # a damaged snapshot or history, a plan that no longer compiles
             log.error(
                 "run %s cannot be loaded, event %s not applied: %s",

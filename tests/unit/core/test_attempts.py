@@ -287,3 +287,45 @@ def test_a_redelivered_start_of_a_non_idempotent_step_changes_nothing(harness):
     h.lost("a")
     assert h.step_status("a") == "failed"
     assert h.state.steps["a"].error.type == "StepOutcomeUnknown"
+
+
+def test_a_redelivered_start_that_the_bus_delivers_twice_is_recorded_once(harness):
+    """The bus is at least once: the start of delivery 2 may come twice (the deterministic
+    simulation found it applied twice, one event id twice in the history). The first
+    delivery's start coming late changes nothing either; a third delivery is news."""
+    h = harness(HEAD + "steps: [{id: a, type: noop}]\n", auto_start=False)
+    h.started("a", "host/1")
+    assert _redelivered(h, "a", "host/2", 2).changed
+    assert not _redelivered(h, "a", "host/2", 2).changed
+    assert not _redelivered(h, "a", "host/1", 1).changed
+    assert _redelivered(h, "a", "host/3", 3).changed
+    h.complete("a", "ok")
+    assert h.status == "succeeded"
+
+
+def test_the_first_start_reported_may_be_a_redelivery_and_its_copy_is_a_duplicate(harness):
+    """The first delivery's start never got out (its worker died): delivery 2 starts the
+    attempt, and the same event delivered again is a duplicate, not a restart."""
+    h = harness(HEAD + "steps: [{id: a, type: noop}]\n", auto_start=False)
+    assert _redelivered(h, "a", "host/2", 2).changed
+    assert not _redelivered(h, "a", "host/2", 2).changed
+
+
+def test_a_loss_delivered_again_after_the_attempt_started_anew_changes_nothing(harness):
+    """At least once: recovery's TaskLost came twice, the second copy after the attempt
+    it re-dispatched had started again; it took that live execution for lost and
+    dispatched the attempt a third time (the deterministic simulation found it: one event
+    id twice in a run's history)."""
+    h = harness(HEAD + "steps: [{id: a, type: noop}]\n", auto_start=False)
+    h.started("a")
+    h.now += 600
+    (lost,) = lost_events(h.plan, h.state, h.now)
+    assert lost.started_at == h.state.steps["a"].attempt_started_at
+    assert h.apply(lost).changed
+    h.now += 1
+    h.started("a")
+    before = len(h.dispatched)
+    assert not h.apply(lost).changed
+    assert h.dispatched[before:] == []
+    h.complete("a", "ok")
+    assert h.status == "succeeded"
