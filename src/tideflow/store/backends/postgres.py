@@ -161,7 +161,10 @@ class PostgresStore(LeaseAndInbox, GatewayRecords, Store):
                 try:
                     yield conn
                 except _BROKEN:
-                    conn.terminate()  # the pool connects afresh, to the primary of the moment
+                    # The pool connects afresh, to the primary of the moment. A connection
+                    # the pool took back already when it closed refuses (InterfaceError).
+                    with contextlib.suppress(asyncpg.InterfaceError):
+                        conn.terminate()
                     raise
         except _CONFLICTS as exc:
             raise ConcurrencyConflict(
