@@ -1,7 +1,8 @@
 """The PostgreSQL store on a multi-host URL across a failover: a primary and a synchronous
 streaming standby of the test's own (``postgres_standby``), the primary SIGKILLed while
 the store commits, the standby promoted, and the same store object goes on writing to
-the new primary, its pool and its inbox LISTEN connection reconnected by themselves.
+the new primary, its pool and its inbox LISTEN connection reconnected by themselves;
+then the old primary rejoins as a standby and a second failover goes back to it.
 
 A commit cut by the failover fails as ``StoreUnavailable`` and is sent again, as the
 engine does; it is then either applied once or found applied already (the optimistic
@@ -144,6 +145,16 @@ async def test_writes_go_on_through_the_same_store_after_the_standby_is_promoted
     heard.clear()
     await store.add_to_inbox([_signal("fo-0-0")])
     await within(heard.wait(), "a notification is heard on the new primary")
+
+    # the old primary comes back as a standby of the new one; a second failover returns
+    # to it, and the same store goes on again
+    await asyncio.to_thread(postgres_standby.restart, killed)
+    assert (postgres_standby.primary, postgres_standby.standby) == ("b", "a")
+    assert await asyncio.to_thread(postgres_standby.failover) == "a"
+    h = await driver.new_run(plan, "fo-after-both")
+    await driver.play(order_script(h))
+    for run_id in list(driver.harnesses)[:: len(driver.harnesses) // 5]:
+        assert same_state(await loaded_state(store, plan, run_id), driver.harnesses[run_id].state)
     print(
         f"{driver.unavailable} writes failed in the failover, "
         f"{driver.found_applied} commit(s) sent again had been applied"
