@@ -185,6 +185,12 @@ class PostgresStore(LeaseAndInbox, GatewayRecords, Store):
                 f"{self.database!r} ({_one_line(exc)}): check the user and password in the "
                 "store URL and the server's pg_hba.conf"
             )
+        if isinstance(exc, OSError) and "," in self.server:
+            return StoreUnavailable(
+                f"no host of PostgreSQL at {self.server} took a connection the store URL "
+                f"accepts (the last one: {_one_line(exc)}): the primary is down or a "
+                "failover is under way; check that one of them runs as the primary"
+            )
         if isinstance(exc, OSError):
             return StoreUnavailable(
                 f"cannot reach PostgreSQL at {self.server} ({_one_line(exc)}): check that the "
