@@ -152,6 +152,13 @@ async def test_writes_go_on_through_the_same_store_after_the_standby_is_promoted
     assert await asyncio.to_thread(postgres_standby.failover) == "a"
     h = await driver.new_run(plan, "fo-after-both")
     await driver.play(order_script(h))
+    # the old primary rejoins once more; a standby killed and restarted in place streams
+    # again (synchronous: the primary's commits wait for it meanwhile)
+    await asyncio.to_thread(postgres_standby.restart, "b")
+    await asyncio.to_thread(postgres_standby.kill, "b")
+    await asyncio.to_thread(postgres_standby.restart, "b")
+    h = await driver.new_run(plan, "fo-standby-back")
+    await driver.play(order_script(h))
     for run_id in list(driver.harnesses)[:: len(driver.harnesses) // 5]:
         assert same_state(await loaded_state(store, plan, run_id), driver.harnesses[run_id].state)
     print(

@@ -223,9 +223,10 @@ class PostgresStandby:
         return self.promote(timeout)
 
     def restart(self, name: str, timeout: float = 30.0) -> None:
-        """Start a killed node again. The node that was primary before a promotion comes
-        back as a standby of the new primary, rebuilt from a base backup (the writes it
-        had that the new primary lacks are gone, as in a real failover)."""
+        """Start a killed node again, in place, and wait until the standby streams (when
+        both nodes are up). The node that was primary before a promotion comes back as a
+        standby of the new primary instead, rebuilt from a base backup (the writes it had
+        that the new primary lacks are gone, as in a real failover)."""
         node = self.nodes[name]
         if node.postmaster_pid() is not None and _alive(node.postmaster_pid()):
             return
@@ -240,6 +241,8 @@ class PostgresStandby:
                 self._make_synchronous()
             return
         self._start(node)
+        if self.standby is not None and _alive(self.nodes[self.primary].postmaster_pid()):
+            self._wait_streaming(timeout)  # synchronous: commits wait for it until then
 
     def wait_primary(self, url: str | None = None, timeout: float = 30.0) -> None:
         """Wait until ``url`` (default: ``url``, both nodes) reaches a server that
@@ -279,6 +282,11 @@ class PostgresStandby:
         # The Unix socket and its lock file live apart from the data directory, which a
         # base backup copies (a lock file naming a dead postmaster blocks a start), and
         # are made afresh: the node is known to be down.
+        pid = node.postmaster_pid()
+        if pid is not None and not _alive(pid):
+            # Killed: a postmaster no process reaps stays a zombie, which PostgreSQL's
+            # lock file check takes for a live server.
+            (node.data / "postmaster.pid").unlink()
         sockets = self.root / f"{node.name}.sockets"
         shutil.rmtree(sockets, ignore_errors=True)
         sockets.mkdir()
