@@ -286,6 +286,7 @@ class PostgresStandby:
         if pid is not None and not _alive(pid):
             # Killed: a postmaster no process reaps stays a zombie, which PostgreSQL's
             # lock file check takes for a live server.
+            _remove_shared_memory(node)
             (node.data / "postmaster.pid").unlink()
         sockets = self.root / f"{node.name}.sockets"
         shutil.rmtree(sockets, ignore_errors=True)
