@@ -11,14 +11,18 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import pytest
 import uvloop
 from tests.hangs import pytest_timeout_set_timer  # noqa: F401  (a hook: a hang's report)
+
+if TYPE_CHECKING:
+    from tideflow.testing.topologies.postgres_standby import PostgresStandby
 
 # The CLI's tables take their width from COLUMNS when stdout is not a terminal (and 200
 # without it). Whoever runs the suite (an 80-column shell that exports it, or a
@@ -106,6 +110,27 @@ def broker_binary() -> Callable[[str], str]:
         pytest.skip(message)
 
     return find
+
+
+@pytest.fixture
+def postgres_standby() -> Iterator[PostgresStandby]:
+    """A PostgreSQL primary and a synchronous streaming standby of the test's own
+    (``tideflow.testing.topologies.postgres_standby``), removed afterwards; skip (fail
+    under TIDEFLOW_REQUIRE_SERVICES) when this machine lacks PostgreSQL's programs.
+    Synchronous: a commit the old primary acknowledged is on the new one, so a test can
+    hold a failover to "nothing acknowledged is lost" without flaking."""
+    from tideflow.testing.topologies.postgres_standby import PostgresStandby, available
+
+    if not available():
+        message = (
+            "no PostgreSQL 15 server programs (initdb, pg_ctl, pg_basebackup) on this "
+            "machine: install them (Debian: `apt-get install postgresql-15`) to run this test"
+        )
+        if services_required():
+            pytest.fail(f"{message} (TIDEFLOW_REQUIRE_SERVICES is set: services must run)")
+        pytest.skip(message)
+    with PostgresStandby(synchronous=True) as topology:
+        yield topology
 
 
 @pytest.fixture(scope="session")

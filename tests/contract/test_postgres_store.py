@@ -13,7 +13,7 @@ from asyncpg.connection import Connection
 
 from tideflow.store import open_store
 from tideflow.store.backends.postgres import PostgresStore, redacted
-from tideflow.store.base import AppliedEvent, StoreError
+from tideflow.store.base import AppliedEvent, StoreError, StoreUnavailable
 
 from .conftest import compile_stored, drop_schema
 from .scenarios import Driver, loaded_state, order_plan, order_script, same_state
@@ -92,6 +92,45 @@ async def test_connection_problems_are_store_errors(
 async def test_using_a_closed_store_says_so(postgres_url: str) -> None:
     with pytest.raises(StoreError, match="not open"):
         await PostgresStore(postgres_url).list_definitions()
+
+
+def test_a_multi_host_url_names_every_host_in_its_order() -> None:
+    store = PostgresStore(
+        "postgresql://ann:secret@h1:5433,[::1],h3/orders?target_session_attrs=read-write"
+    )
+    assert store.server == "h1:5433,[::1]:5432,h3:5432"
+    assert (store.database, store.user) == ("orders", "ann")
+    assert store.where == "h1:5433,[::1]:5432,h3:5432/orders"
+
+
+async def test_a_connection_the_driver_left_broken_is_never_handed_out_again(
+    postgres_url: str,
+) -> None:
+    """asyncpg can leave a connection half-way through an exchange when its server goes
+    away (a failover): its next use fails with "another operation is in progress". The
+    store drops such a connection instead of giving it back to the pool, and says the
+    store is unavailable (the engine tries again), not a driver error (a failed run)."""
+    store = PostgresStore(postgres_url, max_size=1)
+    await store.open()
+    try:
+        held: list[Connection] = []
+
+        async def break_it() -> None:
+            async with store._connection() as conn:
+                held.append(conn._con)
+                raise asyncpg.InternalClientError(
+                    "cannot switch to state 12; another operation (2) is in progress"
+                )
+
+        with pytest.raises(StoreUnavailable, match="connection broke"):
+            await break_it()
+        raw = held[0]
+        assert raw.is_closed()
+        async with store._connection() as conn:
+            assert conn._con is not raw
+            assert await conn.fetchval("SELECT 1") == 1
+    finally:
+        await store.close()
 
 
 def test_messages_never_show_the_password() -> None:

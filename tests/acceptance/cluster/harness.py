@@ -212,7 +212,7 @@ def _cluster(
 ) -> Iterator[Cluster]:
     token = uuid.uuid4().hex[:12]
     schema, prefix = f"cluster_{token}", f"cluster-{token}"
-    store = f"{postgres_url}?schema={schema}"
+    store = f"{postgres_url}{'&' if '?' in postgres_url else '?'}schema={schema}"
     bus = f"{bus_url}?prefix={prefix}&lease={BUS_LEASE:g}"
     env = {
         **os.environ,

@@ -76,11 +76,24 @@ _DRIVER_ERRORS = DRIVER_ERRORS
 """Everything the driver raises (OSError covers refused connections and timeouts)."""
 _UNAVAILABLE = (
     asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
     asyncpg.PostgresConnectionError,
     asyncpg.OperatorInterventionError,
     asyncpg.InsufficientResourcesError,
 )
-"""The server is gone, shutting down, or out of connections, memory or disk: try later."""
+"""The server is gone, shutting down, or out of connections, memory or disk, or no host
+of the URL accepts writes now (a failover under way): try later."""
+_BROKEN = (
+    OSError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.OperatorInterventionError,
+)
+"""Errors after which a connection is not handed out again: the server went away or is
+going (a failover), and asyncpg can leave the connection's protocol half-way through an
+exchange (its next use fails with "cannot switch to state ...; another operation is in
+progress"), which the pool's reset hook (``_keep_session``, no round trip) cannot see."""
 _REFUSED_LOGIN = (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError)
 
 
@@ -145,7 +158,14 @@ class PostgresStore(LeaseAndInbox, GatewayRecords, Store):
         """A pooled connection; driver errors raised while it is held become ours."""
         try:
             async with self.pool.acquire() as conn:
-                yield conn
+                try:
+                    yield conn
+                except _BROKEN:
+                    # The pool connects afresh, to the primary of the moment. A connection
+                    # the pool took back already when it closed refuses (InterfaceError).
+                    with contextlib.suppress(asyncpg.InterfaceError):
+                        conn.terminate()
+                    raise
         except _CONFLICTS as exc:
             raise ConcurrencyConflict(
                 f"PostgreSQL store {self.where}: {_one_line(exc)}; reload the runs and apply again"
@@ -165,11 +185,28 @@ class PostgresStore(LeaseAndInbox, GatewayRecords, Store):
                 f"{self.database!r} ({_one_line(exc)}): check the user and password in the "
                 "store URL and the server's pg_hba.conf"
             )
+        if isinstance(exc, OSError) and "," in self.server:
+            return StoreUnavailable(
+                f"no host of PostgreSQL at {self.server} took a connection the store URL "
+                f"accepts (the last one: {_one_line(exc)}): the primary is down or a "
+                "failover is under way; check that one of them runs as the primary"
+            )
         if isinstance(exc, OSError):
             return StoreUnavailable(
                 f"cannot reach PostgreSQL at {self.server} ({_one_line(exc)}): check that the "
                 "server is running and accepts TCP connections there, and the host and port "
                 "in the store URL"
+            )
+        if isinstance(exc, asyncpg.TargetServerAttributeNotMatched):
+            return StoreUnavailable(
+                f"no server of PostgreSQL at {self.server} is what the store URL's "
+                f"target_session_attrs asks for ({_one_line(exc)}): the primary is down or a "
+                "failover is under way: try again once a primary is up (the engine does by itself)"
+            )
+        if isinstance(exc, asyncpg.InternalClientError):
+            return StoreUnavailable(
+                f"PostgreSQL store {self.where}: the connection broke ({_one_line(exc)}); "
+                "it was dropped, the next try connects afresh"
             )
         if isinstance(exc, asyncpg.DataError):
             return UnstorableData(f"PostgreSQL store {self.where}: {_one_line(exc)}")
@@ -628,15 +665,31 @@ async def _migrate(conn: Any) -> list[int]:
 
 
 def _describe(url: str) -> tuple[str, str, str]:
-    """``host:port``, database and user of a PostgreSQL URL (defaults as libpq's)."""
+    """``host:port`` (``h1:p1,h2:p2`` for a multi-host URL, in its order), database and
+    user of a PostgreSQL URL (defaults as libpq's)."""
     try:
         parts = urlsplit(url)
-        port = parts.port or 5432
+        servers = [_host_port(host) for host in parts.netloc.rpartition("@")[2].split(",")]
     except ValueError:
         return "<invalid URL>", "?", "?"
     user = unquote(parts.username) if parts.username else getpass.getuser()
     database = unquote(parts.path.lstrip("/")) or user
-    return f"{parts.hostname or 'localhost'}:{port}", database, user
+    return ",".join(servers), database, user
+
+
+def _host_port(text: str) -> str:
+    """One host of a URL's host list as ``host:port`` (an IPv6 address in brackets)."""
+    host, port = text, ""
+    if text.startswith("["):
+        end = text.find("]")
+        if end < 0:
+            raise ValueError(f"unclosed [ in host {text!r}")
+        host, port = text[: end + 1], text[end + 1 :].removeprefix(":")
+    elif ":" in text:
+        host, _, port = text.rpartition(":")
+    if port and not port.isdigit():
+        raise ValueError(f"port {port!r} is not a number")
+    return f"{unquote(host) or 'localhost'}:{port or 5432}"
 
 
 def redacted(url: str) -> str:

@@ -22,7 +22,16 @@ from tideflow.store.sqlfiles import queries
 Q = queries("postgres")
 log = logging.getLogger("tideflow.store.postgres")
 
-DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError)
+DRIVER_ERRORS = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    OSError,
+)
+"""Everything the driver raises. ``InternalClientError`` covers
+``TargetServerAttributeNotMatched`` (every host of a multi-host URL answered, none
+accepts writes: a failover under way) and a connection whose protocol a vanished server
+left half-way through an exchange."""
 
 
 class LeaseAndInbox:
