@@ -174,6 +174,11 @@ async def test_tasks_and_events_ride_through_a_failover_with_nothing_acknowledge
     assert failed > 0  # the kill was felt: publishes failed until the promotion
     assert set(tasks_got) == set(range(BURST))
     assert set(events_got) == set(range(BURST))
+    # the old master comes back as a replica of the new one
+    await asyncio.to_thread(topology.restart, old)
+    await asyncio.to_thread(topology.wait_healthy)
+    assert topology.master() == new
+    assert sorted(topology.replicas_of(new)) == sorted(set(topology.nodes) - {new})
 
 
 async def test_wait_refuses_a_publish_no_replica_confirmed(
