@@ -49,6 +49,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -65,6 +66,7 @@ from tideflow.bus.backends.redis_consumers import (
     text,
     wait_until_set,
 )
+from tideflow.bus.backends.redis_sentinel import SentinelTarget, sentinel_pool
 from tideflow.bus.backends.redis_wire import (
     Malformed,
     decode_control,
@@ -105,11 +107,13 @@ log = logging.getLogger("tideflow.bus.redis")
 
 DEFAULT_PREFIX = "tideflow"
 DEAD_MAX = 10_000
+"""About how many entries the dead stream keeps (the oldest go first)."""
 MAX_CONNECTIONS = 64
 """Connections a bus keeps to Redis at most (blocking reads hold one each)."""
 POOL_WAIT = 10.0
 """Seconds a command waits for a free connection before it fails with a BusError."""
-"""About how many entries the dead stream keeps (the oldest go first)."""
+DEFAULT_WAIT_TIMEOUT = 1.0
+"""Seconds a publish with ``wait`` waits for its replicas (``WAIT``) before it fails."""
 
 
 class RedisBus(Bus):
@@ -124,6 +128,9 @@ class RedisBus(Bus):
         prefix: str = DEFAULT_PREFIX,
         partitions: int = DEFAULT_PARTITIONS,
         lease: float = DEFAULT_LEASE,
+        sentinel: SentinelTarget | None = None,
+        wait: int = 0,
+        wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
     ) -> None:
         if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
             raise BusError(f"partitions must be a whole number of at least 1, got {partitions!r}")
@@ -133,8 +140,22 @@ class RedisBus(Bus):
             raise BusError(
                 f"prefix must be a non-empty name without spaces or * ? [ ] {{ }}, got {prefix!r}"
             )
+        if isinstance(wait, bool) or not isinstance(wait, int) or wait < 0:
+            raise BusError(f"wait must be a whole number of replicas (0: none), got {wait!r}")
+        if (
+            not isinstance(wait_timeout, int | float)
+            or not math.isfinite(wait_timeout)
+            or wait_timeout <= 0
+        ):
+            raise BusError(
+                f"wait_timeout must be a positive number of seconds, got {wait_timeout!r}"
+            )
         self.url = url
         self.shown = _redact(url)
+        self.sentinel = sentinel
+        self.wait = wait
+        self.wait_ms = max(1, round(wait_timeout * 1000))
+        self._sentinels: Sentinel | None = None
         self.prefix = prefix
         self.partitions = partitions
         self.lease = float(lease)
@@ -156,17 +177,23 @@ class RedisBus(Bus):
             return
         # A blocking pool: a burst of publishers (a client starting many runs at once)
         # waits for a free connection instead of failing with "Too many connections".
-        pool = aioredis.BlockingConnectionPool.from_url(
-            self.url,
-            max_connections=MAX_CONNECTIONS,
-            timeout=POOL_WAIT,
-            socket_connect_timeout=5.0,
-            socket_timeout=10.0,  # longer than any BLOCK (at most 5 s): a dead link is noticed
-            client_name=f"tideflow:{self.prefix}",
+        options: dict[str, Any] = {
+            "max_connections": MAX_CONNECTIONS,
+            "timeout": POOL_WAIT,
+            "socket_connect_timeout": 5.0,
+            # longer than any BLOCK (at most 5 s): a dead link is noticed
+            "socket_timeout": 10.0,
+            "client_name": f"tideflow:{self.prefix}",
             # a pooled connection the server dropped is replaced, not reported: two tries
-            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),
-            retry_on_error=[RedisConnectionError, RedisTimeoutError],
-        )
+            "retry": Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),
+            "retry_on_error": [RedisConnectionError, RedisTimeoutError],
+        }
+        pool: aioredis.ConnectionPool
+        if self.sentinel is None:
+            pool = aioredis.BlockingConnectionPool.from_url(self.url, **options)
+        else:
+            # each new connection asks the sentinels where the master is now
+            self._sentinels, pool = sentinel_pool(self.sentinel, **options)
         client = aioredis.Redis.from_pool(pool)
         pubsub: Any = client.pubsub()  # untyped in redis-py
         try:
@@ -177,10 +204,12 @@ class RedisBus(Bus):
         except FAILED as exc:
             await pubsub.aclose()
             await client.aclose()
+            await self._close_sentinels()
             raise self.failure("connecting", exc) from exc
         except BaseException:
             await pubsub.aclose()
             await client.aclose()
+            await self._close_sentinels()
             raise
         self._client = client
         self._scripts = {name: client.register_script(src) for name, src in lua.SCRIPTS.items()}
@@ -192,14 +221,26 @@ class RedisBus(Bus):
 
     async def close(self) -> None:
         client, self._client = self._client, None
-        # BusError: a loop that dropped its cancel (see cancel_and_wait) may find the bus
-        # closed on its next call, before it is cancelled again
-        with contextlib.suppress(BusError):
-            await cancel_and_wait(*self._tasks)
-        self._tasks = []
-        self._ends_listened = False
-        if client is not None:
-            await client.aclose()
+        try:
+            # BusError: a loop that dropped its cancel (see cancel_and_wait) may find the
+            # bus closed on its next call, before it is cancelled again
+            with contextlib.suppress(BusError):
+                await cancel_and_wait(*self._tasks)
+            self._tasks = []
+            self._ends_listened = False
+            if client is not None:
+                await client.aclose()
+        finally:
+            # after the loops: one that was asking the sentinels has stopped asking
+            await self._close_sentinels()
+
+    async def _close_sentinels(self) -> None:
+        sentinels, self._sentinels = self._sentinels, None
+        if sentinels is not None:
+            try:
+                await sentinels.aclose()
+            except FAILED as exc:
+                log.warning("redis bus %s: closing the sentinel clients: %s", self.shown, exc)
 
     async def _check_partitions(self, client: aioredis.Redis) -> None:
         key = self.key("partitions")
@@ -227,7 +268,8 @@ class RedisBus(Bus):
             )
         commands.insert(0, ("SADD", self.key("queues"), *sorted(queues)))
         try:
-            replies = await self.run(*commands)
+            replies = await self.run(*commands, *self._waited())
+            self._check_waited(replies, f"{len(tasks)} task(s)")
             if replies[0]:
                 await self.run(
                     ("XADD", self.key("queues:new"), "MAXLEN", "~", 100, "*", "q", "new")
@@ -246,9 +288,24 @@ class RedisBus(Bus):
             stream = self.event_stream(partition_of(body.run_id, self.partitions))
             commands.append(_xadd(stream, encode_event(body), headers))
         try:
-            await self.run(*commands)
+            replies = await self.run(*commands, *self._waited())
         except FAILED as exc:
             raise self.failure(f"publishing {len(events)} event(s)", exc) from exc
+        self._check_waited(replies, f"{len(events)} event(s)")
+
+    def _waited(self) -> tuple[tuple[Any, ...], ...]:
+        """``WAIT`` for the replicas after a publish's writes (``wait``), or nothing."""
+        return (("WAIT", self.wait, self.wait_ms),) if self.wait else ()
+
+    def _check_waited(self, replies: list[Any], what: str) -> None:
+        """A publish that fewer than ``wait`` replicas confirmed is not acknowledged: a
+        failover now could lose it (its caller publishes it again)."""
+        if self.wait and int(replies[-1]) < self.wait:
+            raise BusError(
+                f"redis bus {self.shown}: publishing {what}: {int(replies[-1])} of the "
+                f"{self.wait} replica(s) asked for (wait) confirmed within "
+                f"{self.wait_ms} ms; not acknowledged"
+            )
 
     async def publish_control(self, message: Control) -> None:
         try:
