@@ -6,13 +6,7 @@ held without an ack).
 
 ``redis://[user:password@]host:port/db`` (or ``rediss://`` for TLS): the Redis Streams
 bus (``pip install 'tideflow[redis]'``), with ``?prefix=tideflow&partitions=16&lease=30``
-(``prefix``: the start of every key it creates, so that several clusters share a server),
-and ``wait=N&wait_timeout=1``: each publish waits (``WAIT``) until ``N`` replicas have it.
-
-``redis+sentinel://[user:password@]sentinel1:26379,sentinel2:26379/<master-name>[/<db>]``:
-the same bus on the master that Redis Sentinel names (the hosts are the sentinels, the
-path the monitored master's name, then the database), following it through a failover;
-same options (bus/backends/redis_sentinel.py).
+(``prefix``: the start of every key it creates, so that several clusters share a server).
 
 ``nats://host:4222`` (``tls://`` for TLS; several servers: ``nats://a:4222,b:4222``;
 ``user:password@`` before the host): the NATS JetStream bus (``pip install
@@ -43,14 +37,13 @@ def open_bus(url: str) -> Bus:
 
         partitions, lease = _local_options(url)
         return LocalBus(partitions=partitions, lease=lease)
-    if scheme in ("redis", "rediss", "redis+sentinel"):
+    if scheme in ("redis", "rediss"):
         return _redis_bus(url)
     if scheme in ("nats", "tls"):
         return _nats_bus(url)
     raise BusError(
         f"unknown bus URL {url!r}: use memory:// (in-process), redis://host:port/db "
-        "(Redis Streams), redis+sentinel://sentinel1:26379,sentinel2:26379/<master-name> "
-        "(Redis Streams behind Sentinel) or nats://host:4222 (NATS JetStream)"
+        "(Redis Streams) or nats://host:4222 (NATS JetStream)"
     )
 
 
@@ -101,24 +94,16 @@ def _redis_bus(url: str) -> Bus:
     parts = urlsplit(url)
     if parts.fragment:
         raise BusError(f"bus URL {url!r}: a Redis bus URL has no #fragment")
+    try:
+        parts.port  # noqa: B018 (a bad port raises)
+    except ValueError:
+        raise BusError(f"bus URL {url!r}: the port is not a number") from None
+    db = parts.path.strip("/") or "0"
+    if not db.isdigit():
+        raise BusError(
+            f"bus URL {url!r}: the path is the database number (redis://host:6379/0), got {db!r}"
+        )
     options: dict[str, Any] = {}
-    if parts.scheme.lower() == "redis+sentinel":
-        from tideflow.bus.backends.redis_sentinel import parse_target
-
-        options["sentinel"] = parse_target(url, parts.netloc, parts.path)
-        server = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
-    else:
-        try:
-            parts.port  # noqa: B018 (a bad port raises)
-        except ValueError:
-            raise BusError(f"bus URL {url!r}: the port is not a number") from None
-        db = parts.path.strip("/") or "0"
-        if not db.isdigit():
-            raise BusError(
-                f"bus URL {url!r}: the path is the database number (redis://host:6379/0), "
-                f"got {db!r}"
-            )
-        server = urlunsplit((parts.scheme, parts.netloc, f"/{db}", "", ""))
     for key, value in parse_qsl(parts.query, keep_blank_values=True):
         try:
             if key == "prefix":
@@ -127,15 +112,12 @@ def _redis_bus(url: str) -> Bus:
                 options["partitions"] = int(value)
             elif key == "lease":
                 options["lease"] = float(value)
-            elif key == "wait":
-                options["wait"] = int(value)
-            elif key == "wait_timeout":
-                options["wait_timeout"] = float(value)
             else:
                 raise BusError(
                     f"bus URL {url!r}: unknown option {key!r}; the options are prefix, "
-                    "partitions, lease, wait, wait_timeout"
+                    "partitions, lease"
                 )
         except ValueError:
             raise BusError(f"bus URL {url!r}: {key}={value!r} is not a number") from None
+    server = urlunsplit((parts.scheme, parts.netloc, f"/{db}", "", ""))
     return RedisBus(server, **options)

@@ -49,7 +49,6 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -66,7 +65,6 @@ from tideflow.bus.backends.redis_consumers import (
     text,
     wait_until_set,
 )
-from tideflow.bus.backends.redis_sentinel import SentinelTarget, sentinel_pool
 from tideflow.bus.backends.redis_wire import (
     Malformed,
     decode_control,
@@ -107,13 +105,11 @@ log = logging.getLogger("tideflow.bus.redis")
 
 DEFAULT_PREFIX = "tideflow"
 DEAD_MAX = 10_000
-"""About how many entries the dead stream keeps (the oldest go first)."""
 MAX_CONNECTIONS = 64
 """Connections a bus keeps to Redis at most (blocking reads hold one each)."""
 POOL_WAIT = 10.0
 """Seconds a command waits for a free connection before it fails with a BusError."""
-DEFAULT_WAIT_TIMEOUT = 1.0
-"""Seconds a publish with ``wait`` waits for its replicas (``WAIT``) before it fails."""
+"""About how many entries the dead stream keeps (the oldest go first)."""
 
 
 class RedisBus(Bus):
@@ -128,9 +124,6 @@ class RedisBus(Bus):
         prefix: str = DEFAULT_PREFIX,
         partitions: int = DEFAULT_PARTITIONS,
         lease: float = DEFAULT_LEASE,
-        sentinel: SentinelTarget | None = None,
-        wait: int = 0,
-        wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
     ) -> None:
         if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
             raise BusError(f"partitions must be a whole number of at least 1, got {partitions!r}")
@@ -140,22 +133,8 @@ class RedisBus(Bus):
             raise BusError(
                 f"prefix must be a non-empty name without spaces or * ? [ ] {{ }}, got {prefix!r}"
             )
-        if isinstance(wait, bool) or not isinstance(wait, int) or wait < 0:
-            raise BusError(f"wait must be a whole number of replicas (0: none), got {wait!r}")
-        if (
-            not isinstance(wait_timeout, int | float)
-            or not math.isfinite(wait_timeout)
-            or wait_timeout <= 0
-        ):
-            raise BusError(
-                f"wait_timeout must be a positive number of seconds, got {wait_timeout!r}"
-            )
         self.url = url
         self.shown = _redact(url)
-        self.sentinel = sentinel
-        self.wait = wait
-        self.wait_ms = max(1, round(wait_timeout * 1000))
-        self._sentinels: Sentinel | None = None
         self.prefix = prefix
         self.partitions = partitions
         self.lease = float(lease)
@@ -177,23 +156,17 @@ class RedisBus(Bus):
             return
         # A blocking pool: a burst of publishers (a client starting many runs at once)
         # waits for a free connection instead of failing with "Too many connections".
-        options: dict[str, Any] = {
-            "max_connections": MAX_CONNECTIONS,
-            "timeout": POOL_WAIT,
-            "socket_connect_timeout": 5.0,
-            # longer than any BLOCK (at most 5 s): a dead link is noticed
-            "socket_timeout": 10.0,
-            "client_name": f"tideflow:{self.prefix}",
+        pool = aioredis.BlockingConnectionPool.from_url(
+            self.url,
+            max_connections=MAX_CONNECTIONS,
+            timeout=POOL_WAIT,
+            socket_connect_timeout=5.0,
+            socket_timeout=10.0,  # longer than any BLOCK (at most 5 s): a dead link is noticed
+            client_name=f"tideflow:{self.prefix}",
             # a pooled connection the server dropped is replaced, not reported: two tries
-            "retry": Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),
-            "retry_on_error": [RedisConnectionError, RedisTimeoutError],
-        }
-        pool: aioredis.ConnectionPool
-        if self.sentinel is None:
-            pool = aioredis.BlockingConnectionPool.from_url(self.url, **options)
-        else:
-            # each new connection asks the sentinels where the master is now
-            self._sentinels, pool = sentinel_pool(self.sentinel, **options)
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),
+            retry_on_error=[RedisConnectionError, RedisTimeoutError],
+        )
         client = aioredis.Redis.from_pool(pool)
         pubsub: Any = client.pubsub()  # untyped in redis-py
         try:
@@ -204,12 +177,10 @@ class RedisBus(Bus):
         except FAILED as exc:
             await pubsub.aclose()
             await client.aclose()
-            await self._close_sentinels()
             raise self.failure("connecting", exc) from exc
         except BaseException:
             await pubsub.aclose()
             await client.aclose()
-            await self._close_sentinels()
             raise
         self._client = client
         self._scripts = {name: client.register_script(src) for name, src in lua.SCRIPTS.items()}
@@ -221,26 +192,14 @@ class RedisBus(Bus):
 
     async def close(self) -> None:
         client, self._client = self._client, None
-        try:
-            # BusError: a loop that dropped its cancel (see cancel_and_wait) may find the
-            # bus closed on its next call, before it is cancelled again
-            with contextlib.suppress(BusError):
-                await cancel_and_wait(*self._tasks)
-            self._tasks = []
-            self._ends_listened = False
-            if client is not None:
-                await client.aclose()
-        finally:
-            # after the loops: one that was asking the sentinels has stopped asking
-            await self._close_sentinels()
-
-    async def _close_sentinels(self) -> None:
-        sentinels, self._sentinels = self._sentinels, None
-        if sentinels is not None:
-            try:
-                await sentinels.aclose()
-            except FAILED as exc:
-                log.warning("redis bus %s: closing the sentinel clients: %s", self.shown, exc)
+        # BusError: a loop that dropped its cancel (see cancel_and_wait) may find the bus
+        # closed on its next call, before it is cancelled again
+        with contextlib.suppress(BusError):
+            await cancel_and_wait(*self._tasks)
+        self._tasks = []
+        self._ends_listened = False
+        if client is not None:
+            await client.aclose()
 
     async def _check_partitions(self, client: aioredis.Redis) -> None:
         key = self.key("partitions")
@@ -268,8 +227,7 @@ class RedisBus(Bus):
             )
         commands.insert(0, ("SADD", self.key("queues"), *sorted(queues)))
         try:
-            replies = await self.run(*commands, *self._waited())
-            self._check_waited(replies, f"{len(tasks)} task(s)")
+            replies = await self.run(*commands)
             if replies[0]:
                 await self.run(
                     ("XADD", self.key("queues:new"), "MAXLEN", "~", 100, "*", "q", "new")
@@ -288,24 +246,9 @@ class RedisBus(Bus):
             stream = self.event_stream(partition_of(body.run_id, self.partitions))
             commands.append(_xadd(stream, encode_event(body), headers))
         try:
-            replies = await self.run(*commands, *self._waited())
+            await self.run(*commands)
         except FAILED as exc:
             raise self.failure(f"publishing {len(events)} event(s)", exc) from exc
-        self._check_waited(replies, f"{len(events)} event(s)")
-
-    def _waited(self) -> tuple[tuple[Any, ...], ...]:
-        """``WAIT`` for the replicas after a publish's writes (``wait``), or nothing."""
-        return (("WAIT", self.wait, self.wait_ms),) if self.wait else ()
-
-    def _check_waited(self, replies: list[Any], what: str) -> None:
-        """A publish that fewer than ``wait`` replicas confirmed is not acknowledged: a
-        failover now could lose it (its caller publishes it again)."""
-        if self.wait and int(replies[-1]) < self.wait:
-            raise BusError(
-                f"redis bus {self.shown}: publishing {what}: {int(replies[-1])} of the "
-                f"{self.wait} replica(s) asked for (wait) confirmed within "
-                f"{self.wait_ms} ms; not acknowledged"
-            )
 
     async def publish_control(self, message: Control) -> None:
         try:
