@@ -68,7 +68,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from tideflow.bus.closing import cancel_and_wait
@@ -247,13 +247,15 @@ class Admission:
         """The runs being admitted, with the start that admits them (None while it is
         being made): the only start of such a run that passes."""
 
-    def claims(self) -> int:
-        """What the active runs claim of the task bound: each its attempts in flight or
-        its plan's width, whichever is more (a run being admitted, plan not known yet,
-        the last weight)."""
+    def claims(self, besides: Collection[str] = ()) -> int:
+        """What the active runs (but those ``besides``) claim of the task bound: each its
+        attempts in flight or its plan's width, whichever is more (a run being admitted,
+        plan not known yet, the last weight)."""
         weights, flight, guess = self.weights, self.flight, self.last_weight
         total = 0
         for run_id in self.active:
+            if run_id in besides:
+                continue
             steps = flight.get(run_id)
             total += max(weights.get(run_id, guess), len(steps) if steps else 0)
         return total

@@ -392,12 +392,7 @@ class Engine(EngineLink, Runs):
         admission = self.admission
         for state in states:  # not weighed yet: each is weighed in its turn
             admission.weights.pop(state.run_id, None)
-        others = {state.run_id for state in states}
-        claimed = sum(
-            max(admission.weights.get(r, admission.last_weight), len(admission.flight.get(r) or ()))
-            for r in admission.active
-            if r not in others
-        )
+        claimed = admission.claims(besides={state.run_id for state in states})
         for n, state in enumerate(states):
             weight = await self._weight(state.plan_hash)
             if not admission.fits(weight, claimed):
